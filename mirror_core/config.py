@@ -1,0 +1,598 @@
+"""The mirrors YAML, as frozen pydantic models.
+
+Loading happens in three steps, each collecting every problem it finds with
+its YAML path before anything starts:
+
+1. ``${VAR}`` / ``${VAR:-default}`` interpolation over the raw YAML tree
+   (``$${`` escapes a literal ``${``);
+2. pydantic validation (unknown keys, types, ranges, regexes);
+3. cross checks (cluster references, duplicate names, destination clashes,
+   mirroring a topic onto itself, policy names).
+
+Group-level settings are merged into each mirror (the mirror wins), giving
+:class:`ResolvedMirror` values with their derived names.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from mirror_core.errors import ConfigError, ConfigIssue
+
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+ALIAS_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
+TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+#: Kafka client property names whose values are secrets (kept as SecretStr).
+SECRET_KEY_RE = re.compile(r"(password|secret|sasl\.jaas\.config|basic\.auth\.user\.info|token)", re.I)
+
+Serde = Literal["bytes", "string", "avro", "protobuf", "json_schema"]
+BUILTIN_POLICIES = ("identity", "prefix")
+
+_DURATION_RE = re.compile(
+    r"^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?|m|mins?|minutes?|h|hours?)\s*$"
+)
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from ``10s``, ``500ms``, ``1 second``, ``2 minutes`` or a plain number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        m = _DURATION_RE.match(str(value))
+        if not m:
+            raise ValueError(f"not a duration: {value!r} (use e.g. '500ms', '10s', '1 minute')")
+        unit = m.group(2)
+        key = "ms" if unit.startswith("milli") or unit == "ms" else unit[0]
+        seconds = float(m.group(1)) * _DURATION_UNITS[key]
+    if seconds <= 0:
+        raise ValueError(f"duration must be positive, got {value!r}")
+    return seconds
+
+
+Duration = Annotated[float, Field(gt=0)]
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"invalid regex {pattern!r}: {exc}") from None
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+# --------------------------------------------------------------------------- clusters
+
+
+class SchemaRegistryConfig(_Frozen):
+    """How to reach one schema registry (Confluent REST API; Apicurio's ccompat path works)."""
+
+    url: str
+    basic_auth_user_info: SecretStr | None = Field(default=None, alias="basic.auth.user.info")
+    timeout: Duration = 10.0
+    retries: int = Field(default=3, ge=0, le=20)
+    breaker_failures: int = Field(default=5, ge=1)
+    breaker_reset: Duration = 30.0
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError(f"not an http(s) URL: {v!r}")
+        return v.rstrip("/")
+
+    @field_validator("timeout", "breaker_reset", mode="before")
+    @classmethod
+    def _dur(cls, v: Any) -> float:
+        return parse_duration(v)
+
+
+class ClusterConfig(_Frozen):
+    """A Kafka cluster: librdkafka client properties, and optionally its registry."""
+
+    kafka: dict[str, str | SecretStr]
+    schema_registry: SchemaRegistryConfig | None = None
+
+    @field_validator("kafka", mode="before")
+    @classmethod
+    def _kafka_props(cls, v: Any) -> Any:
+        if not isinstance(v, Mapping):
+            return v
+        out: dict[str, Any] = {}
+        for key, value in v.items():
+            if isinstance(value, bool):
+                value = "true" if value else "false"
+            elif isinstance(value, (int, float)):
+                value = str(value)
+            if isinstance(value, str) and SECRET_KEY_RE.search(str(key)):
+                value = SecretStr(value)
+            out[str(key)] = value
+        return out
+
+    @field_validator("kafka")
+    @classmethod
+    def _bootstrap(cls, v: dict[str, str | SecretStr]) -> dict[str, str | SecretStr]:
+        if not v.get("bootstrap.servers"):
+            raise ValueError("'bootstrap.servers' is required")
+        return v
+
+    def kafka_properties(self) -> dict[str, str]:
+        """The librdkafka properties with secrets revealed; pass only to a client, never log."""
+        return {
+            k: (v.get_secret_value() if isinstance(v, SecretStr) else v) for k, v in self.kafka.items()
+        }
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return str(self.kafka["bootstrap.servers"])
+
+
+# --------------------------------------------------------------------------- group settings
+
+
+class CountRule(_Frozen):
+    """Partition count or replication factor: a fixed value, or the source's clamped to [min, max]."""
+
+    type: Literal["fix", "mirror_source"] = "mirror_source"
+    value: int | None = Field(default=None, gt=0)
+    min: int | None = Field(default=None, gt=0)
+    max: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> CountRule:
+        if self.type == "fix" and self.value is None:
+            raise ValueError("type 'fix' needs 'value'")
+        if self.type == "mirror_source" and self.value is not None:
+            raise ValueError("'value' is only used with type 'fix' (use min/max to clamp)")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) > max ({self.max})")
+        return self
+
+    def resolve(self, source_value: int) -> int:
+        """The count for a topic whose source has ``source_value``."""
+        if self.type == "fix":
+            assert self.value is not None
+            return self.value
+        n = source_value
+        if self.min is not None:
+            n = max(n, self.min)
+        if self.max is not None:
+            n = min(n, self.max)
+        return n
+
+
+class TopicsMirroring(_Frozen):
+    auto_create_topics: bool = True
+    partition_count: CountRule = CountRule()
+    replication_factor: CountRule = CountRule()
+    sync_configs: bool = True
+    config_exclude: tuple[str, ...] = ()
+    sync_acls: bool = False
+
+    @field_validator("config_exclude")
+    @classmethod
+    def _regexes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in v:
+            _compile(pattern)
+        return v
+
+
+class Serdes(_Frozen):
+    key: Serde = "bytes"
+    value: Serde = "bytes"
+
+
+class RegexFilter(_Frozen):
+    include: str = ".*"
+    exclude: str | None = None
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            _compile(v)
+        return v
+
+    def matches(self, name: str) -> bool:
+        if not re.fullmatch(self.include, name):
+            return False
+        return not (self.exclude and re.fullmatch(self.exclude, name))
+
+
+class OffsetsConfig(_Frozen):
+    sync_group_offsets: bool = True
+    emit_checkpoints: bool = True
+    groups: RegexFilter = RegexFilter(include=".*", exclude=r"^_.*|.*\.mirrorflow\..*")
+    interval: Duration = 10.0
+
+    @field_validator("interval", mode="before")
+    @classmethod
+    def _dur(cls, v: Any) -> float:
+        return parse_duration(v)
+
+
+class HeartbeatsConfig(_Frozen):
+    enabled: bool = True
+    interval: Duration = 1.0
+    topic: str = "heartbeats"
+
+    @field_validator("interval", mode="before")
+    @classmethod
+    def _dur(cls, v: Any) -> float:
+        return parse_duration(v)
+
+
+class SparkConfig(_Frozen):
+    master: str = "local[2]"
+    trigger: str = "1 second"
+    checkpoint_dir: str = ".state/checkpoints"
+    max_offsets_per_trigger: int | None = Field(default=None, gt=0)
+    conf: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("trigger")
+    @classmethod
+    def _trigger(cls, v: str) -> str:
+        if v != "available_now":
+            parse_duration(v)
+        return v
+
+
+class SchemasConfig(_Frozen):
+    """Schema subject mirroring: on by default whenever a serde is schema-based."""
+
+    enabled: bool = True
+    id_preserving: bool = False
+
+
+Compatibility = Literal[
+    "NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE"
+]
+
+
+class MirrorSettings(_Frozen):
+    """Settings a group gives all its mirrors and a mirror may override."""
+
+    mirror_mode: Literal["strict", "lenient"] = "strict"
+    delivery: Literal["exactly_once", "at_least_once"] = "exactly_once"
+    serdes: Serdes = Serdes()
+    topics_mirroring: TopicsMirroring = TopicsMirroring()
+    force_subject_compatibility_level: Compatibility | None = None
+    on_error: Literal["dead_letter", "fail"] = "dead_letter"
+    provenance_headers: bool | None = None  # None: on only where a loop is possible
+
+
+class MirrorSpec(MirrorSettings):
+    """One entry of ``mirrors``: an explicit pair or a regex flow, plus overrides."""
+
+    source_topic: str | None = None
+    destination_topic: str | None = None
+    topics: RegexFilter | None = None
+    consumer_group: str | None = None
+    name: str | None = Field(default=None, pattern=NAME_RE)
+
+    @field_validator("source_topic", "destination_topic")
+    @classmethod
+    def _topic(cls, v: str | None) -> str | None:
+        if v is not None and not TOPIC_RE.match(v):
+            raise ValueError(f"invalid topic name {v!r} (letters, digits, '.', '_', '-'; at most 249)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_form(self) -> MirrorSpec:
+        if (self.source_topic is None) == (self.topics is None):
+            raise ValueError("give exactly one of 'source_topic' (explicit pair) or 'topics' (regex flow)")
+        if self.topics is not None and self.destination_topic is not None:
+            raise ValueError("'destination_topic' only goes with 'source_topic'; a flow names topics by policy")
+        return self
+
+
+class GroupConfig(MirrorSettings):
+    name: str = Field(pattern=NAME_RE)
+    source: str
+    destination: str
+    enabled: bool = True
+    replication_policy: str = "identity"
+    replication_policy_separator: str = "."
+    dead_letter_topic: str | None = None
+    offset_syncs_topic: str | None = None
+    schemas: SchemasConfig = SchemasConfig()
+    offsets: OffsetsConfig = OffsetsConfig()
+    heartbeats: HeartbeatsConfig = HeartbeatsConfig()
+    spark: SparkConfig = SparkConfig()
+    mirrors: list[MirrorSpec] = Field(min_length=1)
+
+    @field_validator("replication_policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        if v in BUILTIN_POLICIES:
+            return v
+        if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+", v):
+            raise ValueError(
+                f"unknown replication policy {v!r}: use 'identity', 'prefix' or a dotted path module.Class"
+            )
+        return v
+
+    @field_validator("replication_policy_separator")
+    @classmethod
+    def _sep(cls, v: str) -> str:
+        if not v or not TOPIC_RE.match(v):
+            raise ValueError(f"separator {v!r} must be non-empty and valid inside a topic name")
+        return v
+
+    @property
+    def dlq_topic(self) -> str:
+        return self.dead_letter_topic or f"{self.name}.mirrorflow.dlq"
+
+    @property
+    def offset_syncs(self) -> str:
+        return self.offset_syncs_topic or f"mirrorflow-offset-syncs.{self.source}.internal"
+
+    @property
+    def checkpoints_topic(self) -> str:
+        return f"{self.source}.checkpoints.internal"
+
+
+class MirrorsConfig(_Frozen):
+    """The whole file."""
+
+    clusters: dict[Annotated[str, Field(pattern=ALIAS_RE)], ClusterConfig] = Field(min_length=1)
+    groups: list[GroupConfig] = Field(min_length=1)
+
+    def cluster(self, alias: str) -> ClusterConfig:
+        return self.clusters[alias]
+
+    def group(self, name: str) -> GroupConfig:
+        for g in self.groups:
+            if g.name == name:
+                return g
+        raise ConfigError(ConfigIssue("groups", f"no group named {name!r} (have: {', '.join(g.name for g in self.groups)})"))
+
+    def enabled_groups(self, name: str | None = None) -> list[GroupConfig]:
+        if name is not None:
+            return [self.group(name)]
+        return [g for g in self.groups if g.enabled]
+
+
+# --------------------------------------------------------------------------- resolved mirrors
+
+
+class ResolvedMirror(_Frozen):
+    """A mirror with group settings merged in and its names derived."""
+
+    group: str
+    index: int
+    source_cluster: str
+    destination_cluster: str
+    source_topic: str | None
+    destination_topic: str | None
+    topics: RegexFilter | None
+    name: str
+    consumer_group: str
+    settings: MirrorSettings
+
+    @property
+    def is_flow(self) -> bool:
+        return self.topics is not None
+
+    @property
+    def path(self) -> str:
+        return f"mirrors[{self.index}]"
+
+
+def mirror_name(group: str, source_topic: str, destination_topic: str) -> str:
+    return f"{group}__{source_topic}__{destination_topic}"
+
+
+def default_consumer_group(group: str, source_topic: str, destination_topic: str) -> str:
+    return f"{group}.mirrorflow.{source_topic}__{destination_topic}"
+
+
+def _merge(base: BaseModel, override: BaseModel) -> dict[str, Any]:
+    """Fields of ``override`` that were set explicitly win; nested models merge field by field."""
+    out = dict(base)
+    for field in override.model_fields_set:
+        if field not in type(base).model_fields:
+            continue
+        bval, oval = getattr(base, field), getattr(override, field)
+        if isinstance(bval, BaseModel) and isinstance(oval, BaseModel) and type(bval) is type(oval):
+            out[field] = type(bval)(**_merge(bval, oval))
+        else:
+            out[field] = oval
+    return out
+
+
+def resolve_mirrors(group: GroupConfig) -> list[ResolvedMirror]:
+    """Merge ``group``'s settings into each of its mirrors and derive names."""
+    from mirror_core.policy import build_replication_policy
+
+    policy = build_replication_policy(group)
+    out = []
+    for i, spec in enumerate(group.mirrors):
+        merged = MirrorSettings(**{k: v for k, v in _merge(group, spec).items() if k in MirrorSettings.model_fields})
+        if spec.source_topic is not None:
+            dst = spec.destination_topic or policy.format_remote_topic(group.source, spec.source_topic)
+            name = spec.name or mirror_name(group.name, spec.source_topic, dst)
+            cg = spec.consumer_group or default_consumer_group(group.name, spec.source_topic, dst)
+        else:
+            dst = None
+            name = spec.name or f"{group.name}__flow{i}"
+            cg = spec.consumer_group or f"{group.name}.mirrorflow.flow{i}"
+        out.append(
+            ResolvedMirror(
+                group=group.name, index=i, source_cluster=group.source,
+                destination_cluster=group.destination, source_topic=spec.source_topic,
+                destination_topic=dst, topics=spec.topics, name=name, consumer_group=cg,
+                settings=merged,
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- loading
+
+
+_VAR_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def interpolate(tree: Any, env: Mapping[str, str], issues: list[ConfigIssue], loc: tuple[Any, ...] = ()) -> Any:
+    """Replace ``${VAR}`` and ``${VAR:-default}`` in every string of ``tree``."""
+    if isinstance(tree, dict):
+        return {k: interpolate(v, env, issues, loc + (k,)) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [interpolate(v, env, issues, loc + (i,)) for i, v in enumerate(tree)]
+    if not isinstance(tree, str) or "$" not in tree:
+        return tree
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$${":
+            return "${"
+        name, default = m.group(1), m.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        issues.append(ConfigIssue(_path(loc), f"environment variable ${{{name}}} is not set and has no default"))
+        return ""
+
+    return _VAR_RE.sub(sub, tree)
+
+
+def _pydantic_issues(err: ValidationError) -> list[ConfigIssue]:
+    issues = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        elif e["type"] == "literal_error":
+            msg = f"{msg}, got {e.get('input')!r}"
+        elif e["type"] == "string_pattern_mismatch":
+            msg = f"invalid name {e.get('input')!r} (letters, digits, '_', '-', '.')"
+        issues.append(ConfigIssue(_path(loc), msg))
+    return issues
+
+
+def _cross_check(cfg: MirrorsConfig) -> list[ConfigIssue]:
+    from mirror_core.policy import PolicyError, build_replication_policy
+
+    issues: list[ConfigIssue] = []
+    seen_names: dict[str, str] = {}
+    seen_groups: dict[str, int] = {}
+    seen_dst: dict[tuple[str, str], str] = {}
+    for gi, g in enumerate(cfg.groups):
+        gp = f"groups[{gi}]"
+        if g.name in seen_groups:
+            issues.append(ConfigIssue(f"{gp}.name", f"duplicate group name {g.name!r} (also groups[{seen_groups[g.name]}])"))
+        seen_groups.setdefault(g.name, gi)
+        bad_cluster = False
+        for side in ("source", "destination"):
+            alias = getattr(g, side)
+            if alias not in cfg.clusters:
+                bad_cluster = True
+                issues.append(ConfigIssue(f"{gp}.{side}", f"undefined cluster {alias!r} (defined: {', '.join(sorted(cfg.clusters))})"))
+        try:
+            build_replication_policy(g)
+        except PolicyError as exc:
+            issues.append(ConfigIssue(f"{gp}.replication_policy", str(exc)))
+            continue
+        if bad_cluster:
+            continue
+        schema_serdes = {"avro", "protobuf", "json_schema"}
+        for mi, spec in enumerate(g.mirrors):
+            mp = f"{gp}.mirrors[{mi}]"
+            serdes = spec.serdes if "serdes" in spec.model_fields_set else g.serdes
+            for side_name in ("key", "value"):
+                if getattr(serdes, side_name) in schema_serdes and g.schemas.enabled:
+                    for alias in (g.source, g.destination):
+                        if cfg.clusters[alias].schema_registry is None:
+                            issues.append(ConfigIssue(
+                                f"{mp}.serdes.{side_name}",
+                                f"serde {getattr(serdes, side_name)!r} needs a schema_registry on cluster {alias!r}",
+                            ))
+        for m in resolve_mirrors(g):
+            mp = f"{gp}.{m.path}"
+            if m.name in seen_names:
+                issues.append(ConfigIssue(mp, f"duplicate mirror name {m.name!r} (also {seen_names[m.name]})"))
+            seen_names.setdefault(m.name, mp)
+            if m.destination_topic is None:
+                continue
+            if m.destination_topic and not TOPIC_RE.match(m.destination_topic):
+                issues.append(ConfigIssue(mp, f"derived destination topic {m.destination_topic!r} is not a valid topic name"))
+            same_cluster = cfg.clusters[g.source].bootstrap_servers == cfg.clusters[g.destination].bootstrap_servers
+            if (g.source == g.destination or same_cluster) and m.source_topic == m.destination_topic:
+                issues.append(ConfigIssue(mp, f"mirrors topic {m.source_topic!r} onto itself on cluster {g.destination!r}"))
+            key = (g.destination, m.destination_topic)
+            if key in seen_dst:
+                issues.append(ConfigIssue(mp, f"destination topic {m.destination_topic!r} on {g.destination!r} is already written by {seen_dst[key]}"))
+            seen_dst.setdefault(key, mp)
+    return issues
+
+
+def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str | None = None) -> MirrorsConfig:
+    """Validate an already-parsed YAML tree; raises :class:`ConfigError` listing every issue."""
+    env = os.environ if env is None else env
+    if not isinstance(raw, dict):
+        raise ConfigError(ConfigIssue("", "top level must be a mapping with 'clusters' and 'groups'"), source)
+    issues: list[ConfigIssue] = []
+    tree = interpolate(raw, env, issues)
+    if issues:
+        raise ConfigError(issues, source)
+    try:
+        cfg = MirrorsConfig.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_pydantic_issues(err), source) from None
+    issues = _cross_check(cfg)
+    if issues:
+        raise ConfigError(issues, source)
+    return cfg
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> MirrorsConfig:
+    """Read, interpolate and validate the YAML file at ``path``."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(ConfigIssue(str(p), f"cannot read: {exc.strerror}"), str(p)) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(ConfigIssue(f"{p}:{where}", f"invalid YAML: {problem}"), str(p)) from None
+    return parse_config(raw, env, str(p))
+

@@ -1,0 +1,515 @@
+"""Embedded real clusters for the demo, the tests and the benchmarks.
+
+Each side (``src``, ``dst``) is a real Apache Kafka cluster in KRaft mode (every
+node a combined broker + controller) started from the Maven Central jars, and
+optionally a real Apicurio Registry (Confluent-compatible API) with in-memory
+storage. Everything this module starts is recorded in ``<state>/local.json``
+with its pid, so ``down`` stops exactly those processes and nothing else.
+
+Readiness is polled against real endpoints with a deadline; there are no
+fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mirror_core import artifacts
+from mirror_core.errors import LocalClusterError, PrerequisiteError
+
+Progress = Callable[[str], None]
+
+REGISTRY_API_PATH = "/apis/ccompat/v7"
+STATE_FILE = "local.json"
+_KAFKA_HEAP = os.environ.get("MIRRORFLOW_KAFKA_HEAP", "-Xms128m -Xmx512m")
+_REGISTRY_HEAP = os.environ.get("MIRRORFLOW_REGISTRY_HEAP", "-Xms64m -Xmx384m")
+
+
+@dataclass(frozen=True)
+class SideSpec:
+    """One side: ``brokers`` KRaft nodes on ``kafka_port`` + 2*i (controller on +1), and a registry."""
+
+    name: str
+    kafka_port: int
+    brokers: int = 1
+    registry_port: int | None = None
+    registry_management_port: int | None = None
+
+    def broker_ports(self) -> list[tuple[int, int]]:
+        return [(self.kafka_port + 2 * i, self.kafka_port + 2 * i + 1) for i in range(self.brokers)]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"127.0.0.1:{p}" for p, _ in self.broker_ports())
+
+    @property
+    def registry_url(self) -> str | None:
+        return f"http://127.0.0.1:{self.registry_port}{REGISTRY_API_PATH}" if self.registry_port else None
+
+    def ports(self) -> list[tuple[int, str]]:
+        out = []
+        for i, (p, c) in enumerate(self.broker_ports()):
+            out += [(p, f"{self.name} broker {i + 1}"), (c, f"{self.name} controller {i + 1}")]
+        if self.registry_port:
+            out.append((self.registry_port, f"{self.name} schema registry"))
+        if self.registry_management_port:
+            out.append((self.registry_management_port, f"{self.name} schema registry management"))
+        return out
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    sides: tuple[SideSpec, ...]
+
+
+def default_spec(src_brokers: int = 1, dst_brokers: int = 1, registries: bool = True) -> ClusterSpec:
+    """The documented fixed ports: src on 19092 / 18081, dst on 29092 / 28081."""
+    return ClusterSpec((
+        SideSpec("src", 19092, src_brokers, 18081 if registries else None, 18091 if registries else None),
+        SideSpec("dst", 29092, dst_brokers, 28081 if registries else None, 28091 if registries else None),
+    ))
+
+
+def free_spec(src_brokers: int = 1, dst_brokers: int = 1, registries: bool = True) -> ClusterSpec:
+    """Same shape on free ports (tests that must not collide with a running demo)."""
+
+    def block(n: int) -> int:
+        for _ in range(200):
+            base = _free_port()
+            if base + n > 65535:
+                continue
+            if all(_port_free(base + k) for k in range(n)):
+                return base
+        raise PrerequisiteError("could not find a block of free ports on 127.0.0.1")
+
+    def side(name: str, brokers: int) -> SideSpec:
+        kp = block(2 * brokers)
+        rp = _free_port() if registries else None
+        mp = _free_port() if registries else None
+        return SideSpec(name, kp, brokers, rp, mp)
+
+    return ClusterSpec((side("src", src_brokers), side("dst", dst_brokers)))
+
+
+@dataclass
+class LocalEnv:
+    """Where artifacts are cached and where a running set keeps data, logs and pids."""
+
+    state_dir: Path
+    cache: Path
+    java: str = "java"
+
+    @classmethod
+    def from_environment(cls, state_dir: Path | None = None) -> LocalEnv:
+        root = Path(__file__).resolve().parent.parent
+        sd = state_dir or Path(os.environ.get("MIRRORFLOW_STATE", root / ".state")) / "local"
+        return cls(state_dir=Path(sd).resolve(), cache=artifacts.cache_dir(root))
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / STATE_FILE
+
+
+@dataclass
+class ProcessRecord:
+    role: str
+    pid: int
+    address: str
+    log: str
+    node_id: int | None = None
+    data_dir: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def up(env: LocalEnv, spec: ClusterSpec, progress: Progress | None = None, timeout: float = 180.0) -> dict[str, Any]:
+    """Start every side of ``spec``; return the status dict. Raises if anything fails to come up.
+
+    On failure, whatever was started is stopped again.
+    """
+    say = progress or (lambda _m: None)
+    t0 = time.monotonic()
+    if env.state_file.exists() and any(_alive(p["pid"]) for p in _records(env)):
+        raise PrerequisiteError(
+            f"local clusters already running from {env.state_dir} (run `mirrorflow local down` first, or status)"
+        )
+    java = artifacts.require_tool(env.java, "run Kafka and the schema registry (Java 17+)")
+    _check_java_version(java)
+    taken = [f"{what} port {port}" for side in spec.sides for port, what in side.ports() if not _port_free(port)]
+    if taken:
+        raise PrerequisiteError("ports already in use: " + ", ".join(taken) + " (stop what holds them or pick others)")
+
+    kafka_lib = artifacts.fetch_kafka(env.cache, say)
+    want_registry = any(s.registry_port for s in spec.sides)
+    apicurio_dir = artifacts.fetch_apicurio(env.cache, say) if want_registry else None
+
+    env.state_dir.mkdir(parents=True, exist_ok=True)
+    (env.state_dir / "logs").mkdir(exist_ok=True)
+    state: dict[str, Any] = {"state_dir": str(env.state_dir), "started_at": time.time(), "sides": {}}
+    records: list[ProcessRecord] = []
+    try:
+        say("formatting KRaft storage...")
+        _format_all(env, spec, java, kafka_lib)
+        for side in spec.sides:
+            side_state: dict[str, Any] = {"bootstrap": side.bootstrap, "brokers": [], "registry": None}
+            for i in range(side.brokers):
+                rec = _start_broker(env, side, i, java, kafka_lib)
+                records.append(rec)
+                side_state["brokers"].append(asdict(rec))
+            if side.registry_port and apicurio_dir:
+                rec = _start_registry(env, side, java, apicurio_dir)
+                records.append(rec)
+                side_state["registry"] = asdict(rec) | {"url": side.registry_url}
+            state["sides"][side.name] = side_state
+            _write_state(env, state)
+        say(f"started {len(records)} processes; waiting for readiness (deadline {timeout:.0f}s)...")
+        deadline = time.monotonic() + timeout
+        for side in spec.sides:
+            _wait_kafka(side, deadline, records)
+            say(f"  {side.name}: kafka ready at {side.bootstrap} ({side.brokers} broker(s))")
+            if side.registry_port:
+                _wait_registry(side, deadline, records)
+                say(f"  {side.name}: schema registry ready at {side.registry_url}")
+    except BaseException:
+        _stop_records([asdict(r) for r in records])
+        raise
+    state["took_s"] = round(time.monotonic() - t0, 2)
+    _write_state(env, state)
+    return status(env)
+
+
+def down(env: LocalEnv, keep_data: bool = False) -> list[str]:
+    """Stop every process recorded in the state file; returns what was stopped."""
+    recs = _records(env)
+    stopped = _stop_records(recs)
+    if env.state_file.exists():
+        env.state_file.unlink()
+    if not keep_data:
+        for rec in recs:
+            if rec.get("data_dir"):
+                _rmtree(Path(rec["data_dir"]))
+    return stopped
+
+
+def status(env: LocalEnv) -> dict[str, Any]:
+    """What runs where, with a live check of each process and port."""
+    if not env.state_file.exists():
+        return {"state_dir": str(env.state_dir), "running": False, "sides": {}}
+    state = json.loads(env.state_file.read_text())
+    any_alive = False
+    for side in state.get("sides", {}).values():
+        for b in side.get("brokers", []):
+            b["state"] = _proc_state(b)
+            any_alive |= b["state"] != "stopped"
+        reg = side.get("registry")
+        if reg:
+            reg["state"] = _proc_state(reg)
+            any_alive |= reg["state"] != "stopped"
+    state["running"] = any_alive
+    return state
+
+
+def running_endpoints(env: LocalEnv) -> dict[str, dict[str, str | None]]:
+    """``{side: {"bootstrap": ..., "registry": ...}}`` for a running set."""
+    st = status(env)
+    return {
+        name: {"bootstrap": s["bootstrap"], "registry": (s.get("registry") or {}).get("url")}
+        for name, s in st.get("sides", {}).items()
+    }
+
+
+# --------------------------------------------------------------------------- kafka
+
+
+def _kraft_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _broker_props(env: LocalEnv, side: SideSpec, i: int) -> tuple[Path, Path]:
+    ports = side.broker_ports()
+    port, cport = ports[i]
+    data = env.state_dir / "data" / f"{side.name}-{i + 1}"
+    voters = ",".join(f"{n + 1}@127.0.0.1:{c}" for n, (_, c) in enumerate(ports))
+    rf = min(3, side.brokers)
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": str(i + 1),
+        "controller.quorum.voters": voters,
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": str(data),
+        "offsets.topic.replication.factor": str(rf),
+        "offsets.topic.num.partitions": "10",
+        "transaction.state.log.replication.factor": str(rf),
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "10",
+        "share.coordinator.state.topic.replication.factor": str(rf),
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "auto.create.topics.enable": "false",
+        "num.partitions": "1",
+        "log.cleaner.backoff.ms": "1000",
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "10000",
+    }
+    cfg_dir = env.state_dir / "config"
+    cfg_dir.mkdir(parents=True, exist_ok=True)
+    path = cfg_dir / f"{side.name}-{i + 1}.properties"
+    path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+    return path, data
+
+
+def _java_kafka_cmd(java: str, lib: Path, main: str, *args: str, heap: str = _KAFKA_HEAP) -> list[str]:
+    log4j = Path(__file__).resolve().parent / "resources" / "kafka-log4j2.yaml"
+    return [
+        java, *heap.split(), "-XX:+UseG1GC", "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={log4j}", "-cp", f"{lib}/*", main, *args,
+    ]
+
+
+def kafka_tool_cmd(env: LocalEnv, main: str, *args: str) -> list[str]:
+    """A command line for a Kafka Java tool class (e.g. consumer group command) from the cached jars."""
+    lib = artifacts.fetch_kafka(env.cache)
+    return _java_kafka_cmd(artifacts.require_tool(env.java, "run Kafka tools"), lib, main, *args, heap="-Xmx256m")
+
+
+def _format_all(env: LocalEnv, spec: ClusterSpec, java: str, lib: Path) -> None:
+    procs = []
+    for side in spec.sides:
+        cluster_id = _kraft_id()
+        for i in range(side.brokers):
+            props, data = _broker_props(env, side, i)
+            _rmtree(data)
+            log = env.state_dir / "logs" / f"format-{side.name}-{i + 1}.log"
+            cmd = _java_kafka_cmd(java, lib, "kafka.tools.StorageTool", "format", "-t", cluster_id,
+                                  "-c", str(props), heap="-Xmx256m")
+            with log.open("wb") as fh:
+                procs.append((subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT), log))
+    for proc, log in procs:
+        if proc.wait(timeout=120) != 0:
+            raise LocalClusterError(f"formatting KRaft storage failed; see {log}")
+
+
+def _start_broker(env: LocalEnv, side: SideSpec, i: int, java: str, lib: Path) -> ProcessRecord:
+    props, data = _broker_props(env, side, i)
+    log = env.state_dir / "logs" / f"kafka-{side.name}-{i + 1}.log"
+    cmd = _java_kafka_cmd(java, lib, "kafka.Kafka", str(props))
+    proc = _spawn(cmd, log)
+    port = side.broker_ports()[i][0]
+    return ProcessRecord(
+        role="kafka", pid=proc.pid, address=f"127.0.0.1:{port}", log=str(log), node_id=i + 1, data_dir=str(data),
+        extra={"controller": f"127.0.0.1:{side.broker_ports()[i][1]}"},
+    )
+
+
+def _wait_kafka(side: SideSpec, deadline: float, records: list[ProcessRecord]) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    first_port = side.broker_ports()[0][0]
+    last = "no answer"
+    while _port_free(first_port) and time.monotonic() < deadline:
+        _check_alive(records)
+        time.sleep(0.2)
+    admin = AdminClient({"bootstrap.servers": side.bootstrap, "socket.timeout.ms": 2000, "log_level": 0})
+    while time.monotonic() < deadline:
+        _check_alive(records)
+        try:
+            md = admin.list_topics(timeout=2)
+            if len(md.brokers) >= side.brokers:
+                return
+            last = f"{len(md.brokers)} of {side.brokers} brokers registered"
+        except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
+            last = str(exc)
+        time.sleep(0.3)
+    raise LocalClusterError(f"{side.name}: kafka at {side.bootstrap} not ready before the deadline ({last})")
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def _start_registry(env: LocalEnv, side: SideSpec, java: str, app_dir: Path) -> ProcessRecord:
+    assert side.registry_port
+    log = env.state_dir / "logs" / f"registry-{side.name}.log"
+    cmd = [
+        java, *_REGISTRY_HEAP.split(), "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+        f"-Dquarkus.http.port={side.registry_port}",
+        "-Dquarkus.http.host=127.0.0.1",
+        f"-Dquarkus.management.port={side.registry_management_port}",
+        "-Dquarkus.management.host=127.0.0.1",
+        "-Dapicurio.storage.kind=sql",
+        "-Dapicurio.storage.sql.kind=h2",
+        "-Dquarkus.log.level=WARN",
+        "-Dquarkus.log.category.\"io.apicurio\".level=INFO",
+        "-Dapicurio.rest.deletion.artifact.enabled=true",
+        "-Dapicurio.rest.deletion.artifact-version.enabled=true",
+        "-Dapicurio.rest.deletion.group.enabled=true",
+        "-jar", str(app_dir / "quarkus-run.jar"),
+    ]
+    proc = _spawn(cmd, log, cwd=env.state_dir)
+    return ProcessRecord(
+        role="registry", pid=proc.pid, address=f"127.0.0.1:{side.registry_port}", log=str(log),
+        extra={"management_port": side.registry_management_port},
+    )
+
+
+def _wait_registry(side: SideSpec, deadline: float, records: list[ProcessRecord]) -> None:
+    url = f"{side.registry_url}/subjects"
+    last = "no answer"
+    while time.monotonic() < deadline:
+        _check_alive(records)
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+                last = f"HTTP {resp.status}"
+        except (urllib.error.URLError, OSError) as exc:
+            last = str(exc)
+        time.sleep(0.3)
+    raise LocalClusterError(f"{side.name}: schema registry at {url} not ready before the deadline ({last})")
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _spawn(cmd: list[str], log: Path, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as fh:
+        return subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd, start_new_session=True
+        )
+
+
+def _check_alive(records: list[ProcessRecord]) -> None:
+    for r in records:
+        if not _alive(r.pid):
+            tail = Path(r.log).read_text(errors="replace").splitlines()[-10:] if Path(r.log).exists() else []
+            raise LocalClusterError(f"{r.role} at {r.address} exited during startup; see {r.log}\n" + "\n".join(tail))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of this process counts as dead
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _proc_state(rec: dict[str, Any]) -> str:
+    if not _alive(rec["pid"]):
+        return "stopped"
+    host, _, port = rec["address"].rpartition(":")
+    return "running" if not _port_free(int(port), host) else "starting"
+
+
+def _records(env: LocalEnv) -> list[dict[str, Any]]:
+    if not env.state_file.exists():
+        return []
+    state = json.loads(env.state_file.read_text())
+    out = []
+    for side in state.get("sides", {}).values():
+        out += side.get("brokers", [])
+        if side.get("registry"):
+            out.append(side["registry"])
+    return out
+
+
+def _ours(pid: int) -> bool:
+    """Guard against a recycled pid: only signal java processes."""
+    try:
+        return b"java" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _stop_records(recs: list[dict[str, Any]], timeout: float = 30.0) -> list[str]:
+    stopped = []
+    live = [r for r in recs if _alive(r["pid"]) and _ours(r["pid"])]
+    for r in live:
+        try:
+            os.killpg(r["pid"], signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            os.kill(r["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for r in live:
+        while _alive(r["pid"]) and time.monotonic() < deadline:
+            _reap(r["pid"])
+            time.sleep(0.1)
+        if _alive(r["pid"]):
+            try:
+                os.killpg(r["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            _reap(r["pid"])
+        stopped.append(f"{r['role']}@{r['address']} (pid {r['pid']})")
+    return stopped
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _write_state(env: LocalEnv, state: dict[str, Any]) -> None:
+    tmp = env.state_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(env.state_file)
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def _check_java_version(java: str) -> None:
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PrerequisiteError(f"cannot run {java!r}: {exc}") from None
+    import re
+
+    m = re.search(r'version "(\d+)', out)
+    if not m or int(m.group(1)) < 17:
+        raise PrerequisiteError(f"Java 17 or newer is needed for Kafka 4.x; {java} reports: {out.splitlines()[0] if out else '?'}")

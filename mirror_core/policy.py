@@ -1,0 +1,204 @@
+"""Small pluggable policies, chosen by name in the YAML (as MirrorMaker 2's).
+
+- :class:`ReplicationPolicy`: how a source topic is named on the destination, and back.
+- :class:`TopicFilter`: which source topics a group mirrors (never internal ones).
+- :class:`GroupFilter`: which consumer groups get checkpoints and offset sync.
+- :class:`ConfigPropertyFilter`: which topic configs are copied.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from mirror_core.errors import MirrorError
+
+if TYPE_CHECKING:
+    from mirror_core.config import GroupConfig, ResolvedMirror
+
+
+class PolicyError(MirrorError):
+    exit_code = 2
+
+
+@runtime_checkable
+class ReplicationPolicy(Protocol):
+    """Names remote topics. Same interface as MM2's ``ReplicationPolicy`` (snake_case)."""
+
+    def format_remote_topic(self, source_cluster_alias: str, topic: str) -> str: ...
+
+    def topic_source(self, topic: str) -> str | None:
+        """The cluster alias a remote topic came from, or None if it is not remote."""
+        ...
+
+    def upstream_topic(self, topic: str) -> str | None:
+        """The topic name on the cluster it came from, or None if it is not remote."""
+        ...
+
+
+@dataclass(frozen=True)
+class IdentityReplicationPolicy:
+    """Same name on both sides (viooh-mirror / MM2's IdentityReplicationPolicy).
+
+    A remote topic cannot be told from a local one by its name, so two-way
+    setups need the data path's provenance header to avoid loops.
+    """
+
+    def format_remote_topic(self, source_cluster_alias: str, topic: str) -> str:
+        return topic
+
+    def topic_source(self, topic: str) -> str | None:
+        return None
+
+    def upstream_topic(self, topic: str) -> str | None:
+        return None
+
+
+@dataclass(frozen=True)
+class PrefixReplicationPolicy:
+    """MM2's DefaultReplicationPolicy: ``<source-alias><separator><topic>``."""
+
+    separator: str = "."
+
+    def format_remote_topic(self, source_cluster_alias: str, topic: str) -> str:
+        return f"{source_cluster_alias}{self.separator}{topic}"
+
+    def topic_source(self, topic: str) -> str | None:
+        alias, sep, rest = topic.partition(self.separator)
+        return alias if sep and rest and alias else None
+
+    def upstream_topic(self, topic: str) -> str | None:
+        alias, sep, rest = topic.partition(self.separator)
+        return rest if sep and rest and alias else None
+
+
+def build_replication_policy(group: GroupConfig) -> ReplicationPolicy:
+    """The policy named by ``group.replication_policy``; a dotted path imports a user class."""
+    name = group.replication_policy
+    if name == "identity":
+        return IdentityReplicationPolicy()
+    if name == "prefix":
+        return PrefixReplicationPolicy(group.replication_policy_separator)
+    module_name, _, cls_name = name.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), cls_name)
+    except (ImportError, AttributeError) as exc:
+        raise PolicyError(f"cannot import replication policy {name!r}: {exc}") from None
+    try:
+        instance = cls(separator=group.replication_policy_separator)
+    except TypeError:
+        instance = cls()
+    if not isinstance(instance, ReplicationPolicy):
+        raise PolicyError(
+            f"{name!r} is not a replication policy (needs format_remote_topic, topic_source, upstream_topic)"
+        )
+    return instance
+
+
+# Names that are never mirrored: Kafka's own, registries' storage, MM2's and ours.
+_INTERNAL_RE = re.compile(
+    r"^(__.*|_schemas|_confluent.*|kafkasql-journal|.*\.internal|.*[.-]internal|"
+    r"mm2-.*|.*\.mirrorflow\.dlq|heartbeats)$"
+)
+
+
+def is_internal_topic(topic: str) -> bool:
+    """Kafka's, registries', MM2's and mirrorflow's own topics (heartbeats are mirrored on purpose
+    by the heartbeat feature, never by a user's flow)."""
+    return bool(_INTERNAL_RE.match(topic))
+
+
+@dataclass(frozen=True)
+class TopicSelection:
+    """A source topic chosen for mirroring, with its destination name."""
+
+    mirror: ResolvedMirror
+    source_topic: str
+    destination_topic: str
+
+
+@dataclass(frozen=True)
+class Skipped:
+    source_topic: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class TopicFilter:
+    """Chooses source topics for a group's mirrors: explicit pairs, then regex flows."""
+
+    mirrors: tuple[ResolvedMirror, ...]
+    policy: ReplicationPolicy
+    source_alias: str
+    destination_alias: str
+
+    def select(self, source_topics: list[str]) -> tuple[list[TopicSelection], list[Skipped]]:
+        """Pure: decide, for the listed source topics, which are mirrored and where to."""
+        from mirror_core.config import mirror_name
+
+        chosen: list[TopicSelection] = []
+        skipped: list[Skipped] = []
+        taken: set[str] = set()
+        existing = set(source_topics)
+        for m in self.mirrors:
+            if m.is_flow:
+                continue
+            assert m.source_topic is not None and m.destination_topic is not None
+            if m.source_topic not in existing:
+                skipped.append(Skipped(m.source_topic, f"{m.name}: source topic does not exist"))
+                continue
+            chosen.append(TopicSelection(m, m.source_topic, m.destination_topic))
+            taken.add(m.source_topic)
+        for topic in sorted(existing - taken):
+            flows = [m for m in self.mirrors if m.is_flow and m.topics and m.topics.matches(topic)]
+            if not flows:
+                continue
+            if is_internal_topic(topic):
+                skipped.append(Skipped(topic, "internal topic, never mirrored"))
+                continue
+            if self.policy.topic_source(topic) == self.destination_alias:
+                skipped.append(Skipped(topic, f"came from {self.destination_alias!r}; not mirrored back (cycle)"))
+                continue
+            flow = flows[0]
+            dst = self.policy.format_remote_topic(self.source_alias, topic)
+            resolved = flow.model_copy(update={
+                "source_topic": topic,
+                "destination_topic": dst,
+                "name": mirror_name(flow.group, topic, dst),
+            })
+            chosen.append(TopicSelection(resolved, topic, dst))
+        return chosen, skipped
+
+
+@dataclass(frozen=True)
+class GroupFilter:
+    include: str = ".*"
+    exclude: str | None = None
+
+    def matches(self, group_id: str) -> bool:
+        if not re.fullmatch(self.include, group_id):
+            return False
+        return not (self.exclude and re.fullmatch(self.exclude, group_id))
+
+
+#: MM2's DefaultConfigPropertyFilter exclusions.
+DEFAULT_CONFIG_EXCLUDES = (
+    r"follower\.replication\.throttled\.replicas",
+    r"leader\.replication\.throttled\.replicas",
+    r"message\.timestamp\.difference\.max\.ms",
+    r"message\.timestamp\.type",
+    r"unclean\.leader\.election\.enable",
+    r"min\.insync\.replicas",
+)
+
+
+@dataclass(frozen=True)
+class ConfigPropertyFilter:
+    """Which topic config properties are copied to the destination."""
+
+    user_excludes: tuple[str, ...] = ()
+
+    def should_replicate(self, name: str) -> bool:
+        return not any(re.fullmatch(p, name) for p in DEFAULT_CONFIG_EXCLUDES + self.user_excludes)
