@@ -133,7 +133,7 @@ def _print_status(status: dict[str, Any], as_json: bool) -> None:
 
     table = Table(title="mirrorflow local clusters")
     for col in ("side", "service", "address", "pid", "state"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for side, info in status.get("sides", {}).items():
         for b in info.get("brokers", []):
             table.add_row(side, f"kafka broker {b['node_id']}", b["address"], str(b["pid"]), b["state"])

@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -71,11 +72,26 @@ def parse_duration(value: Any) -> float:
 Duration = Annotated[float, Field(gt=0)]
 
 
+def _check_topic(v: str | None) -> str | None:
+    if v is not None and not TOPIC_RE.match(v):
+        raise ValueError(f"invalid topic name {v!r} (letters, digits, '.', '_', '-'; at most 249)")
+    return v
+
+
 def _compile(pattern: str) -> re.Pattern[str]:
     try:
         return re.compile(pattern)
     except re.error as exc:
         raise ValueError(f"invalid regex {pattern!r}: {exc}") from None
+
+
+def _check_regex(pattern: str) -> str:
+    _compile(pattern)
+    return pattern
+
+
+#: A string that must compile as a Python regex (checked per item, so errors carry the index).
+Regex = Annotated[str, AfterValidator(_check_regex)]
 
 
 class _Frozen(BaseModel):
@@ -121,6 +137,10 @@ class ClusterConfig(_Frozen):
             return v
         out: dict[str, Any] = {}
         for key, value in v.items():
+            if value is None:
+                raise ValueError(f"property {key!r} has no value")
+            if not isinstance(value, (str, int, float, bool)):
+                raise ValueError(f"property {key!r} must be a string, number or boolean, got {type(value).__name__}")
             if isinstance(value, bool):
                 value = "true" if value else "false"
             elif isinstance(value, (int, float)):
@@ -187,15 +207,8 @@ class TopicsMirroring(_Frozen):
     partition_count: CountRule = CountRule()
     replication_factor: CountRule = CountRule()
     sync_configs: bool = True
-    config_exclude: tuple[str, ...] = ()
+    config_exclude: tuple[Regex, ...] = ()
     sync_acls: bool = False
-
-    @field_validator("config_exclude")
-    @classmethod
-    def _regexes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for pattern in v:
-            _compile(pattern)
-        return v
 
 
 class Serdes(_Frozen):
@@ -242,6 +255,12 @@ class HeartbeatsConfig(_Frozen):
     def _dur(cls, v: Any) -> float:
         return parse_duration(v)
 
+    @field_validator("topic")
+    @classmethod
+    def _topic(cls, v: str) -> str:
+        _check_topic(v)
+        return v
+
 
 class SparkConfig(_Frozen):
     master: str = "local[2]"
@@ -254,7 +273,10 @@ class SparkConfig(_Frozen):
     @classmethod
     def _trigger(cls, v: str) -> str:
         if v != "available_now":
-            parse_duration(v)
+            try:
+                parse_duration(v)
+            except ValueError:
+                raise ValueError(f"not a trigger: {v!r} (use 'available_now' or a duration like '1 second')") from None
         return v
 
 
@@ -294,9 +316,7 @@ class MirrorSpec(MirrorSettings):
     @field_validator("source_topic", "destination_topic")
     @classmethod
     def _topic(cls, v: str | None) -> str | None:
-        if v is not None and not TOPIC_RE.match(v):
-            raise ValueError(f"invalid topic name {v!r} (letters, digits, '.', '_', '-'; at most 249)")
-        return v
+        return _check_topic(v)
 
     @model_validator(mode="after")
     def _one_form(self) -> MirrorSpec:
@@ -332,6 +352,11 @@ class GroupConfig(MirrorSettings):
                 f"unknown replication policy {v!r}: use 'identity', 'prefix' or a dotted path module.Class"
             )
         return v
+
+    @field_validator("dead_letter_topic", "offset_syncs_topic")
+    @classmethod
+    def _topic(cls, v: str | None) -> str | None:
+        return _check_topic(v)
 
     @field_validator("replication_policy_separator")
     @classmethod
@@ -408,6 +433,11 @@ def default_consumer_group(group: str, source_topic: str, destination_topic: str
     return f"{group}.mirrorflow.{source_topic}__{destination_topic}"
 
 
+#: Models that are one choice (``{type: fix, value: 6}``): a mirror replaces them whole, since
+#: mixing a group's ``type: fix`` with a mirror's ``max`` would make a rule nobody wrote.
+_WHOLE_VALUES: tuple[type[BaseModel], ...] = (CountRule, RegexFilter)
+
+
 def _merge(base: BaseModel, override: BaseModel) -> dict[str, Any]:
     """Fields of ``override`` that were set explicitly win; nested models merge field by field."""
     out = dict(base)
@@ -415,7 +445,12 @@ def _merge(base: BaseModel, override: BaseModel) -> dict[str, Any]:
         if field not in type(base).model_fields:
             continue
         bval, oval = getattr(base, field), getattr(override, field)
-        if isinstance(bval, BaseModel) and isinstance(oval, BaseModel) and type(bval) is type(oval):
+        if (
+            isinstance(bval, BaseModel)
+            and isinstance(oval, BaseModel)
+            and type(bval) is type(oval)
+            and not isinstance(bval, _WHOLE_VALUES)
+        ):
             out[field] = type(bval)(**_merge(bval, oval))
         else:
             out[field] = oval
@@ -458,6 +493,8 @@ _VAR_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 def _path(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
+        if part == "[key]":  # pydantic's marker for a bad dict key; the key itself is the path
+            continue
         if isinstance(part, int):
             out += f"[{part}]"
         else:
@@ -499,10 +536,21 @@ def _pydantic_issues(err: ValidationError) -> list[ConfigIssue]:
             msg = msg[len("Value error, "):]
         elif e["type"] == "literal_error":
             msg = f"{msg}, got {e.get('input')!r}"
+        elif e["type"] == "string_pattern_mismatch" and e.get("ctx", {}).get("pattern") == ALIAS_RE:
+            msg = f"invalid cluster alias {e.get('input')!r} (letters, digits, '_', '-')"
         elif e["type"] == "string_pattern_mismatch":
             msg = f"invalid name {e.get('input')!r} (letters, digits, '_', '-', '.')"
         issues.append(ConfigIssue(_path(loc), msg))
     return issues
+
+
+_SCHEMA_SERDES = frozenset({"avro", "protobuf", "json_schema"})
+
+
+def _brokers(cluster: ClusterConfig) -> frozenset[str]:
+    """The brokers a ``bootstrap.servers`` list names (order and case ignored), to tell two
+    aliases of one cluster apart from two clusters."""
+    return frozenset(h.strip().lower() for h in cluster.bootstrap_servers.split(",") if h.strip())
 
 
 def _cross_check(cfg: MirrorsConfig) -> list[ConfigIssue]:
@@ -511,7 +559,7 @@ def _cross_check(cfg: MirrorsConfig) -> list[ConfigIssue]:
     issues: list[ConfigIssue] = []
     seen_names: dict[str, str] = {}
     seen_groups: dict[str, int] = {}
-    seen_dst: dict[tuple[str, str], str] = {}
+    seen_dst: dict[tuple[frozenset[str], str], str] = {}
     for gi, g in enumerate(cfg.groups):
         gp = f"groups[{gi}]"
         if g.name in seen_groups:
@@ -524,37 +572,42 @@ def _cross_check(cfg: MirrorsConfig) -> list[ConfigIssue]:
                 bad_cluster = True
                 issues.append(ConfigIssue(f"{gp}.{side}", f"undefined cluster {alias!r} (defined: {', '.join(sorted(cfg.clusters))})"))
         try:
-            build_replication_policy(g)
+            policy = build_replication_policy(g)
         except PolicyError as exc:
             issues.append(ConfigIssue(f"{gp}.replication_policy", str(exc)))
             continue
         if bad_cluster:
             continue
-        schema_serdes = {"avro", "protobuf", "json_schema"}
-        for mi, spec in enumerate(g.mirrors):
-            mp = f"{gp}.mirrors[{mi}]"
-            serdes = spec.serdes if "serdes" in spec.model_fields_set else g.serdes
+        dst_brokers = _brokers(cfg.clusters[g.destination])
+        same_cluster = g.source == g.destination or _brokers(cfg.clusters[g.source]) == dst_brokers
+        for m in resolve_mirrors(g):
+            mp = f"{gp}.{m.path}"
+            serdes = m.settings.serdes
             for side_name in ("key", "value"):
-                if getattr(serdes, side_name) in schema_serdes and g.schemas.enabled:
+                if getattr(serdes, side_name) in _SCHEMA_SERDES and g.schemas.enabled:
                     for alias in (g.source, g.destination):
                         if cfg.clusters[alias].schema_registry is None:
                             issues.append(ConfigIssue(
                                 f"{mp}.serdes.{side_name}",
                                 f"serde {getattr(serdes, side_name)!r} needs a schema_registry on cluster {alias!r}",
                             ))
-        for m in resolve_mirrors(g):
-            mp = f"{gp}.{m.path}"
             if m.name in seen_names:
                 issues.append(ConfigIssue(mp, f"duplicate mirror name {m.name!r} (also {seen_names[m.name]})"))
             seen_names.setdefault(m.name, mp)
             if m.destination_topic is None:
+                probe = "mirrorflow-probe"
+                if same_cluster and policy.format_remote_topic(g.source, probe) == probe:
+                    issues.append(ConfigIssue(
+                        f"{mp}.topics",
+                        f"flow would mirror every matched topic onto itself on cluster {g.destination!r} "
+                        f"(policy {g.replication_policy!r} keeps names; use 'prefix' or another cluster)",
+                    ))
                 continue
             if m.destination_topic and not TOPIC_RE.match(m.destination_topic):
                 issues.append(ConfigIssue(mp, f"derived destination topic {m.destination_topic!r} is not a valid topic name"))
-            same_cluster = cfg.clusters[g.source].bootstrap_servers == cfg.clusters[g.destination].bootstrap_servers
-            if (g.source == g.destination or same_cluster) and m.source_topic == m.destination_topic:
+            if same_cluster and m.source_topic == m.destination_topic:
                 issues.append(ConfigIssue(mp, f"mirrors topic {m.source_topic!r} onto itself on cluster {g.destination!r}"))
-            key = (g.destination, m.destination_topic)
+            key = (dst_brokers, m.destination_topic)
             if key in seen_dst:
                 issues.append(ConfigIssue(mp, f"destination topic {m.destination_topic!r} on {g.destination!r} is already written by {seen_dst[key]}"))
             seen_dst.setdefault(key, mp)
@@ -586,13 +639,13 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Mirro
     try:
         text = p.read_text()
     except OSError as exc:
-        raise ConfigError(ConfigIssue(str(p), f"cannot read: {exc.strerror}"), str(p)) from None
+        raise ConfigError(ConfigIssue("", f"cannot read: {exc.strerror}"), str(p)) from None
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(ConfigIssue(f"{p}:{where}", f"invalid YAML: {problem}"), str(p)) from None
+        raise ConfigError(ConfigIssue(where, f"invalid YAML: {problem}"), str(p)) from None
     return parse_config(raw, env, str(p))
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -148,14 +150,14 @@ def up(env: LocalEnv, spec: ClusterSpec, progress: Progress | None = None, timeo
         raise PrerequisiteError(
             f"local clusters already running from {env.state_dir} (run `mirrorflow local down` first, or status)"
         )
-    java = artifacts.require_tool(env.java, "run Kafka and the schema registry (Java 17+)")
-    _check_java_version(java)
+    java = find_java(17)  # Kafka 4.x
+    want_registry = any(s.registry_port for s in spec.sides)
+    registry_java = find_java(21) if want_registry else java  # Apicurio 3.3 is built for Java 21
     taken = [f"{what} port {port}" for side in spec.sides for port, what in side.ports() if not _port_free(port)]
     if taken:
         raise PrerequisiteError("ports already in use: " + ", ".join(taken) + " (stop what holds them or pick others)")
 
     kafka_lib = artifacts.fetch_kafka(env.cache, say)
-    want_registry = any(s.registry_port for s in spec.sides)
     apicurio_dir = artifacts.fetch_apicurio(env.cache, say) if want_registry else None
 
     env.state_dir.mkdir(parents=True, exist_ok=True)
@@ -172,7 +174,7 @@ def up(env: LocalEnv, spec: ClusterSpec, progress: Progress | None = None, timeo
                 records.append(rec)
                 side_state["brokers"].append(asdict(rec))
             if side.registry_port and apicurio_dir:
-                rec = _start_registry(env, side, java, apicurio_dir)
+                rec = _start_registry(env, side, registry_java, apicurio_dir)
                 records.append(rec)
                 side_state["registry"] = asdict(rec) | {"url": side.registry_url}
             state["sides"][side.name] = side_state
@@ -184,6 +186,7 @@ def up(env: LocalEnv, spec: ClusterSpec, progress: Progress | None = None, timeo
             say(f"  {side.name}: kafka ready at {side.bootstrap} ({side.brokers} broker(s))")
             if side.registry_port:
                 _wait_registry(side, deadline, records)
+                _set_global_compatibility(side, "BACKWARD")
                 say(f"  {side.name}: schema registry ready at {side.registry_url}")
     except BaseException:
         _stop_records([asdict(r) for r in records])
@@ -345,44 +348,93 @@ def _wait_kafka(side: SideSpec, deadline: float, records: list[ProcessRecord]) -
 
 
 def _start_registry(env: LocalEnv, side: SideSpec, java: str, app_dir: Path) -> ProcessRecord:
-    assert side.registry_port
+    assert side.registry_port and side.registry_management_port
     log = env.state_dir / "logs" / f"registry-{side.name}.log"
     cmd = [
-        java, *_REGISTRY_HEAP.split(), "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-        f"-Dquarkus.http.port={side.registry_port}",
+        java, *_REGISTRY_HEAP.split(), "-XX:MaxMetaspaceSize=192m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+        "-Xss512k",
         "-Dquarkus.http.host=127.0.0.1",
-        f"-Dquarkus.management.port={side.registry_management_port}",
+        f"-Dquarkus.http.port={side.registry_port}",
+        # the management interface cannot be switched off at run time: give each instance its own port
         "-Dquarkus.management.host=127.0.0.1",
+        f"-Dquarkus.management.port={side.registry_management_port}",
         "-Dapicurio.storage.kind=sql",
         "-Dapicurio.storage.sql.kind=h2",
-        "-Dquarkus.log.level=WARN",
-        "-Dquarkus.log.category.\"io.apicurio\".level=INFO",
-        "-Dapicurio.rest.deletion.artifact.enabled=true",
-        "-Dapicurio.rest.deletion.artifact-version.enabled=true",
-        "-Dapicurio.rest.deletion.group.enabled=true",
+        f"-Dapicurio.datasource.url=jdbc:h2:mem:registry_{side.registry_port}",
+        "-Dapicurio.datasource.jdbc.initial-size=2",
+        "-Dapicurio.datasource.jdbc.min-size=2",
+        "-Dapicurio.datasource.jdbc.max-size=20",
+        # GET /subjects silently truncates at 1000 by default
+        "-Dapicurio.ccompat.max-subjects=100000",
+        '-Dquarkus.log.category."io.quarkus.http.access-log".level=WARN',
+        '-Dquarkus.log.category."io.apicurio.registry.logging.audit".level=WARN',
         "-jar", str(app_dir / "quarkus-run.jar"),
     ]
-    proc = _spawn(cmd, log, cwd=env.state_dir)
+    proc = _spawn(cmd, log, cwd=app_dir)
     return ProcessRecord(
         role="registry", pid=proc.pid, address=f"127.0.0.1:{side.registry_port}", log=str(log),
-        extra={"management_port": side.registry_management_port},
+        extra={"management_port": side.registry_management_port, "java": java},
     )
 
 
 def _wait_registry(side: SideSpec, deadline: float, records: list[ProcessRecord]) -> None:
-    url = f"{side.registry_url}/subjects"
+    """Ready when the management health check says UP and the ccompat API answers."""
+    urls = [f"http://127.0.0.1:{side.registry_management_port}/health/ready", f"{side.registry_url}/subjects"]
     last = "no answer"
-    while time.monotonic() < deadline:
-        _check_alive(records)
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-                last = f"HTTP {resp.status}"
-        except (urllib.error.URLError, OSError) as exc:
-            last = str(exc)
-        time.sleep(0.3)
-    raise LocalClusterError(f"{side.name}: schema registry at {url} not ready before the deadline ({last})")
+    for url in urls:
+        while True:
+            if time.monotonic() > deadline:
+                raise LocalClusterError(f"{side.name}: schema registry at {url} not ready before the deadline ({last})")
+            _check_alive(records)
+            try:
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+                    last = f"HTTP {resp.status}"
+            except (urllib.error.URLError, OSError) as exc:
+                last = str(exc)
+            time.sleep(0.3)
+
+
+def _set_global_compatibility(side: SideSpec, level: str) -> None:
+    """Apicurio starts with global NONE and answers compatibility checks inconsistently until a global
+    level is set; set Confluent's default so both registries behave like a fresh Confluent one."""
+    req = urllib.request.Request(
+        f"{side.registry_url}/config", data=json.dumps({"compatibility": level}).encode(), method="PUT",
+        headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        if resp.status != 200:
+            raise LocalClusterError(f"{side.name}: could not set the registry's global compatibility (HTTP {resp.status})")
+
+
+def find_java(min_version: int) -> str:
+    """A ``java`` of at least ``min_version``: $MIRRORFLOW_JAVA<N>, PATH, $JAVA_HOME, then /usr/lib/jvm/*."""
+    candidates = [os.environ.get(f"MIRRORFLOW_JAVA{min_version}", "")]
+    candidates.append(shutil.which("java") or "")
+    if os.environ.get("JAVA_HOME"):
+        candidates.append(str(Path(os.environ["JAVA_HOME"]) / "bin" / "java"))
+    candidates += [str(p) for p in sorted(Path("/usr/lib/jvm").glob("*/bin/java"), reverse=True)]
+    seen: list[str] = []
+    for cand in filter(None, candidates):
+        if cand in seen or not Path(cand).exists():
+            continue
+        seen.append(cand)
+        if (_java_major(cand) or 0) >= min_version:
+            return cand
+    raise PrerequisiteError(
+        f"no Java {min_version}+ found (tried: {', '.join(seen) or 'none'}); "
+        f"install one or set MIRRORFLOW_JAVA{min_version}=/path/to/bin/java"
+    )
+
+
+def _java_major(java: str) -> int | None:
+    try:
+        text = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r'version "(\d+)', text)
+    return int(m.group(1)) if m else None
 
 
 # --------------------------------------------------------------------------- processes
@@ -482,8 +534,6 @@ def _write_state(env: LocalEnv, state: dict[str, Any]) -> None:
 
 
 def _rmtree(path: Path) -> None:
-    import shutil
-
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -501,15 +551,3 @@ def _port_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
         return True
-
-
-def _check_java_version(java: str) -> None:
-    try:
-        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise PrerequisiteError(f"cannot run {java!r}: {exc}") from None
-    import re
-
-    m = re.search(r'version "(\d+)', out)
-    if not m or int(m.group(1)) < 17:
-        raise PrerequisiteError(f"Java 17 or newer is needed for Kafka 4.x; {java} reports: {out.splitlines()[0] if out else '?'}")

@@ -86,10 +86,15 @@ def build_replication_policy(group: GroupConfig) -> ReplicationPolicy:
         cls = getattr(importlib.import_module(module_name), cls_name)
     except (ImportError, AttributeError) as exc:
         raise PolicyError(f"cannot import replication policy {name!r}: {exc}") from None
+    if not isinstance(cls, type):
+        raise PolicyError(f"{name!r} is not a class")
     try:
-        instance = cls(separator=group.replication_policy_separator)
-    except TypeError:
-        instance = cls()
+        try:
+            instance = cls(separator=group.replication_policy_separator)
+        except TypeError:
+            instance = cls()
+    except Exception as exc:  # a user class failing to build is a config problem, not a crash
+        raise PolicyError(f"cannot build replication policy {name!r}: {exc}") from None
     if not isinstance(instance, ReplicationPolicy):
         raise PolicyError(
             f"{name!r} is not a replication policy (needs format_remote_topic, topic_source, upstream_topic)"
@@ -141,6 +146,7 @@ class TopicFilter:
         chosen: list[TopicSelection] = []
         skipped: list[Skipped] = []
         taken: set[str] = set()
+        written: dict[str, str] = {}  # destination topic -> the source topic mirrored into it
         existing = set(source_topics)
         for m in self.mirrors:
             if m.is_flow:
@@ -149,8 +155,12 @@ class TopicFilter:
             if m.source_topic not in existing:
                 skipped.append(Skipped(m.source_topic, f"{m.name}: source topic does not exist"))
                 continue
+            if is_internal_topic(m.source_topic):
+                skipped.append(Skipped(m.source_topic, f"{m.name}: internal topic, never mirrored"))
+                continue
             chosen.append(TopicSelection(m, m.source_topic, m.destination_topic))
             taken.add(m.source_topic)
+            written[m.destination_topic] = m.source_topic
         for topic in sorted(existing - taken):
             flows = [m for m in self.mirrors if m.is_flow and m.topics and m.topics.matches(topic)]
             if not flows:
@@ -163,6 +173,10 @@ class TopicFilter:
                 continue
             flow = flows[0]
             dst = self.policy.format_remote_topic(self.source_alias, topic)
+            if dst in written:
+                skipped.append(Skipped(topic, f"destination {dst!r} is already written from {written[dst]!r}"))
+                continue
+            written[dst] = topic
             resolved = flow.model_copy(update={
                 "source_topic": topic,
                 "destination_topic": dst,
