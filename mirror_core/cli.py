@@ -90,13 +90,15 @@ def local_up(
     brokers: Annotated[int, typer.Option(help="Brokers per cluster side (src).", min=1, max=5)] = 1,
     dst_brokers: Annotated[int, typer.Option(help="Brokers on the dst side.", min=1, max=5)] = 1,
     registry: Annotated[bool, typer.Option(help="Start the schema registries too.")] = True,
+    free_ports: Annotated[bool, typer.Option("--free-ports", help="Pick free ports instead of the defaults.")] = False,
     state_dir: Annotated[Path | None, typer.Option(help="Where data, logs and pids go.")] = None,
 ) -> None:
     """Start two real Kafka clusters (KRaft) and a schema registry per side."""
     from mirror_core import local
 
     env = local.LocalEnv.from_environment(state_dir)
-    spec = local.default_spec(src_brokers=brokers, dst_brokers=dst_brokers, registries=registry)
+    make_spec = local.free_spec if free_ports else local.default_spec
+    spec = make_spec(src_brokers=brokers, dst_brokers=dst_brokers, registries=registry)
     status = local.up(env, spec, progress=lambda msg: err.print(msg, markup=False, highlight=False))
     _print_status(status, as_json=False)
     out.print(f"local clusters up in {status.get('took_s', 0):.1f}s", markup=False)
