@@ -62,7 +62,10 @@ class NotAPolicy:
 
 def config(policy: str = "identity", mirrors: list[dict[str, Any]] | None = None, **group: Any) -> MirrorsConfig:
     raw = {
-        "clusters": {"src": {"kafka": {"bootstrap.servers": "src:9092"}}, "dst": {"kafka": {"bootstrap.servers": "dst:9092"}}},
+        "clusters": {
+            "src": {"kafka": {"bootstrap.servers": "src:9092"}},
+            "dst": {"kafka": {"bootstrap.servers": "dst:9092"}},
+        },
         "groups": [
             {
                 "name": "g",
@@ -194,11 +197,13 @@ def test_explicit_pair_never_selects_internal_topic() -> None:
 
 
 def test_explicit_pairs() -> None:
-    cfg = config(mirrors=[
-        {"source_topic": "orders"},
-        {"source_topic": "customers", "destination_topic": "customers-v2"},
-        {"source_topic": "missing"},
-    ])
+    cfg = config(
+        mirrors=[
+            {"source_topic": "orders"},
+            {"source_topic": "customers", "destination_topic": "customers-v2"},
+            {"source_topic": "missing"},
+        ]
+    )
     chosen, skipped = topic_filter(cfg).select(["orders", "customers", "other"])
     assert [(s.source_topic, s.destination_topic, s.mirror.name) for s in chosen] == [
         ("orders", "orders", "g__orders__orders"),
@@ -210,8 +215,13 @@ def test_explicit_pairs() -> None:
 
 def test_regex_flow_with_exclude() -> None:
     cfg = config(mirrors=[{"topics": {"include": "payments\\..*", "exclude": ".*\\.tmp"}}])
-    chosen, skipped = topic_filter(cfg).select(["payments.eu", "payments.us", "payments.eu.tmp", "orders", "xpayments.eu"])
-    assert [(s.source_topic, s.destination_topic) for s in chosen] == [("payments.eu", "payments.eu"), ("payments.us", "payments.us")]
+    chosen, skipped = topic_filter(cfg).select(
+        ["payments.eu", "payments.us", "payments.eu.tmp", "orders", "xpayments.eu"]
+    )
+    assert [(s.source_topic, s.destination_topic) for s in chosen] == [
+        ("payments.eu", "payments.eu"),
+        ("payments.us", "payments.us"),
+    ]
     assert skipped == []  # not matching a flow is not a skip
     sel = chosen[0]
     assert sel.mirror.name == "g__payments.eu__payments.eu"
@@ -235,10 +245,12 @@ def test_explicit_pair_wins_over_flow() -> None:
 
 
 def test_first_matching_flow_wins() -> None:
-    cfg = config(mirrors=[
-        {"topics": {"include": "a\\..*"}, "delivery": "at_least_once"},
-        {"topics": {"include": ".*"}},
-    ])
+    cfg = config(
+        mirrors=[
+            {"topics": {"include": "a\\..*"}, "delivery": "at_least_once"},
+            {"topics": {"include": ".*"}},
+        ]
+    )
     chosen, _ = topic_filter(cfg).select(["a.x", "b.x"])
     assert [(s.source_topic, s.mirror.index, s.mirror.settings.delivery) for s in chosen] == [
         ("a.x", 0, "at_least_once"),
@@ -247,7 +259,9 @@ def test_first_matching_flow_wins() -> None:
 
 
 def test_flow_does_not_overwrite_an_explicit_destination() -> None:
-    cfg = config(mirrors=[{"source_topic": "orders-v1", "destination_topic": "orders"}, {"topics": {"include": "orders.*"}}])
+    cfg = config(
+        mirrors=[{"source_topic": "orders-v1", "destination_topic": "orders"}, {"topics": {"include": "orders.*"}}]
+    )
     chosen, skipped = topic_filter(cfg).select(["orders-v1", "orders"])
     assert [(s.source_topic, s.destination_topic) for s in chosen] == [("orders-v1", "orders")]
     assert [s.source_topic for s in skipped] == ["orders"]
@@ -257,7 +271,10 @@ def test_flow_does_not_overwrite_an_explicit_destination() -> None:
 def test_prefix_policy_flow_names_and_cycle() -> None:
     cfg = config("prefix")
     chosen, skipped = topic_filter(cfg).select(["orders", "dst.x", "other.y"])
-    assert [(s.source_topic, s.destination_topic) for s in chosen] == [("orders", "src.orders"), ("other.y", "src.other.y")]
+    assert [(s.source_topic, s.destination_topic) for s in chosen] == [
+        ("orders", "src.orders"),
+        ("other.y", "src.other.y"),
+    ]
     assert [s.source_topic for s in skipped] == ["dst.x"]
     assert "cycle" in skipped[0].reason and "'dst'" in skipped[0].reason
 

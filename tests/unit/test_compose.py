@@ -1,0 +1,129 @@
+"""docker-compose.yaml: structure only (no Docker engine needed), and its mirrors config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mirror_core.config import load_config, resolve_mirrors
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE = REPO / "docker-compose.yaml"
+COMPOSE_CONFIG = REPO / "config" / "compose.yaml"
+
+KAFKA = {"kafka-src": "19092", "kafka-dst": "29092"}
+REGISTRIES = {"registry-src": "18081", "registry-dst": "28081"}
+
+
+@pytest.fixture(scope="module")
+def services() -> dict[str, Any]:
+    doc = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(doc, dict)
+    return doc["services"]
+
+
+def _env(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment", {})
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def _host_ports(service: dict[str, Any]) -> dict[str, str]:
+    """host port -> container port."""
+    out = {}
+    for mapping in service.get("ports", []):
+        host, _, container = str(mapping).rpartition(":")
+        out[host.rpartition(":")[2]] = container
+    return out
+
+
+def test_services_present(services: dict[str, Any]) -> None:
+    assert {"kafka-src", "kafka-dst", "registry-src", "registry-dst", "spark-master", "spark-worker", "airflow"} <= set(
+        services
+    )
+
+
+def test_every_service_has_an_image_and_a_healthcheck(services: dict[str, Any]) -> None:
+    for name, svc in services.items():
+        assert svc.get("image"), name
+        assert svc.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+
+
+@pytest.mark.parametrize(("name", "port"), sorted(KAFKA.items()))
+def test_kafka_is_single_node_kraft(services: dict[str, Any], name: str, port: str) -> None:
+    svc = services[name]
+    env = _env(svc)
+    assert svc["image"] == "apache/kafka:4.1.1"
+    assert env["KAFKA_PROCESS_ROLES"].replace(" ", "") in ("broker,controller", "controller,broker")
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{env['KAFKA_NODE_ID']}@{name}:9093"
+    assert f"PLAINTEXT://{name}:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
+    assert f"localhost:{port}" in env["KAFKA_ADVERTISED_LISTENERS"]
+    assert f":{port}" in env["KAFKA_LISTENERS"]
+    assert _host_ports(svc) == {port: port}
+    assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "1"
+    assert env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == "1"  # exactly_once needs transactions
+
+
+def test_kafka_clusters_are_distinct(services: dict[str, Any]) -> None:
+    ids = {_env(services[name])["CLUSTER_ID"] for name in KAFKA}
+    assert len(ids) == 2
+
+
+@pytest.mark.parametrize(("name", "port"), sorted(REGISTRIES.items()))
+def test_registries_are_apicurio_in_memory(services: dict[str, Any], name: str, port: str) -> None:
+    svc = services[name]
+    env = _env(svc)
+    assert svc["image"].startswith("apicurio/apicurio-registry:3.")
+    assert env["APICURIO_STORAGE_KIND"] == "sql"
+    assert env["APICURIO_STORAGE_SQL_KIND"] == "h2"
+    assert env["APICURIO_DATASOURCE_URL"].startswith("jdbc:h2:mem:")
+    assert _host_ports(svc) == {port: "8080"}
+    assert "/apis/ccompat/v7" in " ".join(svc["healthcheck"]["test"])
+
+
+def test_spark_master_and_worker(services: dict[str, Any]) -> None:
+    master, worker = services["spark-master"], services["spark-worker"]
+    assert "org.apache.spark.deploy.master.Master" in master["command"]
+    assert "org.apache.spark.deploy.worker.Worker" in worker["command"]
+    assert "spark://spark-master:7077" in worker["command"]
+    assert "7077" in _host_ports(master).values()
+
+
+def test_airflow_standalone_with_project(services: dict[str, Any]) -> None:
+    svc = services["airflow"]
+    assert svc["image"] == "apache/airflow:3.3.2"
+    assert "standalone" in str(svc["command"])
+    mounts = {str(v).split(":")[1]: str(v).split(":")[0] for v in svc["volumes"]}
+    assert mounts["/opt/airflow/dags"] == "./dags"
+    assert mounts["/opt/airflow/plugins"] == "./plugins"
+    assert mounts["/opt/airflow/config"] == "./config"
+    assert mounts["/opt/mirrorflow"] == "./"
+    env = _env(svc)
+    assert "/opt/mirrorflow" in env["_PIP_ADDITIONAL_REQUIREMENTS"]
+    assert env["MIRRORFLOW_CONFIG"] == "/opt/airflow/config/compose.yaml"
+    assert {"kafka-src", "kafka-dst", "registry-src", "registry-dst"} <= set(svc["depends_on"])
+    for dep in svc["depends_on"].values():
+        assert dep["condition"] == "service_healthy"
+
+
+def test_spark_checkpoints_are_shared(services: dict[str, Any]) -> None:
+    for name in ("airflow", "spark-master", "spark-worker"):
+        assert "mirrorflow-state:/state" in services[name]["volumes"], name
+
+
+def test_compose_mirrors_config_validates_against_in_network_names(services: dict[str, Any]) -> None:
+    cfg = load_config(COMPOSE_CONFIG, env={})
+    for alias, svc_name in (("src", "kafka-src"), ("dst", "kafka-dst")):
+        cluster = cfg.cluster(alias)
+        assert cluster.bootstrap_servers == f"{svc_name}:9092"
+        assert cluster.schema_registry is not None
+        assert cluster.schema_registry.url == f"http://registry-{alias}:8080/apis/ccompat/v7"
+    group = cfg.groups[0]
+    assert group.spark.master == "spark://spark-master:7077"
+    assert group.spark.checkpoint_dir.startswith("/state/")
+    assert group.topics_mirroring.replication_factor.resolve(3) == 1  # single-node clusters
+    assert resolve_mirrors(group)
