@@ -81,6 +81,107 @@ def validate(config: ConfigArg) -> None:
     )
 
 
+# --------------------------------------------------------------------------- provisioning
+
+
+@app.command()
+@handle_errors
+def plan(config: ConfigArg, group: GroupOpt = None, as_json: JsonOpt = False) -> None:
+    """Show what `provision` would create or change, without changing anything."""
+    from mirror_core.config import load_config
+    from mirror_core.provision import plan_group
+
+    cfg = load_config(config)
+    plans = [plan_group(cfg, g) for g in cfg.enabled_groups(group)]
+    if as_json:
+        print(json.dumps([p.as_dict() for p in plans], indent=2, default=str))
+    else:
+        for p in plans:
+            _print_plan(p)
+    if any(p.has_errors for p in plans):
+        raise typer.Exit(2)
+
+
+@app.command()
+@handle_errors
+def provision(config: ConfigArg, group: GroupOpt = None) -> None:
+    """Create / grow / configure destination topics and mirror schema subjects; print what was done."""
+    from mirror_core.config import load_config
+    from mirror_core.provision import plan_group, provision_group
+
+    cfg = load_config(config)
+    failed = False
+    for g in cfg.enabled_groups(group):
+        p = plan_group(cfg, g)
+        if p.topics.errors:
+            _print_plan(p)
+            err.print(f"{g.name}: not provisioned: the plan has errors (see above)")
+            failed = True
+            continue
+        res = provision_group(cfg, g, p)
+        if not res.done and not res.errors:
+            out.print(f"{g.name}: nothing to do")
+        for line in res.done:
+            out.print(f"{g.name}: {line}", markup=False, highlight=False)
+        for line in res.errors:
+            err.print(f"{g.name}: error: {line}", markup=False, highlight=False)
+        failed |= bool(res.errors)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _print_plan(p: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"plan for group {p.group}")
+    for col in ("action", "destination topic", "source topic", "partitions", "RF", "configs", "reason"):
+        table.add_column(col, overflow="fold")
+    styles = {"create": "green", "grow": "yellow", "alter_configs": "yellow", "create_acls": "yellow",
+              "error": "bold red", "unchanged": "dim"}
+    for a in p.topics.actions:
+        cfgs = ", ".join(f"{k}={v}" for k, v in sorted(a.configs.items()))
+        table.add_row(f"[{styles.get(a.kind, '')}]{a.kind}[/]", a.topic, a.source_topic or "-",
+                      str(a.partitions or "-"), str(a.replication_factor or "-"), cfgs, a.reason)
+    if p.schemas is not None:
+        for s in p.schemas.steps:
+            kind = f"schema {s.action}"
+            style = "bold red" if s.action == "conflict" else ("dim" if s.action == "unchanged" else "green")
+            table.add_row(f"[{style}]{kind}[/]", s.subject, "-", "-", "-", "", s.detail)
+    out.print(table)
+    for t, reason in p.topics.skipped:
+        out.print(f"  skipped {t}: {reason}", markup=False, highlight=False)
+    for n in p.topics.notes:
+        out.print(f"  note: {n}", markup=False, highlight=False)
+    for w in p.topics.warnings:
+        out.print(f"  [yellow]warning[/]: {w}", highlight=False)
+    if p.schemas is not None:
+        for e in p.schemas.errors:
+            msg = ": ".join(e) if isinstance(e, tuple) else str(e)
+            err.print(f"  schema error: {msg}", markup=False, highlight=False)
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+@app.command()
+@handle_errors
+def run(
+    config: ConfigArg,
+    group: Annotated[str, typer.Option("--group", "-g", help="The group to mirror.")],
+    once: Annotated[bool, typer.Option("--once", help="Drain what is there now, then stop.")] = False,
+) -> None:
+    """Run a group's streaming mirror (Spark, local master from the config)."""
+    import subprocess
+
+    from mirror_core.config import load_config
+
+    load_config(config).group(group)  # reject a bad config or group before Spark starts
+    cmd = [sys.executable, "-m", "spark_jobs.mirror_stream", str(config), "--group", group]
+    if once:
+        cmd.append("--once")
+    raise typer.Exit(subprocess.call(cmd))
+
+
 # --------------------------------------------------------------------------- local clusters
 
 
@@ -102,6 +203,23 @@ def local_up(
     status = local.up(env, spec, progress=lambda msg: err.print(msg, markup=False, highlight=False))
     _print_status(status, as_json=False)
     out.print(f"local clusters up in {status.get('took_s', 0):.1f}s", markup=False)
+
+
+@local_app.command("fetch")
+@handle_errors
+def local_fetch() -> None:
+    """Fetch the Kafka, schema registry and Spark connector artifacts into the cache (once)."""
+    from mirror_core import artifacts
+
+    cache = artifacts.cache_dir()
+    say = lambda m: err.print(m, markup=False, highlight=False)  # noqa: E731
+    paths = {
+        "kafka": artifacts.fetch_kafka(cache, say),
+        "schema registry": artifacts.fetch_apicurio(cache, say),
+        "spark kafka connector": artifacts.fetch_spark_kafka(cache, say),
+    }
+    for what, path in paths.items():
+        out.print(f"{what}: {path}", markup=False, highlight=False)
 
 
 @local_app.command("down")

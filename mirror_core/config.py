@@ -267,6 +267,7 @@ class SparkConfig(_Frozen):
     trigger: str = "1 second"
     checkpoint_dir: str = ".state/checkpoints"
     max_offsets_per_trigger: int | None = Field(default=None, gt=0)
+    metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus /metrics on the driver; 0 = off
     conf: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("trigger")

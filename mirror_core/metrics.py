@@ -1,0 +1,40 @@
+"""Prometheus metrics of the data path, served by the Spark driver.
+
+Names (all labelled by ``group`` and ``mirror``):
+
+- ``mirrorflow_records_mirrored_total`` — records written to the destination topic
+- ``mirrorflow_bytes_mirrored_total`` — key + value bytes written
+- ``mirrorflow_records_dead_lettered_total`` — records routed to the dead-letter topic
+- ``mirrorflow_records_replay_skipped_total`` — records skipped because already mirrored (exactly-once)
+- ``mirrorflow_records_loop_skipped_total`` — records not mirrored back (provenance header)
+- ``mirrorflow_schema_id_cache_misses_total`` — schema ids resolved on the fly (registered on a miss)
+- ``mirrorflow_batch_duration_seconds`` — histogram of micro-batch durations (label ``group`` only)
+- ``mirrorflow_replication_latency_ms`` — histogram of destination commit time minus source record
+  timestamp, sampled per batch (MM2's ``replication-latency-ms``)
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+
+REGISTRY = CollectorRegistry()
+_L = ("group", "mirror")
+
+RECORDS = Counter("mirrorflow_records_mirrored", "Records written to the destination", _L, registry=REGISTRY)
+BYTES = Counter("mirrorflow_bytes_mirrored", "Key+value bytes written to the destination", _L, registry=REGISTRY)
+DEAD = Counter("mirrorflow_records_dead_lettered", "Records routed to the dead-letter topic", _L, registry=REGISTRY)
+REPLAYED = Counter("mirrorflow_records_replay_skipped", "Records skipped as already mirrored", _L,
+                   registry=REGISTRY)
+LOOPED = Counter("mirrorflow_records_loop_skipped", "Records not mirrored back (provenance)", _L, registry=REGISTRY)
+MISSES = Counter("mirrorflow_schema_id_cache_misses", "Schema ids resolved on a cache miss", _L, registry=REGISTRY)
+BATCH_SECONDS = Histogram("mirrorflow_batch_duration_seconds", "Micro-batch duration", ("group",),
+                          registry=REGISTRY, buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
+LATENCY_MS = Histogram("mirrorflow_replication_latency_ms", "Destination commit time minus source timestamp", _L,
+                       registry=REGISTRY,
+                       buckets=(10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000))
+
+
+def serve(port: int) -> None:
+    """Expose /metrics on ``port`` (0 = disabled)."""
+    if port:
+        start_http_server(port, addr="0.0.0.0", registry=REGISTRY)

@@ -1,0 +1,338 @@
+"""Topic planning: what the destination needs for a group's mirrors, then applying it.
+
+:func:`plan_topics` is pure: it takes both clusters' state (read by
+:func:`read_state`) and returns a :class:`TopicPlan` of actions, each with its
+reason. :func:`apply_topic_plan` carries a plan out; applying the same plan
+twice is harmless and re-planning afterwards yields only ``unchanged``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
+
+from mirror_core.config import GroupConfig, ResolvedMirror, resolve_mirrors
+from mirror_core.errors import KafkaOperationError
+from mirror_core.policy import ConfigPropertyFilter, ReplicationPolicy, TopicFilter, build_replication_policy
+
+log = logging.getLogger(__name__)
+
+ActionKind = Literal["create", "grow", "alter_configs", "create_acls", "unchanged", "error"]
+
+
+@dataclass(frozen=True)
+class AclEntry:
+    """A literal topic ACL: principal, host, operation name, permission name."""
+
+    principal: str
+    host: str
+    operation: str
+    permission: str
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    name: str
+    partitions: int
+    replication_factor: int
+    configs: dict[str, str] = field(default_factory=dict)  # explicitly set (non-default) configs only
+    acls: tuple[AclEntry, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    topics: dict[str, TopicInfo]
+    broker_count: int
+    acls_supported: bool = True
+
+
+@dataclass(frozen=True)
+class TopicAction:
+    kind: ActionKind
+    topic: str
+    mirror: str
+    reason: str
+    source_topic: str | None = None
+    partitions: int | None = None
+    replication_factor: int | None = None
+    configs: dict[str, str] = field(default_factory=dict)
+    acls: tuple[AclEntry, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if v not in (None, (), {})}
+        if self.acls:
+            d["acls"] = [a.__dict__ for a in self.acls]
+        return d
+
+
+@dataclass(frozen=True)
+class TopicPlan:
+    group: str
+    actions: tuple[TopicAction, ...]
+    skipped: tuple[tuple[str, str], ...] = ()  # (source topic, reason)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def errors(self) -> list[TopicAction]:
+        return [a for a in self.actions if a.kind == "error"]
+
+    @property
+    def changes(self) -> list[TopicAction]:
+        return [a for a in self.actions if a.kind not in ("unchanged", "error")]
+
+    @property
+    def warnings(self) -> list[str]:
+        return [w for a in self.actions for w in a.warnings]
+
+
+# --------------------------------------------------------------------------- pure planning
+
+
+def acl_for_destination(acl: AclEntry) -> AclEntry | None:
+    """MM2's rule: WRITE is not copied (only the mirror writes), ALL becomes READ; DENY is not copied."""
+    if acl.permission != "ALLOW" or acl.operation == "WRITE":
+        return None
+    if acl.operation == "ALL":
+        return AclEntry(acl.principal, acl.host, "READ", acl.permission)
+    return acl
+
+
+def internal_topics(group: GroupConfig, destination: ClusterState) -> list[tuple[str, int, dict[str, str], str]]:
+    """Topics the data path and offset handling need on the destination: (name, partitions, configs, why)."""
+    out = [
+        (group.offset_syncs, 1, {"cleanup.policy": "delete", "retention.ms": str(7 * 24 * 3600 * 1000)},
+         "offset-sync history (kept, not compacted, for exact translation)"),
+        (group.checkpoints_topic, 1, {"cleanup.policy": "compact"}, "MM2-format checkpoints"),
+    ]
+    if any(m.settings.on_error == "dead_letter" for m in resolve_mirrors(group)):
+        out.append((group.dlq_topic, 1, {}, "dead letters (records that could not be mirrored)"))
+    return out
+
+
+def plan_topics(
+    group: GroupConfig,
+    source: ClusterState,
+    destination: ClusterState,
+    policy: ReplicationPolicy | None = None,
+    mirrors: Iterable[ResolvedMirror] | None = None,
+) -> TopicPlan:
+    """Decide, for every topic the group mirrors, what the destination needs. Pure."""
+    policy = policy or build_replication_policy(group)
+    resolved = tuple(mirrors if mirrors is not None else resolve_mirrors(group))
+    selector = TopicFilter(resolved, policy, group.source, group.destination)
+    chosen, skipped = selector.select(sorted(source.topics))
+    actions: list[TopicAction] = []
+    notes: list[str] = []
+
+    if group.replication_policy == "identity":
+        notes.append(
+            "identity policy: a topic's name does not tell where it came from; in a two-way setup, loop "
+            "prevention relies on the data path's provenance header"
+        )
+
+    for sel in chosen:
+        src = source.topics[sel.source_topic]
+        tm = sel.mirror.settings.topics_mirroring
+        want_p = tm.partition_count.resolve(src.partitions)
+        want_rf = tm.replication_factor.resolve(src.replication_factor)
+        cfilter = ConfigPropertyFilter(tm.config_exclude)
+        want_cfg = {k: v for k, v in src.configs.items() if cfilter.should_replicate(k)} if tm.sync_configs else {}
+        want_acls = tuple(a for a in (acl_for_destination(x) for x in src.acls) if a) if tm.sync_acls else ()
+        dst = destination.topics.get(sel.destination_topic)
+        base = {"topic": sel.destination_topic, "mirror": sel.mirror.name, "source_topic": sel.source_topic}
+
+        if dst is None:
+            if want_rf > destination.broker_count:
+                actions.append(TopicAction("error", reason=(
+                    f"replication factor {want_rf} is above the destination's {destination.broker_count} "
+                    f"broker(s); lower topics_mirroring.replication_factor"), **base))
+                continue
+            if not tm.auto_create_topics:
+                actions.append(TopicAction("error", reason=(
+                    "destination topic does not exist and auto_create_topics is false"), **base))
+                continue
+            warns = _partition_warning(sel.destination_topic, want_p, src.partitions)
+            excluded = sorted(set(src.configs) - set(want_cfg)) if tm.sync_configs else []
+            why = f"missing on destination; {want_p} partitions ({_rule_text(tm.partition_count, src.partitions)}), " \
+                  f"RF {want_rf}" + (f"; configs filtered out: {', '.join(excluded)}" if excluded else "")
+            actions.append(TopicAction("create", partitions=want_p, replication_factor=want_rf, configs=want_cfg,
+                                       reason=why, warnings=warns, **base))
+            if want_acls:
+                actions.append(TopicAction("create_acls", acls=want_acls, reason="copy literal topic ACLs", **base))
+            continue
+
+        changed = False
+        if want_p > dst.partitions:
+            actions.append(TopicAction(
+                "grow", partitions=want_p, reason=f"destination has {dst.partitions} partitions, wants {want_p}",
+                warnings=_partition_warning(sel.destination_topic, want_p, src.partitions), **base))
+            changed = True
+        diff = {k: v for k, v in want_cfg.items() if dst.configs.get(k) != v}
+        if diff:
+            actions.append(TopicAction("alter_configs", configs=diff,
+                                       reason="configs differ: " + ", ".join(sorted(diff)), **base))
+            changed = True
+        missing_acls = tuple(a for a in want_acls if a not in dst.acls)
+        if missing_acls:
+            actions.append(TopicAction("create_acls", acls=missing_acls,
+                                       reason=f"{len(missing_acls)} literal topic ACL(s) missing", **base))
+            changed = True
+        if not changed:
+            final_p = max(dst.partitions, want_p)
+            actions.append(TopicAction("unchanged", partitions=dst.partitions, replication_factor=dst.replication_factor,
+                                       reason="up to date",
+                                       warnings=_partition_warning(sel.destination_topic, final_p, src.partitions),
+                                       **base))
+
+    for name, parts, cfg, why in internal_topics(group, destination):
+        rf = min(3, destination.broker_count)
+        existing = destination.topics.get(name)
+        if existing is None:
+            actions.append(TopicAction("create", topic=name, mirror=f"{group.name} (internal)", partitions=parts,
+                                       replication_factor=rf, configs=cfg, reason=why))
+        else:
+            actions.append(TopicAction("unchanged", topic=name, mirror=f"{group.name} (internal)",
+                                       partitions=existing.partitions, replication_factor=existing.replication_factor,
+                                       reason=why))
+    return TopicPlan(group.name, tuple(actions), tuple((s.source_topic, s.reason) for s in skipped), tuple(notes))
+
+
+def _rule_text(rule: Any, source_value: int) -> str:
+    if rule.type == "fix":
+        return "fixed"
+    bounds = []
+    if rule.min is not None:
+        bounds.append(f"min {rule.min}")
+    if rule.max is not None:
+        bounds.append(f"max {rule.max}")
+    return f"source has {source_value}" + (f", clamped to {' / '.join(bounds)}" if bounds else "")
+
+
+def _partition_warning(topic: str, dst_partitions: int, src_partitions: int) -> tuple[str, ...]:
+    if dst_partitions < src_partitions:
+        return (f"{topic}: destination has {dst_partitions} < {src_partitions} source partitions; partition numbers "
+                f"cannot be preserved (records are placed by the Java-compatible murmur2 key hash)",)
+    return ()
+
+
+# --------------------------------------------------------------------------- reading and applying
+
+
+def read_state(admin: AdminClient, topics: Iterable[str] | None = None, with_acls: bool = False,
+               timeout: float = 30.0) -> ClusterState:
+    """Topics (partitions, RF, explicitly-set configs) and broker count of one cluster."""
+    try:
+        md = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise KafkaOperationError(f"cannot read cluster metadata: {exc.args[0].str()}", exc.args[0].name()) from None
+    wanted = set(topics) if topics is not None else None
+    infos: dict[str, TopicInfo] = {}
+    names = [t for t in md.topics if (wanted is None or t in wanted) and not md.topics[t].error]
+    configs = _describe_configs(admin, names, timeout) if names else {}
+    acls_supported = True
+    acls: dict[str, list[AclEntry]] = {}
+    if with_acls:
+        acls, acls_supported = _describe_acls(admin, timeout)
+    for name in names:
+        t = md.topics[name]
+        parts = t.partitions
+        rf = len(next(iter(parts.values())).replicas) if parts else 0
+        infos[name] = TopicInfo(name, len(parts), rf, configs.get(name, {}), tuple(acls.get(name, ())))
+    return ClusterState(infos, len(md.brokers), acls_supported)
+
+
+def _describe_configs(admin: AdminClient, names: list[str], timeout: float) -> dict[str, dict[str, str]]:
+    futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, n) for n in names], request_timeout=timeout)
+    out: dict[str, dict[str, str]] = {}
+    for res, fut in futures.items():
+        entries = fut.result(timeout)
+        out[res.name] = {k: e.value for k, e in entries.items() if _is_topic_override(e)}
+    return out
+
+
+def _is_topic_override(entry: ConfigEntry) -> bool:
+    source = entry.source
+    name = getattr(source, "name", str(source))
+    return name == "DYNAMIC_TOPIC_CONFIG" and entry.value is not None and not entry.is_sensitive
+
+
+def _describe_acls(admin: AdminClient, timeout: float) -> tuple[dict[str, list[AclEntry]], bool]:
+    flt = AclBindingFilter(ResourceType.TOPIC, None, ResourcePatternType.LITERAL, None, None,
+                           AclOperation.ANY, AclPermissionType.ANY)
+    try:
+        bindings = admin.describe_acls(flt, request_timeout=timeout).result(timeout)
+    except KafkaException as exc:
+        if exc.args[0].name() in ("SECURITY_DISABLED", "CLUSTER_AUTHORIZATION_FAILED"):
+            return {}, False
+        raise KafkaOperationError(f"cannot list ACLs: {exc.args[0].str()}", exc.args[0].name()) from None
+    out: dict[str, list[AclEntry]] = {}
+    for b in bindings:
+        out.setdefault(b.name, []).append(AclEntry(b.principal, b.host, b.operation.name, b.permission_type.name))
+    return out, True
+
+
+def apply_topic_plan(admin: AdminClient, plan: TopicPlan, timeout: float = 60.0) -> list[str]:
+    """Carry out the plan's changes; returns one line per change made. Errors in the plan are not applied."""
+    done: list[str] = []
+    creates = [a for a in plan.actions if a.kind == "create"]
+    if creates:
+        new = [NewTopic(a.topic, a.partitions or 1, a.replication_factor or 1, config=dict(a.configs)) for a in creates]
+        for topic, fut in admin.create_topics(new, request_timeout=timeout).items():
+            _result(fut, f"create topic {topic}", timeout, ok_codes=("TOPIC_ALREADY_EXISTS",))
+            a = next(x for x in creates if x.topic == topic)
+            done.append(f"created {topic} ({a.partitions} partitions, RF {a.replication_factor})")
+    grows = [a for a in plan.actions if a.kind == "grow"]
+    if grows:
+        futs = admin.create_partitions([NewPartitions(a.topic, a.partitions or 1) for a in grows],
+                                       request_timeout=timeout)
+        for topic, fut in futs.items():
+            _result(fut, f"grow {topic}", timeout)
+            a = next(x for x in grows if x.topic == topic)
+            done.append(f"grew {topic} to {a.partitions} partitions")
+    for a in plan.actions:
+        if a.kind == "alter_configs":
+            res = ConfigResource(ResourceType.TOPIC, a.topic, incremental_configs=[
+                ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in sorted(a.configs.items())
+            ])
+            for _, fut in admin.incremental_alter_configs([res], request_timeout=timeout).items():
+                _result(fut, f"alter configs of {a.topic}", timeout)
+            done.append(f"set {', '.join(f'{k}={v}' for k, v in sorted(a.configs.items()))} on {a.topic}")
+        elif a.kind == "create_acls":
+            bindings = [
+                AclBinding(ResourceType.TOPIC, a.topic, ResourcePatternType.LITERAL, x.principal, x.host,
+                           AclOperation[x.operation], AclPermissionType[x.permission])
+                for x in a.acls
+            ]
+            for _, fut in admin.create_acls(bindings, request_timeout=timeout).items():
+                _result(fut, f"create ACLs on {a.topic}", timeout)
+            done.append(f"created {len(bindings)} ACL(s) on {a.topic}")
+    return done
+
+
+def _result(fut: Any, what: str, timeout: float, ok_codes: tuple[str, ...] = ()) -> None:
+    try:
+        fut.result(timeout)
+    except KafkaException as exc:
+        err = exc.args[0]
+        if err.name() in ok_codes:
+            return
+        raise KafkaOperationError(f"{what} failed: {err.str()}", err.name()) from None
