@@ -8,6 +8,7 @@ each bundle writes a ``.complete`` marker after its files are in place.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -62,8 +63,11 @@ KAFKA_BUNDLE = (
 SPARK_KAFKA_BUNDLE = (
     Coordinate(
         "org.apache.spark", "spark-sql-kafka-0-10_2.13", SPARK_VERSION,
+        # pyspark's own jars/ already has these (other versions would clash on the classpath)
         exclusions=("org.apache.spark:spark-tags_2.13", "org.slf4j:slf4j-api", "com.google.code.findbugs:jsr305",
-                    "org.apache.hadoop:hadoop-client-runtime", "org.apache.hadoop:hadoop-client-api"),
+                    "org.apache.hadoop:hadoop-client-runtime", "org.apache.hadoop:hadoop-client-api",
+                    "org.scala-lang:scala-library", "org.scala-lang.modules:scala-parallel-collections_2.13",
+                    "org.lz4:lz4-java", "at.yawk.lz4:lz4-java", "org.xerial.snappy:snappy-java", "com.github.luben:zstd-jni"),
     ),
 )
 
@@ -96,7 +100,8 @@ def _mvn(args: list[str], cwd: Path, cache: Path, log: Path) -> None:
 
 def fetch_classpath(name: str, coords: tuple[Coordinate, ...], cache: Path, progress: Progress | None = None) -> Path:
     """Resolve ``coords`` with their runtime dependencies into ``cache/<name>/lib``; returns that dir."""
-    target = cache / name
+    digest = hashlib.sha256(repr(coords).encode()).hexdigest()[:8]
+    target = cache / f"{name}-{digest}"  # a change of coordinates fetches afresh
     lib = target / "lib"
     if (target / ".complete").exists():
         return lib

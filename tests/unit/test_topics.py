@@ -1,0 +1,134 @@
+"""Pure topic planning: creates, clamps, grows, config filtering, RF errors, ACL mapping, idempotence."""
+
+from __future__ import annotations
+
+import pytest
+
+from mirror_core.config import parse_config
+from mirror_core.topics import AclEntry, ClusterState, TopicInfo, acl_for_destination, plan_topics
+
+
+def group(mirrors: str, extra: str = "", policy: str = "identity"):
+    raw = f"""
+clusters:
+  src: {{kafka: {{bootstrap.servers: "s:1"}}}}
+  dst: {{kafka: {{bootstrap.servers: "d:1"}}}}
+groups:
+  - name: g
+    source: src
+    destination: dst
+    replication_policy: {policy}
+    topics_mirroring:
+      partition_count: {{type: mirror_source, min: 3, max: 12}}
+      replication_factor: {{type: fix, value: 1}}
+      config_exclude: ["segment\\\\.bytes"]
+{extra}
+    mirrors: {mirrors}
+"""
+    import yaml
+
+    return parse_config(yaml.safe_load(raw), env={}).groups[0]
+
+
+SRC = ClusterState({
+    "orders": TopicInfo("orders", 6, 3, {"retention.ms": "1000", "min.insync.replicas": "2"}),
+    "audit": TopicInfo("audit", 1, 1, {"cleanup.policy": "compact", "segment.bytes": "1048576"}),
+    "clicks": TopicInfo("clicks", 24, 1, {}),
+    "dst.loop": TopicInfo("dst.loop", 1, 1, {}),
+    "__consumer_offsets": TopicInfo("__consumer_offsets", 50, 1, {}),
+}, broker_count=3)
+EMPTY = ClusterState({}, broker_count=1)
+
+
+def by_topic(plan):
+    return {a.topic: a for a in plan.actions}
+
+
+def test_creates_with_clamped_partitions_and_filtered_configs():
+    g = group('[{topics: {include: ".*"}}]')
+    plan = by_topic(plan_topics(g, SRC, EMPTY))
+    assert (plan["orders"].kind, plan["orders"].partitions, plan["orders"].replication_factor) == ("create", 6, 1)
+    assert plan["audit"].partitions == 3  # clamped up to min
+    assert plan["clicks"].partitions == 12  # clamped down to max
+    assert plan["orders"].configs == {"retention.ms": "1000"}  # min.insync.replicas: MM2 default exclusion
+    assert plan["audit"].configs == {"cleanup.policy": "compact"}  # segment.bytes: user exclusion
+    assert "__consumer_offsets" not in plan
+    assert "segment.bytes" in plan["audit"].reason
+
+
+def test_fewer_destination_partitions_warns():
+    g = group('[{topics: {include: "clicks"}}]')
+    plan = plan_topics(g, SRC, EMPTY)
+    assert any("cannot be preserved" in w and "clicks" in w for w in plan.warnings)
+
+
+def test_replication_factor_above_broker_count_is_a_clear_error():
+    g = group('[{source_topic: orders, topics_mirroring: {replication_factor: {type: fix, value: 3}}}]')
+    plan = plan_topics(g, SRC, EMPTY)
+    err = by_topic(plan)["orders"]
+    assert err.kind == "error" and "replication factor 3" in err.reason and "1 broker" in err.reason
+
+
+def test_second_plan_after_apply_is_unchanged_and_grow_detected():
+    g = group('[{source_topic: orders}]')
+    first = by_topic(plan_topics(g, SRC, EMPTY))
+    dst = ClusterState({t: TopicInfo(t, a.partitions or 1, a.replication_factor or 1, dict(a.configs))
+                        for t, a in first.items()}, broker_count=1)
+    again = plan_topics(g, SRC, dst)
+    assert {a.kind for a in again.actions} == {"unchanged"}
+    grown = ClusterState({**SRC.topics, "orders": TopicInfo("orders", 8, 3, SRC.topics["orders"].configs)}, 3)
+    plan = by_topic(plan_topics(g, grown, dst))
+    assert plan["orders"].kind == "grow" and plan["orders"].partitions == 8
+
+
+def test_partitions_never_decrease():
+    g = group('[{source_topic: orders}]')
+    dst = ClusterState({"orders": TopicInfo("orders", 10, 1, {"retention.ms": "1000"})}, 1)
+    assert by_topic(plan_topics(g, SRC, dst))["orders"].kind == "unchanged"
+
+
+def test_config_drift_is_altered():
+    g = group('[{source_topic: orders}]')
+    dst = ClusterState({"orders": TopicInfo("orders", 6, 1, {"retention.ms": "5"})}, 1)
+    a = by_topic(plan_topics(g, SRC, dst))["orders"]
+    assert a.kind == "alter_configs" and a.configs == {"retention.ms": "1000"}
+
+
+def test_prefix_policy_does_not_mirror_back_and_names_remote_topics():
+    g = group('[{topics: {include: ".*"}}]', policy="prefix")
+    plan = plan_topics(g, SRC, EMPTY)
+    topics = by_topic(plan)
+    assert "src.orders" in topics and "src.dst.loop" not in topics
+    assert any(t == "dst.loop" and "cycle" in r for t, r in plan.skipped)
+
+
+def test_identity_plan_says_loop_prevention_relies_on_provenance():
+    plan = plan_topics(group('[{source_topic: orders}]'), SRC, EMPTY)
+    assert any("provenance" in n for n in plan.notes)
+
+
+def test_internal_topics_planned_on_destination():
+    plan = by_topic(plan_topics(group('[{source_topic: orders}]'), SRC, EMPTY))
+    assert plan["mirrorflow-offset-syncs.src.internal"].configs["cleanup.policy"] == "delete"
+    assert plan["src.checkpoints.internal"].configs == {"cleanup.policy": "compact"}
+    assert "g.mirrorflow.dlq" in plan
+
+
+@pytest.mark.parametrize("acl,expected", [
+    (AclEntry("User:a", "*", "READ", "ALLOW"), AclEntry("User:a", "*", "READ", "ALLOW")),
+    (AclEntry("User:a", "*", "WRITE", "ALLOW"), None),
+    (AclEntry("User:a", "*", "ALL", "ALLOW"), AclEntry("User:a", "*", "READ", "ALLOW")),
+    (AclEntry("User:a", "*", "READ", "DENY"), None),
+])
+def test_acl_mapping_like_mm2(acl, expected):
+    assert acl_for_destination(acl) == expected
+
+
+def test_acl_sync_creates_missing_acls_only_when_enabled():
+    src = ClusterState({"orders": TopicInfo("orders", 6, 1, {}, (AclEntry("User:x", "*", "ALL", "ALLOW"),
+                                                                 AclEntry("User:y", "*", "WRITE", "ALLOW")))}, 1)
+    off = plan_topics(group('[{source_topic: orders}]'), src, EMPTY)
+    assert not [a for a in off.actions if a.kind == "create_acls"]
+    on = plan_topics(group('[{source_topic: orders, topics_mirroring: {sync_acls: true}}]'), src, EMPTY)
+    acls = [a for a in on.actions if a.kind == "create_acls"]
+    assert len(acls) == 1 and acls[0].acls == (AclEntry("User:x", "*", "READ", "ALLOW"),)
