@@ -1,0 +1,497 @@
+"""A small typed client for the Confluent Schema Registry REST API.
+
+Works against Confluent Schema Registry and against Apicurio Registry's
+Confluent-compatible API (``<url>/apis/ccompat/v7``). Every call has a
+timeout; connection errors and 5xx answers are retried with exponential
+backoff (tenacity); and all clients of one registry URL share a circuit
+breaker (pybreaker), so a dead registry fails fast instead of costing
+``retries x timeout`` per call. 4xx answers are the registry speaking: they are
+neither retried nor counted by the breaker.
+
+Errors are :class:`RegistryError` and keep the HTTP status and the registry's
+``error_code``. The basic-auth credentials are handed to httpx only; they
+never appear in an error, a log line or a ``repr``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+import pybreaker
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from mirror_core.config import SchemaRegistryConfig
+from mirror_core.errors import SchemaMirrorError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Registry error codes that all mean "not there / not set": subject, version, schema, subject-level config.
+NOT_FOUND_CODES = frozenset({40401, 40402, 40403, 40408})
+
+_CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+_USERINFO_RE = re.compile(r"^(https?://)[^/@]*@")
+
+
+# --------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True)
+class SchemaReference:
+    """A reference from one schema to a version of another subject (Avro named type, Protobuf import, JSON $ref)."""
+
+    name: str
+    subject: str
+    version: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "subject": self.subject, "version": self.version}
+
+
+@dataclass(frozen=True)
+class Schema:
+    """A schema's content, as returned by ``GET /schemas/ids/{id}``."""
+
+    schema_type: str
+    schema_str: str
+    references: tuple[SchemaReference, ...] = ()
+
+
+@dataclass(frozen=True)
+class RegisteredSchema:
+    """One version of a subject. ``schema_id`` is only meaningful on the registry it came from."""
+
+    subject: str
+    version: int
+    schema_id: int
+    schema_type: str
+    schema_str: str
+    references: tuple[SchemaReference, ...] = ()
+
+    @property
+    def schema(self) -> Schema:
+        return Schema(self.schema_type, self.schema_str, self.references)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class RegistryError(SchemaMirrorError):
+    """A registry call failed; keeps the HTTP status and the registry's error code when there was an answer.
+
+    ``transient`` is true for connection failures, timeouts and 5xx answers
+    (the only ones retried and counted by the circuit breaker).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        subject: str | None = None,
+        http_status: int | None = None,
+        error_code: int | None = None,
+        transient: bool = False,
+    ):
+        self.transient = transient
+        super().__init__(message, subject=subject, http_status=http_status, error_code=error_code)
+
+
+class RegistryUnavailableError(RegistryError):
+    """The registry's circuit breaker is open: calls fail immediately until it resets."""
+
+
+def is_not_found(err: BaseException) -> bool:
+    """True for the registry's "not found / not set" answers (40401, 40402, 40403, 40408)."""
+    return isinstance(err, SchemaMirrorError) and err.error_code in NOT_FOUND_CODES
+
+
+def redact_url(url: str) -> str:
+    """``url`` without any ``user:password@`` part, for messages."""
+    return _USERINFO_RE.sub(r"\1", url)
+
+
+# --------------------------------------------------------------------------- breakers
+
+_BREAKERS: dict[str, pybreaker.CircuitBreaker] = {}
+_BREAKERS_LOCK = threading.Lock()
+
+
+def _counts_as_failure_exclusion(exc: BaseException) -> bool:
+    """pybreaker exclusion: the registry answered (4xx), so it is alive."""
+    return isinstance(exc, RegistryError) and not exc.transient
+
+
+def breaker_for(url: str, fail_max: int = 5, reset_timeout: float = 30.0) -> pybreaker.CircuitBreaker:
+    """The circuit breaker shared by every client of ``url`` (created with these settings on first use)."""
+    key = redact_url(url).rstrip("/")
+    with _BREAKERS_LOCK:
+        breaker = _BREAKERS.get(key)
+        if breaker is None:
+            breaker = pybreaker.CircuitBreaker(
+                fail_max=fail_max,
+                reset_timeout=reset_timeout,
+                exclude=[_counts_as_failure_exclusion],
+                name=key,
+            )
+            _BREAKERS[key] = breaker
+        return breaker
+
+
+# --------------------------------------------------------------------------- client
+
+
+def _parse_refs(raw: Iterable[dict[str, Any]] | None) -> tuple[SchemaReference, ...]:
+    return tuple(SchemaReference(str(r["name"]), str(r["subject"]), int(r["version"])) for r in raw or ())
+
+
+class RegistryClient:
+    """Confluent REST API client for one registry.
+
+    Build it with :meth:`from_config`; pass ``http`` to supply your own
+    ``httpx.Client`` (tests use that to count attempts). Not thread-safe per
+    instance beyond what ``httpx.Client`` offers; the breaker is shared.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        auth: tuple[str, str] | None = None,
+        timeout: float = 10.0,
+        retries: int = 3,
+        breaker: pybreaker.CircuitBreaker | None = None,
+        backoff: float = 0.2,
+        backoff_max: float = 5.0,
+        http: httpx.Client | None = None,
+    ):
+        self._url = url.rstrip("/")
+        self._display_url = redact_url(self._url)
+        self._timeout = timeout
+        self._retries = retries
+        self._breaker = breaker or breaker_for(self._url)
+        self._backoff = backoff
+        self._backoff_max = backoff_max
+        self._http = http or httpx.Client()
+        self._owns_http = http is None
+        self._auth = httpx.BasicAuth(*auth) if auth else None
+        self._id_preservation: bool | None = None
+
+    @classmethod
+    def from_config(cls, cfg: SchemaRegistryConfig, *, http: httpx.Client | None = None,
+                    backoff: float = 0.2) -> RegistryClient:
+        """A client with the config's timeout, retries and (shared, per-URL) circuit breaker."""
+        auth: tuple[str, str] | None = None
+        if cfg.basic_auth_user_info is not None:
+            user, _, password = cfg.basic_auth_user_info.get_secret_value().partition(":")
+            auth = (user, password)
+        return cls(
+            cfg.url,
+            auth=auth,
+            timeout=cfg.timeout,
+            retries=cfg.retries,
+            breaker=breaker_for(cfg.url, cfg.breaker_failures, cfg.breaker_reset),
+            backoff=backoff,
+            http=http,
+        )
+
+    @property
+    def url(self) -> str:
+        """The registry URL, without credentials."""
+        return self._display_url
+
+    @property
+    def breaker(self) -> pybreaker.CircuitBreaker:
+        return self._breaker
+
+    def __repr__(self) -> str:
+        return f"RegistryClient({self._display_url!r})"
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> RegistryClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- transport
+
+    def _send(self, method: str, path: str, params: dict[str, Any] | None, body: Any, subject: str | None) -> Any:
+        what = f"{method} {path}"
+        try:
+            resp = self._http.request(
+                method,
+                self._url + path,
+                params=params,
+                content=json.dumps(body).encode() if body is not None else None,
+                headers={"Content-Type": _CONTENT_TYPE, "Accept": _CONTENT_TYPE},
+                auth=self._auth if self._auth is not None else httpx.USE_CLIENT_DEFAULT,
+                timeout=self._timeout,
+            )
+        except httpx.TransportError as exc:
+            raise RegistryError(
+                f"schema registry {self._display_url} unreachable ({what}): {type(exc).__name__}",
+                subject=subject, transient=True,
+            ) from None
+        if resp.status_code < 400:
+            try:
+                return resp.json() if resp.content else None
+            except ValueError:
+                raise RegistryError(f"schema registry {self._display_url}: {what} answered HTTP "
+                                    f"{resp.status_code} with a body that is not JSON (wrong URL?)",
+                                    subject=subject, http_status=resp.status_code) from None
+        code: int | None = None
+        message = resp.reason_phrase
+        try:
+            payload = resp.json()
+            if isinstance(payload, dict):
+                code = int(payload["error_code"]) if payload.get("error_code") is not None else None
+                message = str(payload.get("message") or message)
+        except (ValueError, TypeError):
+            pass
+        raise RegistryError(
+            f"schema registry {self._display_url}: {what} failed: {message}",
+            subject=subject, http_status=resp.status_code, error_code=code, transient=resp.status_code >= 500,
+        )
+
+    def _call_once(self, method: str, path: str, params: dict[str, Any] | None, body: Any,
+                   subject: str | None) -> Any:
+        try:
+            return self._breaker.call(self._send, method, path, params, body, subject)
+        except pybreaker.CircuitBreakerError as exc:
+            cause = exc.__cause__
+            reason = f" (last failure: {cause})" if isinstance(cause, RegistryError) else ""
+            raise RegistryUnavailableError(
+                f"schema registry {self._display_url} circuit breaker is open: failing fast{reason}",
+                subject=subject,
+            ) from None
+
+    def _request(self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None,
+                 subject: str | None = None) -> Any:
+        retrying = Retrying(
+            stop=stop_after_attempt(self._retries + 1),
+            wait=wait_exponential(multiplier=self._backoff, max=self._backoff_max),
+            retry=retry_if_exception(
+                lambda e: isinstance(e, RegistryError) and e.transient and not isinstance(e, RegistryUnavailableError)
+            ),
+            reraise=True,
+            before_sleep=lambda rs: log.debug("retrying %s %s on %s (attempt %d)", method, path,
+                                              self._display_url, rs.attempt_number),
+        )
+        return retrying(self._call_once, method, path, params, body, subject)
+
+    def _maybe(self, call: Callable[[], T]) -> T | None:
+        try:
+            return call()
+        except RegistryError as exc:
+            if is_not_found(exc):
+                return None
+            raise
+
+    # ----------------------------------------------------------------- subjects and versions
+
+    def subjects(self) -> list[str]:
+        """Every (non-deleted) subject. Raises RegistryError."""
+        return [str(s) for s in self._request("GET", "/subjects")]
+
+    def versions(self, subject: str) -> list[int]:
+        """The subject's version numbers in ascending order; ``[]`` if the subject does not exist."""
+        got = self._maybe(lambda: self._request("GET", f"/subjects/{_q(subject)}/versions", subject=subject))
+        return sorted(int(v) for v in got or [])
+
+    def version(self, subject: str, version: int | str = "latest") -> RegisteredSchema:
+        """One version of a subject. Raises RegistryError (40401 / 40402 when absent)."""
+        raw = self._request("GET", f"/subjects/{_q(subject)}/versions/{version}", subject=subject)
+        return self._registered(raw, subject)
+
+    def schema_by_id(self, schema_id: int) -> Schema:
+        """The schema with this id on this registry. Raises RegistryError (40403 when unknown)."""
+        raw = self._request("GET", f"/schemas/ids/{int(schema_id)}")
+        return Schema(str(raw.get("schemaType") or "AVRO"), str(raw["schema"]), _parse_refs(raw.get("references")))
+
+    def subject_versions_for_id(self, schema_id: int) -> list[tuple[str, int]]:
+        """``(subject, version)`` pairs that use this schema id; ``[]`` if unknown."""
+        got = self._maybe(lambda: self._request("GET", f"/schemas/ids/{int(schema_id)}/versions"))
+        return [(str(r["subject"]), int(r["version"])) for r in got or []]
+
+    def register(
+        self,
+        subject: str,
+        schema_str: str,
+        schema_type: str = "AVRO",
+        references: Sequence[SchemaReference] = (),
+        normalize: bool = False,
+        *,
+        schema_id: int | None = None,
+        version: int | None = None,
+    ) -> int:
+        """Register a schema under ``subject`` and return its id on this registry.
+
+        Registering a schema the subject already has returns the existing id
+        without a new version. ``schema_id`` / ``version`` ask for an explicit
+        id and version, which registries honour only in IMPORT mode (check the
+        returned id). Raises RegistryError (409 when incompatible, 422 invalid).
+        """
+        body = self._schema_body(schema_str, schema_type, references)
+        if schema_id is not None:
+            body["id"] = int(schema_id)
+        if version is not None:
+            body["version"] = int(version)
+        raw = self._request("POST", f"/subjects/{_q(subject)}/versions",
+                            params={"normalize": "true"} if normalize else None, body=body, subject=subject)
+        return int(raw["id"])
+
+    def lookup(
+        self,
+        subject: str,
+        schema_str: str,
+        schema_type: str = "AVRO",
+        references: Sequence[SchemaReference] = (),
+        normalize: bool = False,
+    ) -> RegisteredSchema | None:
+        """The subject's version holding this schema, or None if the subject or schema is not there."""
+        body = self._schema_body(schema_str, schema_type, references)
+        raw = self._maybe(lambda: self._request(
+            "POST", f"/subjects/{_q(subject)}", params={"normalize": "true"} if normalize else None,
+            body=body, subject=subject,
+        ))
+        if raw is None:
+            return None
+        # Apicurio omits schemaType in lookup answers: the type asked about is the type found.
+        return self._registered(raw, subject, default_type=schema_type)
+
+    def delete_subject(self, subject: str, permanent: bool = False) -> list[int]:
+        """Soft-delete a subject (then hard-delete when ``permanent``); returns the deleted versions."""
+        got = self._request("DELETE", f"/subjects/{_q(subject)}", subject=subject)
+        if permanent:
+            self._maybe(lambda: self._request("DELETE", f"/subjects/{_q(subject)}",
+                                              params={"permanent": "true"}, subject=subject))
+        return [int(v) for v in got or []]
+
+    # ----------------------------------------------------------------- compatibility
+
+    def subject_compatibility(self, subject: str) -> str | None:
+        """The compatibility level set on ``subject``, or None when the subject has none of its own.
+
+        Confluent answers 40401/40408 for "not set". Apicurio instead answers
+        200 ``NONE`` for a subject without a level, so a ``NONE`` answer is
+        compared with ``?defaultToGlobal=true``: a different answer there means
+        "not set". Limitation: when the global level is itself NONE, an unset
+        subject cannot be told from one explicitly set to NONE and is reported
+        as ``"NONE"`` (the effective level either way).
+        """
+        path = f"/config/{_q(subject)}"
+        raw = self._maybe(lambda: self._request("GET", path, subject=subject))
+        level = _level(raw)
+        if level != "NONE":
+            return level
+        effective = _level(self._maybe(lambda: self._request("GET", path, params={"defaultToGlobal": "true"},
+                                                             subject=subject)))
+        return None if effective not in (None, "NONE") else level
+
+    def global_compatibility(self) -> str:
+        """The registry-wide default compatibility level."""
+        level = _level(self._request("GET", "/config"))
+        return level or "BACKWARD"
+
+    def set_compatibility(self, subject: str | None, level: str) -> None:
+        """Set ``level`` on ``subject`` (or globally when None). Raises RegistryError (42203 invalid level)."""
+        path = "/config" if subject is None else f"/config/{_q(subject)}"
+        self._request("PUT", path, body={"compatibility": level.upper()}, subject=subject)
+
+    # ----------------------------------------------------------------- mode
+
+    def mode(self, subject: str | None = None) -> str:
+        """READWRITE, READONLY or IMPORT, for the subject (falling back to global) or the registry."""
+        path = "/mode" if subject is None else f"/mode/{_q(subject)}"
+        raw = self._maybe(lambda: self._request("GET", path, params={"defaultToGlobal": "true"} if subject else None,
+                                                subject=subject))
+        if raw is None and subject is not None:
+            return self.mode()
+        return str((raw or {}).get("mode") or "READWRITE")
+
+    def set_mode(self, mode: str, subject: str | None = None, force: bool = False) -> None:
+        """Set the mode (IMPORT needs ``force`` on a non-empty subject in Confluent)."""
+        path = "/mode" if subject is None else f"/mode/{_q(subject)}"
+        self._request("PUT", path, params={"force": "true"} if force else None, body={"mode": mode.upper()},
+                      subject=subject)
+
+    def probe_id_preservation(self) -> bool:
+        """Whether this registry keeps the ids given in IMPORT mode (cached after the first probe).
+
+        Registers a unique throw-away schema with an explicit, unused id under a
+        scratch subject in IMPORT mode, checks the id it got back, and deletes
+        the scratch subject. Apicurio Registry accepts IMPORT mode but assigns
+        its own ids, so this returns False there. Raises RegistryError only when
+        the registry is unreachable.
+        """
+        if self._id_preservation is not None:
+            return self._id_preservation
+        token = uuid.uuid4().hex
+        subject = f"_mirrorflow-id-probe-{token[:12]}"
+        wanted = 1_000_000_000 + int(token[:8], 16) % 1_000_000_000
+        schema = json.dumps({"type": "record", "name": f"Probe_{token[:12]}", "namespace": "mirrorflow.probe",
+                             "fields": []})
+        honoured = False
+        try:
+            self.set_mode("IMPORT", subject, force=True)
+            got = self.register(subject, schema, "AVRO", schema_id=wanted, version=1)
+            honoured = got == wanted
+        except RegistryError as exc:
+            if exc.transient:
+                raise
+            log.info("registry %s rejected the IMPORT-mode probe: %s", self._display_url, exc)
+        finally:
+            for cleanup in (lambda: self.delete_subject(subject, permanent=True),
+                            lambda: self._request("DELETE", f"/mode/{_q(subject)}", subject=subject)):
+                try:
+                    cleanup()
+                except RegistryError:
+                    pass
+        self._id_preservation = honoured
+        return honoured
+
+    # ----------------------------------------------------------------- helpers
+
+    @staticmethod
+    def _schema_body(schema_str: str, schema_type: str, references: Sequence[SchemaReference]) -> dict[str, Any]:
+        body: dict[str, Any] = {"schema": schema_str}
+        if schema_type.upper() != "AVRO":
+            body["schemaType"] = schema_type.upper()
+        if references:
+            body["references"] = [r.as_json() for r in references]
+        return body
+
+    @staticmethod
+    def _registered(raw: dict[str, Any], subject: str, default_type: str = "AVRO") -> RegisteredSchema:
+        return RegisteredSchema(
+            subject=str(raw.get("subject") or subject),
+            version=int(raw["version"]),
+            schema_id=int(raw["id"]),
+            schema_type=str(raw.get("schemaType") or default_type).upper(),
+            schema_str=str(raw["schema"]),
+            references=_parse_refs(raw.get("references")),
+        )
+
+
+def _q(subject: str) -> str:
+    return quote(subject, safe="")
+
+
+def _level(raw: Any) -> str | None:
+    if not isinstance(raw, dict):
+        return None
+    level = raw.get("compatibilityLevel") or raw.get("compatibility")
+    return str(level).upper() if level else None

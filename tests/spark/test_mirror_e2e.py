@@ -1,0 +1,236 @@
+"""The Spark mirror end to end on real clusters and registries."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from io import BytesIO
+from pathlib import Path
+
+import pytest
+import yaml
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+
+from mirror_core.config import parse_config
+
+pytestmark = [pytest.mark.spark, pytest.mark.integration]
+ROOT = Path(__file__).resolve().parents[2]
+
+V1 = {"type": "record", "name": "Evt", "namespace": "e2e", "fields": [{"name": "id", "type": "long"}]}
+V2 = {**V1, "fields": V1["fields"] + [{"name": "tag", "type": "string", "default": ""}]}
+V3 = {**V2, "fields": V2["fields"] + [{"name": "n", "type": ["null", "long"], "default": None}]}
+
+
+def group_yaml(clusters, tmp_path, topic, delivery="exactly_once", value_serde="avro", extra=""):
+    text = clusters.config_yaml(f"""
+groups:
+  - name: e2e{abs(hash(topic)) % 10**6}
+    source: src
+    destination: dst
+    delivery: {delivery}
+    serdes: {{key: bytes, value: {value_serde}}}
+    offset_syncs_topic: "{topic}.syncs.internal"
+    dead_letter_topic: "{topic}.dlq"
+    topics_mirroring:
+      partition_count: {{type: mirror_source}}
+      replication_factor: {{type: fix, value: 1}}
+    spark: {{master: "local[2]", trigger: "1 second", checkpoint_dir: "{tmp_path / 'ckpt'}"}}
+{extra}
+    mirrors:
+      - source_topic: {topic}
+        destination_topic: {topic}.mirror
+""")
+    path = tmp_path / "mirrors.yaml"
+    path.write_text(text)
+    return path, parse_config(yaml.safe_load(text), env={})
+
+
+def create_topic(bootstrap, topic, partitions):
+    AdminClient({"bootstrap.servers": bootstrap}).create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+
+
+def avro(schema_id, parsed, rec):
+    buf = BytesIO()
+    schemaless_writer(buf, parsed, rec)
+    return b"\x00" + struct.pack(">I", schema_id) + buf.getvalue()
+
+
+def read_all(bootstrap, topic, expected=None, timeout=90):
+    """Every committed record of ``topic``, per partition, in order (read_committed)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{time.time_ns()}",
+                  "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False})
+    md = c.list_topics(topic, timeout=10).topics[topic]
+    ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in md.partitions}
+    c.assign([TopicPartition(topic, p, 0) for p in md.partitions])
+    out: dict[int, list] = {p: [] for p in md.partitions}
+    deadline = time.monotonic() + timeout
+    done = set()
+    while time.monotonic() < deadline and len(done) < len(ends):
+        for m in c.consume(2000, 1.0):
+            if m.error():
+                continue
+            out[m.partition()].append(m)
+        for p, end in ends.items():
+            pos = c.position([TopicPartition(topic, p)])[0].offset
+            if end == 0 or pos >= end:
+                done.add(p)
+    c.close()
+    return out
+
+
+def run_once(config_path, group_name, timeout=300):
+    proc = subprocess.run([sys.executable, "-m", "spark_jobs.mirror_stream", str(config_path), "--group",
+                           group_name, "--once"], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters, unique, tmp_path):
+    topic = unique("e2e")
+    create_topic(clusters.src_bootstrap, topic, 3)
+    src_sr = SchemaRegistryClient({"url": clusters.src_registry})
+    # make the source ids differ from what the destination will assign
+    src_sr.register_schema(unique("padding") + "-value", Schema(json.dumps({"type": "string"}), "AVRO"))
+    ids = [src_sr.register_schema(f"{topic}-value", Schema(json.dumps(s), "AVRO")) for s in (V1, V2, V3)]
+    parsed = [parse_schema(s) for s in (V1, V2, V3)]
+    p = Producer({"bootstrap.servers": clusters.src_bootstrap, "enable.idempotence": True})
+    expected = []
+    for i in range(300):
+        v = i % 3
+        rec = {"id": i, "tag": f"t{i}", "n": i}
+        value = None if i % 50 == 49 else avro(ids[v], parsed[v], rec)  # tombstones
+        key = None if i % 7 == 0 else f"k{i}".encode()
+        headers = [("h", str(i).encode()), ("empty", b"")]
+        ts = 1_700_000_000_000 + i
+        p.produce(topic, key=key, value=value, partition=i % 3, headers=headers, timestamp=ts)
+        expected.append((i % 3, key, value, ts))
+    # a record whose schema id the source registry does not know: dead-lettered, the rest goes on
+    bad = b"\x00" + struct.pack(">I", 987654) + b"\x02"
+    p.produce(topic, key=b"bad", value=bad, partition=1, timestamp=1_700_000_001_000)
+    p.produce(topic, key=b"after-bad", value=avro(ids[0], parsed[0], {"id": 1000}), partition=1,
+              timestamp=1_700_000_001_001)
+    expected.append((1, b"after-bad", None, 1_700_000_001_001))
+    assert p.flush(30) == 0
+    # an aborted transaction on the source: none of it may reach the destination
+    tp = Producer({"bootstrap.servers": clusters.src_bootstrap, "transactional.id": unique("tx")})
+    tp.init_transactions(30)
+    tp.begin_transaction()
+    for i in range(10):
+        tp.produce(topic, key=b"aborted", value=b"x", partition=i % 3)
+    tp.flush(30)
+    tp.abort_transaction(30)
+
+    path, cfg = group_yaml(clusters, tmp_path, topic)
+    run_once(path, cfg.groups[0].name)
+
+    got = read_all(clusters.dst_bootstrap, f"{topic}.mirror")
+    dst_sr = SchemaRegistryClient({"url": clusters.dst_registry})
+    for part in range(3):
+        want = [e for e in expected if e[0] == part]
+        have = got[part]
+        assert len(have) == len(want), f"partition {part}: {len(have)} != {len(want)}"
+        for (wp, wkey, wvalue, wts), m in zip(want, have, strict=True):
+            assert m.key() == wkey and m.timestamp()[1] == wts and m.partition() == wp
+            if wkey == b"after-bad":
+                continue
+            assert m.headers() == [("h", str(int(m.headers()[0][1])).encode()), ("empty", b"")]
+            if wvalue is None:
+                assert m.value() is None
+                continue
+            src_id, dst_id = struct.unpack(">I", wvalue[1:5])[0], struct.unpack(">I", m.value()[1:5])[0]
+            assert m.value()[5:] == wvalue[5:]  # only the id bytes changed
+            src_schema = json.loads(src_sr.get_schema(src_id).schema_str)
+            dst_schema = json.loads(dst_sr.get_schema(dst_id).schema_str)
+            assert parse_schema(src_schema) == parse_schema(dst_schema)
+            assert schemaless_reader(BytesIO(m.value()[5:]), parse_schema(dst_schema), None)["id"] >= 0
+    assert not any(m.key() == b"aborted" for ms in got.values() for m in ms)
+    dlq = read_all(clusters.dst_bootstrap, f"{topic}.dlq")
+    dead = [m for ms in dlq.values() for m in ms]
+    assert len(dead) == 1 and dead[0].key() == b"bad" and dead[0].value() == bad
+    h = dict(dead[0].headers())
+    assert h["mirrorflow.error.reason"] == b"unknown_schema_id"
+    assert h["mirrorflow.source.topic"] == topic.encode() and h["mirrorflow.source.partition"] == b"1"
+
+    # the mirror's consumer group on the source shows it caught up
+    c = Consumer({"bootstrap.servers": clusters.src_bootstrap, "group.id": f"{cfg.groups[0].name}.mirrorflow."
+                  f"{topic}__{topic}.mirror"})
+    committed = c.committed([TopicPartition(topic, p) for p in range(3)], timeout=10)
+    ends = [c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(3)]
+    c.close()
+    assert all(tp.offset >= ends[tp.partition] - 1 for tp in committed)
+
+    # a second drain mirrors nothing again (exactly once across runs)
+    run_once(path, cfg.groups[0].name)
+    again = read_all(clusters.dst_bootstrap, f"{topic}.mirror")
+    assert sum(len(v) for v in again.values()) == sum(len(v) for v in got.values())
+
+
+def test_exactly_once_survives_sigkill(clusters, unique, tmp_path):
+    """SIGKILL the streaming job 3 times while 200k records stream; every record arrives exactly once."""
+    topic = unique("eos")
+    create_topic(clusters.src_bootstrap, topic, 3)
+    path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes")
+    gname = cfg.groups[0].name
+    total = 200_000
+    producer = subprocess.Popen([sys.executable, "-c", f"""
+import time
+from confluent_kafka import Producer
+p = Producer({{"bootstrap.servers": "{clusters.src_bootstrap}", "enable.idempotence": True, "linger.ms": 20}})
+for i in range({total}):
+    while True:
+        try:
+            p.produce("{topic}", key=str(i).encode(), value=str(i).encode() * 3, partition=i % 3)
+            break
+        except BufferError:
+            p.poll(0.05)
+    if i % 5000 == 0:
+        p.poll(0); time.sleep(0.05)
+p.flush(60)
+"""])
+    kills = 0
+    try:
+        for _ in range(3):
+            job = subprocess.Popen([sys.executable, "-m", "spark_jobs.mirror_stream", str(path), "--group", gname],
+                                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   start_new_session=True)
+            # let it mirror something, then kill it hard mid-stream
+            deadline = time.monotonic() + 120
+            base = _dst_count(clusters.dst_bootstrap, f"{topic}.mirror")
+            while time.monotonic() < deadline and _dst_count(clusters.dst_bootstrap, f"{topic}.mirror") <= base:
+                time.sleep(0.5)
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(30)
+            kills += 1
+        assert producer.wait(300) == 0
+    finally:
+        if producer.poll() is None:
+            producer.kill()
+    run_once(path, gname, timeout=600)
+    got = read_all(clusters.dst_bootstrap, f"{topic}.mirror", timeout=180)
+    keys = [int(m.key()) for ms in got.values() for m in ms]
+    assert kills == 3
+    assert len(keys) == total, f"{len(keys)} records for {total} produced ({len(keys) - len(set(keys))} duplicates)"
+    assert len(set(keys)) == total
+    for part, ms in got.items():
+        ks = [int(m.key()) for m in ms]
+        assert ks == sorted(ks), f"partition {part} out of order"
+
+
+def _dst_count(bootstrap, topic):
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "count", "isolation.level": "read_committed"})
+    try:
+        md = c.list_topics(topic, timeout=10).topics.get(topic)
+        if md is None or md.error:
+            return 0
+        return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in md.partitions)
+    finally:
+        c.close()

@@ -1,0 +1,479 @@
+"""Subject mirroring decisions against an in-memory registry, plus the registry client's error handling.
+
+The fake implements our :class:`mirror_core.schemas.Registry` interface with
+Confluent semantics (global ids by content, a subject never holds the same
+schema twice, 40401-style "not found" as None/[]), and records every write so
+tests can check what happened and in which order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import httpx
+import pybreaker
+import pytest
+from pydantic import SecretStr
+
+from mirror_core.config import SchemaRegistryConfig
+from mirror_core.registry import (
+    RegisteredSchema,
+    RegistryClient,
+    RegistryError,
+    RegistryUnavailableError,
+    SchemaReference,
+    is_not_found,
+)
+from mirror_core.schemas import (
+    SubjectPair,
+    apply_subjects,
+    canonical_schema,
+    make_id_resolver,
+    plan_subjects,
+    subject_pairs,
+)
+
+
+def avro(name: str, *fields: str, ns: str = "t") -> str:
+    return json.dumps({"type": "record", "name": name, "namespace": ns,
+                       "fields": [{"name": f, "type": "long"} for f in fields]})
+
+
+V1 = avro("Order", "id")
+V2 = avro("Order", "id", "qty")
+V3 = avro("Order", "id", "qty", "price")
+OTHER = avro("Order", "id", "other")
+
+
+@dataclass
+class FakeRegistry:
+    """In-memory registry with Confluent semantics, speaking our Registry interface."""
+
+    url: str = "http://fake"
+    honours_import: bool = False
+    global_level: str = "BACKWARD"
+    subjects_: dict[str, list[RegisteredSchema]] = field(default_factory=dict)
+    levels: dict[str, str] = field(default_factory=dict)
+    modes: dict[str, str] = field(default_factory=dict)
+    writes: list[tuple] = field(default_factory=list)
+    _ids: dict[tuple, int] = field(default_factory=dict)
+    next_id: int = 100
+
+    def _content(self, schema_type: str, schema_str: str, refs: Sequence[SchemaReference]) -> tuple:
+        return (schema_type, canonical_schema(schema_type, schema_str), tuple(refs))
+
+    # the interface
+    def versions(self, subject: str) -> list[int]:
+        return [v.version for v in self.subjects_.get(subject, [])]
+
+    def version(self, subject: str, version: int | str = "latest") -> RegisteredSchema:
+        vs = self.subjects_.get(subject, [])
+        for v in vs:
+            if v.version == version:
+                return v
+        if version == "latest" and vs:
+            return vs[-1]
+        raise RegistryError("not found", subject=subject, http_status=404, error_code=40402)
+
+    def register(self, subject: str, schema_str: str, schema_type: str = "AVRO",
+                 references: Sequence[SchemaReference] = (), normalize: bool = False, *,
+                 schema_id: int | None = None, version: int | None = None) -> int:
+        for r in references:
+            self.version(r.subject, r.version)  # a reference must exist
+        existing = self.lookup(subject, schema_str, schema_type, references)
+        if existing is not None:
+            return existing.schema_id
+        self.writes.append(("register", subject, schema_str, tuple(references)))
+        content = self._content(schema_type, schema_str, references)
+        if content not in self._ids:
+            honour = schema_id is not None and self.honours_import and self.modes.get(subject) == "IMPORT"
+            self._ids[content] = schema_id if honour else self._new_id()
+        vs = self.subjects_.setdefault(subject, [])
+        new_version = (vs[-1].version + 1) if vs else 1
+        vs.append(RegisteredSchema(subject, new_version, self._ids[content], schema_type, schema_str,
+                                   tuple(references)))
+        return self._ids[content]
+
+    def lookup(self, subject: str, schema_str: str, schema_type: str = "AVRO",
+               references: Sequence[SchemaReference] = (), normalize: bool = False) -> RegisteredSchema | None:
+        want = self._content(schema_type, schema_str, references)
+        for v in self.subjects_.get(subject, []):
+            if self._content(v.schema_type, v.schema_str, v.references) == want:
+                return v
+        return None
+
+    def subject_versions_for_id(self, schema_id: int) -> list[tuple[str, int]]:
+        return [(s, v.version) for s, vs in self.subjects_.items() for v in vs if v.schema_id == schema_id]
+
+    def subject_compatibility(self, subject: str) -> str | None:
+        return self.levels.get(subject)
+
+    def global_compatibility(self) -> str:
+        return self.global_level
+
+    def set_compatibility(self, subject: str | None, level: str) -> None:
+        self.writes.append(("set_compatibility", subject, level))
+        if subject is None:
+            self.global_level = level
+        else:
+            self.levels[subject] = level
+
+    def mode(self, subject: str | None = None) -> str:
+        return self.modes.get(subject or "", "READWRITE")
+
+    def set_mode(self, mode: str, subject: str | None = None, force: bool = False) -> None:
+        self.modes[subject or ""] = mode
+
+    def probe_id_preservation(self) -> bool:
+        return self.honours_import
+
+    # test helpers
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def add(self, subject: str, *schemas: str, refs: Sequence[SchemaReference] = ()) -> list[int]:
+        return [self.register(subject, s, "AVRO", refs) for s in schemas]
+
+    def registrations(self) -> list[tuple]:
+        return [w for w in self.writes if w[0] == "register"]
+
+
+@pytest.fixture
+def src() -> FakeRegistry:
+    return FakeRegistry(url="http://src", next_id=0)
+
+
+@pytest.fixture
+def dst() -> FakeRegistry:
+    return FakeRegistry(url="http://dst", next_id=500)
+
+
+def pair(subject: str = "orders-value", mirror: str = "m1", dst_subject: str | None = None) -> SubjectPair:
+    return SubjectPair(subject, dst_subject or subject, mirror)
+
+
+def schema_strs(reg: FakeRegistry, subject: str) -> list[str]:
+    return [canonical_schema("AVRO", v.schema_str) for v in reg.subjects_.get(subject, [])]
+
+
+# --------------------------------------------------------------------------- subject pairs
+
+
+def test_subject_pairs_follow_topic_name_strategy_for_schema_serdes_only():
+    assert subject_pairs("orders", "dr.orders", "g.orders", "string", "avro") == [
+        SubjectPair("orders-value", "dr.orders-value", "g.orders")]
+    assert subject_pairs("a", "b", "m", "protobuf", "json_schema") == [
+        SubjectPair("a-key", "b-key", "m"), SubjectPair("a-value", "b-value", "m")]
+    assert subject_pairs("a", "b", "m", "bytes", "string") == []
+
+
+def test_canonical_form_ignores_key_order_whitespace_and_primitive_wrapping():
+    pretty = '{\n  "namespace": "t", "type": "record", "name": "R",\n  "fields": [{"type": {"type": "string"}, "name": "s"}]}'
+    compact = '{"type":"record","name":"R","namespace":"t","fields":[{"name":"s","type":"string"}]}'
+    assert canonical_schema("AVRO", pretty) == canonical_schema("AVRO", compact)
+    assert canonical_schema("AVRO", '"string"') == canonical_schema("AVRO", '{"type": "string"}')
+    # field order and defaults are meaningful
+    assert canonical_schema("AVRO", avro("R", "a", "b")) != canonical_schema("AVRO", avro("R", "b", "a"))
+    proto_a = 'syntax = "proto3";\n// c\nmessage  Foo {\n  string a = 1;\n}\n'
+    proto_b = 'syntax="proto3"; message Foo { string a=1; }'
+    assert canonical_schema("PROTOBUF", proto_a) == canonical_schema("PROTOBUF", proto_b)
+    assert canonical_schema("JSON", '{"b": 1, "a": {"y": 2, "x": 1}}') == canonical_schema(
+        "JSON", '{"a":{"x":1,"y":2},"b":1}')
+
+
+# --------------------------------------------------------------------------- strict
+
+
+def test_strict_repairs_a_destination_prefix_in_order(src, dst):
+    src_ids = src.add("orders-value", V1, V2, V3)
+    dst_ids = dst.add("orders-value", V1)
+    plan = plan_subjects(src, dst, [pair()], "strict", None)
+    assert plan.errors == []
+    assert [(s.action, s.source_version) for s in plan.steps] == [
+        ("set_compatibility", None), ("unchanged", 1), ("register", 2), ("register", 3)]
+    assert dst.registrations() == [("register", "orders-value", V1, ())]  # planning wrote nothing new
+
+    res = apply_subjects(src, dst, [pair()], "strict", None)
+    assert res.errors == []
+    assert schema_strs(dst, "orders-value") == schema_strs(src, "orders-value")
+    dst_all = [v.schema_id for v in dst.subjects_["orders-value"]]
+    assert res.id_map == dict(zip(src_ids, dst_all, strict=True))
+    assert dst_all[0] == dst_ids[0]
+    assert [s.action for s in res.steps_applied] == ["set_compatibility", "register", "register"]
+
+
+def test_strict_conflict_names_first_differing_version_and_stops_only_that_mirror(src, dst):
+    src.add("orders-value", V1, V2, V3)
+    dst.add("orders-value", V1, OTHER)
+    src.add("payments-value", V1)
+    pairs = [pair("orders-value", "bad"), pair("payments-value", "good")]
+
+    plan = plan_subjects(src, dst, pairs, "strict", None)
+    assert [m for m, _ in plan.errors] == ["bad"]
+    msg = plan.errors[0][1]
+    assert "destination version 2 differs from source version 2" in msg
+    assert '"other"' in msg and '"qty"' in msg
+    assert any(s.action == "conflict" and s.mirror_name == "bad" for s in plan.steps)
+
+    before = len(dst.writes)
+    res = apply_subjects(src, dst, pairs, "strict", None)
+    assert [m for m, _ in res.errors] == ["bad"]
+    assert "destination version 2 differs from source version 2" in res.errors[0][1]
+    assert all(w[1] == "payments-value" for w in dst.writes[before:])  # nothing written for the bad mirror
+    assert schema_strs(dst, "payments-value") == schema_strs(src, "payments-value")
+    assert len(dst.subjects_["orders-value"]) == 2
+
+
+def test_strict_destination_with_more_versions_is_a_conflict(src, dst):
+    src.add("orders-value", V1)
+    dst.add("orders-value", V1, V2)
+    plan = plan_subjects(src, dst, [pair()], "strict", None)
+    assert "destination version 2 has no counterpart" in plan.errors[0][1]
+
+
+def test_missing_source_subject_is_reported_not_an_error(src, dst):
+    plan = plan_subjects(src, dst, [pair()], "strict", None)
+    assert plan.errors == []
+    assert [s.action for s in plan.steps] == ["missing_source"]
+
+
+# --------------------------------------------------------------------------- lenient
+
+
+def test_lenient_accepts_extra_destination_versions(src, dst):
+    src.add("orders-value", V1, V2, V3)
+    dst.add("orders-value", V1, OTHER, V2)
+    res = apply_subjects(src, dst, [pair()], "lenient", None)
+    assert res.errors == []
+    got = schema_strs(dst, "orders-value")
+    assert got == [canonical_schema("AVRO", s) for s in (V1, OTHER, V2, V3)]
+    assert [s.source_version for s in res.steps_applied if s.action == "register"] == [3]
+    assert set(res.id_map) == {v.schema_id for v in src.subjects_["orders-value"]}
+
+
+def test_lenient_order_violation_is_a_conflict(src, dst):
+    src.add("orders-value", V1, V2, V3)
+    dst.add("orders-value", V2, V1)
+    plan = plan_subjects(src, dst, [pair()], "lenient", None)
+    assert len(plan.errors) == 1
+    assert "destination version 1 holds source version 2 where source version 1 was expected" in plan.errors[0][1]
+
+
+def test_lenient_with_compatibility_none_just_registers_what_is_missing(src, dst):
+    src.add("orders-value", V1, V2, V3)
+    dst.add("orders-value", V2, V1)
+    res = apply_subjects(src, dst, [pair()], "lenient", "NONE")
+    assert res.errors == []
+    assert [w[2] for w in dst.registrations()[2:]] == [V3]
+    assert len(res.id_map) == 3
+
+
+def test_lenient_missing_middle_version_is_an_order_violation(src, dst):
+    src.add("orders-value", V1, V2, V3)
+    dst.add("orders-value", V1, V3)
+    plan = plan_subjects(src, dst, [pair()], "lenient", None)
+    assert "where source version 2 was expected" in plan.errors[0][1]
+
+
+# --------------------------------------------------------------------------- compatibility
+
+
+def test_compatibility_mirrors_subject_level_before_registering(src, dst):
+    src.add("orders-value", V1, V2)
+    src.levels["orders-value"] = "FULL"
+    apply_subjects(src, dst, [pair()], "strict", None)
+    assert dst.writes[0] == ("set_compatibility", "orders-value", "FULL")
+    assert [w[0] for w in dst.writes[1:]] == ["register", "register"]
+
+
+def test_compatibility_falls_back_to_source_global(src, dst):
+    src.add("orders-value", V1)
+    src.global_level = "FORWARD_TRANSITIVE"
+    apply_subjects(src, dst, [pair()], "strict", None)
+    assert dst.levels["orders-value"] == "FORWARD_TRANSITIVE"
+
+
+def test_forced_compatibility_wins_and_equal_level_is_skipped(src, dst):
+    src.add("orders-value", V1)
+    src.levels["orders-value"] = "FULL"
+    res = apply_subjects(src, dst, [pair()], "strict", "none")
+    assert dst.levels["orders-value"] == "NONE"
+    assert res.steps_applied[0].action == "set_compatibility" and res.steps_applied[0].level == "NONE"
+    plan = plan_subjects(src, dst, [pair()], "strict", "NONE")
+    assert [s.action for s in plan.steps] == ["unchanged"]
+
+
+def test_unknown_mode_is_rejected(src, dst):
+    with pytest.raises(Exception, match="unknown subject mirror mode"):
+        plan_subjects(src, dst, [pair()], "sloppy", None)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- references
+
+
+ADDR_V1 = avro("Addr", "street")
+ADDR_V2 = avro("Addr", "street", "zip")
+ORDER_REF = json.dumps({"type": "record", "name": "Order", "namespace": "t",
+                        "fields": [{"name": "id", "type": "long"}, {"name": "addr", "type": "t.Addr"}]})
+
+
+def test_references_are_mirrored_first_with_translated_versions(src, dst):
+    addr_ids = src.add("addr-value", ADDR_V1, ADDR_V2)
+    order_id = src.add("orders-value", ORDER_REF, refs=[SchemaReference("t.Addr", "addr-value", 2)])[0]
+    dst.add("addr-value", avro("Unrelated", "x"))  # lenient: an extra version shifts numbering by one
+
+    plan = plan_subjects(src, dst, [pair()], "lenient", None)
+    assert plan.errors == []
+    subjects_in_order = [s.subject for s in plan.steps if s.action == "register"]
+    assert subjects_in_order == ["addr-value", "addr-value", "orders-value"]
+
+    res = apply_subjects(src, dst, [pair()], "lenient", None)
+    assert res.errors == []
+    registered = dst.subjects_["orders-value"][0]
+    assert registered.references == (SchemaReference("t.Addr", "addr-value", 3),)
+    assert set(res.id_map) == {*addr_ids, order_id}
+    assert res.id_map[addr_ids[1]] == dst.subjects_["addr-value"][2].schema_id
+
+
+def test_conflicting_reference_stops_the_referencing_mirror(src, dst):
+    src.add("addr-value", ADDR_V1)
+    src.add("orders-value", ORDER_REF, refs=[SchemaReference("t.Addr", "addr-value", 1)])
+    dst.add("addr-value", ADDR_V2)
+    res = apply_subjects(src, dst, [pair()], "strict", None)
+    assert len(res.errors) == 1 and "addr-value" in res.errors[0][1]
+    assert "orders-value" not in dst.subjects_
+
+
+# --------------------------------------------------------------------------- idempotence and id preservation
+
+
+def test_second_apply_registers_nothing_and_returns_the_full_id_map(src, dst):
+    src.add("addr-value", ADDR_V1)
+    src.add("orders-value", ORDER_REF, refs=[SchemaReference("t.Addr", "addr-value", 1)])
+    src.add("orders-value", V1)
+    src.levels["orders-value"] = "NONE"
+    first = apply_subjects(src, dst, [pair()], "strict", None)
+    writes = len(dst.writes)
+    second = apply_subjects(src, dst, [pair()], "strict", None)
+    assert first.errors == second.errors == []
+    assert second.steps_applied == []
+    assert len(dst.writes) == writes
+    assert second.id_map == first.id_map and len(first.id_map) == 3
+
+
+def test_id_preserving_refused_when_destination_does_not_honour_import(src, dst):
+    src.add("orders-value", V1)
+    res = apply_subjects(src, dst, [pair("orders-value", "a"), pair("orders-value", "b", "x-value")],
+                         "strict", None, id_preserving=True)
+    assert [m for m, _ in res.errors] == ["a", "b"]
+    assert "does not preserve schema ids" in res.errors[0][1]
+    assert "in-flight schema-id rewriting" in res.errors[0][1]
+    assert dst.writes == []
+
+
+def test_id_preserving_keeps_source_ids_where_honoured(src, dst):
+    ids = src.add("orders-value", V1, V2)
+    dst.honours_import = True
+    res = apply_subjects(src, dst, [pair()], "strict", None, id_preserving=True)
+    assert res.errors == []
+    assert res.id_map == {i: i for i in ids}
+    assert dst.modes.get("orders-value") == "READWRITE"  # restored
+
+
+# --------------------------------------------------------------------------- in-flight resolver
+
+
+def test_id_resolver_registers_a_miss_under_the_mapped_subject(src, dst):
+    src.add("addr-value", ADDR_V1)
+    (sid,) = src.add("orders-value", ORDER_REF, refs=[SchemaReference("t.Addr", "addr-value", 1)])
+    resolve = make_id_resolver(src, dst, "orders", "dr.orders")
+    got = resolve(sid)
+    assert got == dst.subjects_["dr.orders-value"][0].schema_id
+    assert "addr-value" in dst.subjects_
+    assert resolve(99999) is None
+
+
+# --------------------------------------------------------------------------- registry client (no network)
+
+
+def _client(handler, **kw) -> tuple[RegistryClient, list[httpx.Request]]:
+    seen: list[httpx.Request] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return handler(request)
+
+    breaker = pybreaker.CircuitBreaker(fail_max=kw.pop("fail_max", 100), reset_timeout=60,
+                                       exclude=[lambda e: isinstance(e, RegistryError) and not e.transient])
+    client = RegistryClient("http://user:pw@reg/apis/ccompat/v7", auth=("user", "s3cret"), backoff=0.0,
+                            breaker=breaker, http=httpx.Client(transport=httpx.MockTransport(record)), **kw)
+    return client, seen
+
+
+def test_registry_error_keeps_status_and_code_and_is_not_retried():
+    client, seen = _client(lambda r: httpx.Response(404, json={"error_code": 40402, "message": "Version 9 not found."}),
+                           retries=3)
+    with pytest.raises(RegistryError) as info:
+        client.version("orders-value", 9)
+    err = info.value
+    assert (err.http_status, err.error_code, err.subject) == (404, 40402, "orders-value")
+    assert is_not_found(err) and len(seen) == 1
+    assert "pw" not in str(err) and "s3cret" not in str(err)
+    assert client.versions("orders-value") == []  # "not found" on versions() is an empty list
+
+
+@pytest.mark.parametrize("code", [40401, 40402, 40403, 40408])
+def test_is_not_found_codes(code):
+    assert is_not_found(RegistryError("x", http_status=404, error_code=code))
+    assert not is_not_found(RegistryError("x", http_status=409, error_code=409))
+
+
+def test_5xx_is_retried_then_raised_with_status():
+    client, seen = _client(lambda r: httpx.Response(503, json={"error_code": 50003, "message": "busy"}), retries=2)
+    with pytest.raises(RegistryError) as info:
+        client.subjects()
+    assert len(seen) == 3 and info.value.http_status == 503 and info.value.error_code == 50003
+
+
+def test_breaker_opens_and_then_fails_without_calling():
+    client, seen = _client(lambda r: httpx.Response(500, json={}), retries=1, fail_max=3)
+    with pytest.raises(RegistryError):
+        client.subjects()  # 2 attempts
+    with pytest.raises(RegistryUnavailableError):
+        client.subjects()  # 3rd attempt trips the breaker
+    n = len(seen)
+    for _ in range(5):
+        with pytest.raises(RegistryUnavailableError):
+            client.subjects()
+    assert len(seen) == n == 3
+
+
+def test_compatibility_not_set_detected_through_default_to_global():
+    """Apicurio answers 200 NONE for a subject without a level; defaultToGlobal reveals it."""
+    def handler(r: httpx.Request) -> httpx.Response:
+        if r.url.path.endswith("/config"):
+            return httpx.Response(200, json={"compatibilityLevel": "FULL"})
+        if r.url.params.get("defaultToGlobal") == "true":
+            return httpx.Response(200, json={"compatibilityLevel": "FULL" if "unset" in r.url.path else "NONE"})
+        return httpx.Response(200, json={"compatibilityLevel": "NONE"})
+
+    client, _ = _client(handler)
+    assert client.subject_compatibility("unset-value") is None
+    assert client.subject_compatibility("none-value") == "NONE"
+    assert client.global_compatibility() == "FULL"
+    gone, _ = _client(lambda r: httpx.Response(404, json={"error_code": 40408, "message": "not set"}))
+    assert gone.subject_compatibility("x") is None
+
+
+def test_secrets_never_in_repr_or_url():
+    cfg = SchemaRegistryConfig(url="http://reg:8081", **{"basic.auth.user.info": SecretStr("key:topsecret")})
+    client = RegistryClient.from_config(cfg)
+    assert "topsecret" not in repr(client) and "topsecret" not in client.url
+    client.close()
+    client2, seen = _client(lambda r: httpx.Response(200, json=[]))
+    assert client2.subjects() == []
+    assert seen[0].headers["authorization"].startswith("Basic ")
+    assert "pw@" not in client2.url and "s3cret" not in repr(client2)
