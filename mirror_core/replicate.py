@@ -324,6 +324,21 @@ class PartitionWriter:
             self._write_at_least_once(partition, chunk, result)
         return result
 
+    def advance(self, partition: int, upstream_end: int, last_downstream: int) -> None:
+        """Record that the partition's position moved to ``upstream_end`` past records that are not data
+        (transaction markers, aborted records) after the last mirrored record at ``last_downstream``."""
+        sync = OffsetSync(self.s.source_topic, partition, upstream_end, last_downstream + 1)
+        producer, key = _producer(self.s, partition)
+        if self.s.delivery == "exactly_once":
+            producer.begin_transaction()
+            producer.produce(self.s.offset_syncs_topic, key=sync.key_bytes(), value=sync.value_bytes(), partition=0)
+            producer.commit_transaction(60)
+            _POSITIONS[key] = upstream_end
+        else:
+            producer.produce(self.s.offset_syncs_topic, key=sync.key_bytes(), value=sync.value_bytes(), partition=0)
+            if producer.flush(60):
+                raise WriterError(f"{self.s.mirror}: offset sync not acknowledged within 60 s")
+
     # -- exactly once
 
     def _write_transactional(self, partition: int, chunk: list[SourceRecord], result: BatchResult) -> None:

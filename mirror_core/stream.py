@@ -269,6 +269,13 @@ def arrow_writer(plan: WriterPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
                     is_last = end is not None and chunk[-1].offset >= end - 1
                     r = w.write(part, chunk, end if is_last else None)
                     _merge(results, r)
+        for (topic, part), r in results.items():
+            # trailing transaction markers / aborted records: move the position to the batch end
+            end = plan.end_offsets.get(topic, {}).get(part)
+            if end is not None and r.upstream_end is not None and end > r.upstream_end \
+                    and r.last_downstream is not None:
+                writers[topic].advance(part, end, r.last_downstream)
+                r.upstream_end = end
         rows = [asdict(r) for r in results.values()]
         if rows:
             yield pa.RecordBatch.from_pylist(rows, schema=_result_schema())

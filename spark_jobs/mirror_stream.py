@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -30,6 +31,8 @@ log = logging.getLogger("mirrorflow.stream")
 def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSession:
     """A session with the Kafka connector jars from the local cache (no resolution at run time)."""
     jars = artifacts.spark_kafka_jars(artifacts.cache_dir())
+    # executors' Python workers must run this interpreter (the venv with confluent-kafka), not PATH's python3
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.appName(app_name or f"mirrorflow-{group.name}")
         .master(group.spark.master)
@@ -38,6 +41,7 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "20000")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
         .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
     )
