@@ -23,6 +23,7 @@ from confluent_kafka.admin import (
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
+    ConfigSource,
     NewPartitions,
     NewTopic,
     ResourcePatternType,
@@ -271,8 +272,9 @@ def _describe_configs(admin: AdminClient, names: list[str], timeout: float) -> d
 
 def _is_topic_override(entry: ConfigEntry) -> bool:
     source = entry.source
-    name = getattr(source, "name", str(source))
-    return name == "DYNAMIC_TOPIC_CONFIG" and entry.value is not None and not entry.is_sensitive
+    if isinstance(source, int) and not isinstance(source, ConfigSource):
+        source = ConfigSource(source)  # describe_configs reports the raw protocol value
+    return source == ConfigSource.DYNAMIC_TOPIC_CONFIG and entry.value is not None and not entry.is_sensitive
 
 
 def _describe_acls(admin: AdminClient, timeout: float) -> tuple[dict[str, list[AclEntry]], bool]:

@@ -1,0 +1,63 @@
+"""plan / provision against real clusters: creates, filtered configs, idempotence, grow, prefix cycles."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from typer.testing import CliRunner
+
+from mirror_core.cli import app
+
+pytestmark = pytest.mark.integration
+
+
+def test_plan_provision_idempotent_and_grow(clusters, unique, tmp_path):
+    prefix = unique("prov").replace("-", "_")
+    src = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
+    topics = {f"{prefix}.a": 6, f"{prefix}.b": 1, f"{prefix}.c": 24}
+    futs = src.create_topics([
+        NewTopic(f"{prefix}.a", 6, 1, config={"retention.ms": "3600000", "min.insync.replicas": "1"}),
+        NewTopic(f"{prefix}.b", 1, 1, config={"cleanup.policy": "compact", "retention.ms": "7200000"}),
+        NewTopic(f"{prefix}.c", 24, 1),
+        NewTopic(f"dst.{prefix}.loop", 1, 1),
+    ])
+    for f in futs.values():
+        f.result(30)
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text(clusters.config_yaml(f"""
+groups:
+  - name: {prefix}
+    source: src
+    destination: dst
+    replication_policy: prefix
+    topics_mirroring:
+      partition_count: {{type: mirror_source, min: 2, max: 12}}
+      replication_factor: {{type: fix, value: 1}}
+    mirrors:
+      - topics: {{include: "{prefix}\\\\..*|dst\\\\.{prefix}\\\\..*"}}
+"""))
+    runner = CliRunner()
+    res = runner.invoke(app, ["plan", str(cfg), "--json"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.stdout)[0]
+    acts = {a["topic"]: a for a in plan["topics"]}
+    assert acts[f"src.{prefix}.a"]["kind"] == "create" and acts[f"src.{prefix}.a"]["partitions"] == 6
+    assert acts[f"src.{prefix}.b"]["partitions"] == 2 and acts[f"src.{prefix}.c"]["partitions"] == 12
+    assert acts[f"src.{prefix}.b"].get("configs") == {"cleanup.policy": "compact", "retention.ms": "7200000"}
+    assert acts[f"src.{prefix}.a"].get("configs") == {"retention.ms": "3600000"}
+    assert f"src.dst.{prefix}.loop" not in acts  # came from dst: not mirrored back
+    assert any(s["source_topic"] == f"dst.{prefix}.loop" for s in plan["skipped"])
+
+    res = runner.invoke(app, ["provision", str(cfg)])
+    assert res.exit_code == 0, res.output
+    assert f"created src.{prefix}.a (6 partitions, RF 1)" in res.stdout
+    res = runner.invoke(app, ["provision", str(cfg)])
+    assert res.exit_code == 0 and "nothing to do" in res.stdout, res.output
+
+    src.create_partitions([NewPartitions(f"{prefix}.a", 8)])[f"{prefix}.a"].result(30)
+    res = runner.invoke(app, ["plan", str(cfg), "--json"])
+    acts = {a["topic"]: a for a in json.loads(res.stdout)[0]["topics"]}
+    assert acts[f"src.{prefix}.a"]["kind"] == "grow" and acts[f"src.{prefix}.a"]["partitions"] == 8
+    assert len(topics) == 3
