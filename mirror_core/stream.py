@@ -258,10 +258,9 @@ def arrow_writer(plan: WriterPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
                 if w is None:
                     translator = SchemaIdTranslator(plan.id_map, make_resolver(plan.registries, topic,
                                                                                s.destination_topic))
-                    cc = plan.destination_consumer_config
-
-                    def lookup(t: str, p: int, _s: WriterSettings = s) -> int | None:
-                        return last_committed_position(cc, _s.offset_syncs_topic, t, p)
+                    def lookup(t: str, p: int, _s: WriterSettings = s,
+                               _cc: dict[str, Any] = plan.destination_consumer_config) -> int | None:
+                        return last_committed_position(_cc, _s.offset_syncs_topic, t, p)
 
                     w = writers[topic] = PartitionWriter(s, translator, lookup)
                 for chunk in chunks(records, CHUNK_RECORDS):

@@ -2,6 +2,7 @@ import pytest
 
 from mirror_core.partitioner import java_partition, murmur2
 
+
 # Vectors from Kafka's own UtilsTest (Utils.murmur2).
 @pytest.mark.parametrize("data,expected", [
     (b"21", -973932308),
