@@ -240,7 +240,11 @@ def running_endpoints(env: LocalEnv) -> dict[str, dict[str, str | None]]:
 
 
 def _kraft_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A KRaft cluster id; like Kafka's Uuid.randomUuid, never starting with '-' (a CLI would read an option)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def _broker_props(env: LocalEnv, side: SideSpec, i: int) -> tuple[Path, Path]:
@@ -301,7 +305,7 @@ def _format_all(env: LocalEnv, spec: ClusterSpec, java: str, lib: Path) -> None:
             props, data = _broker_props(env, side, i)
             _rmtree(data)
             log = env.state_dir / "logs" / f"format-{side.name}-{i + 1}.log"
-            cmd = _java_kafka_cmd(java, lib, "kafka.tools.StorageTool", "format", "-t", cluster_id,
+            cmd = _java_kafka_cmd(java, lib, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
                                   "-c", str(props), heap="-Xmx256m")
             with log.open("wb") as fh:
                 procs.append((subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT), log))

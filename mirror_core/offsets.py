@@ -1,30 +1,18 @@
 """MirrorMaker 2 record formats and exact offset translation.
 
-Wire formats (Kafka protocol types, big-endian, STRING = int16 length + UTF-8), byte-compatible with
-MM2's ``OffsetSync``, ``Checkpoint`` and ``Heartbeat`` so MM2's client tools read what we write.
+Wire formats (Kafka protocol types, big-endian; STRING = int16 length + UTF-8), byte-compatible with
+MM2's ``OffsetSync``, ``Checkpoint`` and ``Heartbeat`` (``connect-mirror`` / ``connect-mirror-client``)
+so MM2's client tools (``RemoteClusterUtils.translateOffsets``, ``MirrorClient``) read what we write:
 
-Offset-sync semantics — the invariant the writer keeps and the store relies on
------------------------------------------------------------------------------
-A sync ``(u, d)`` for a source partition is a *position* mapping: a consumer positioned at upstream
-offset ``u`` (the next record it would read) must be positioned at downstream offset ``d``.
-The writer emits syncs at every point where the upstream -> downstream map stops being linear (the
-first and last record of every contiguous run of mirrored records, so around compaction gaps, aborted
-transactions and control markers on either side) plus one at the end of each batch
-(``u_end`` = next upstream offset to read, ``d_end`` = last downstream offset + 1). Hence, for two
-consecutive retained syncs ``a``, ``b`` (``a.u < b.u``), one of these holds:
+* OffsetSync  key ``topic STRING, partition INT32``; value ``upstreamOffset INT64, offset INT64``.
+* Checkpoint  key ``group STRING, topic STRING, partition INT32``; value ``version INT16 (0),
+  upstreamOffset INT64, offset INT64, metadata STRING``; topic ``<source-alias>.checkpoints.internal``
+  on the destination, one partition (MM2's client reads partition 0 only).
+* Heartbeat   key ``sourceClusterAlias STRING, targetClusterAlias STRING``; value ``version INT16 (0),
+  timestamp INT64``.
 
-1. ``b.u - a.u == b.d - a.d`` and every position in between maps linearly (exact), or
-2. no upstream record in ``(a.u, b.u)`` was mirrored and the downstream range ``(a.d, b.d)`` holds no
-   committed record of ours, so every position ``U`` in between maps to ``b.d`` (never skips, never
-   re-reads).
-
-(If 2 holds with equal deltas, interpolation lands on transaction markers or aborted records, which a
-read_committed consumer skips to ``b``'s record: still exact in what is consumed.)
-
-A position above the newest sync means the group is ahead of what was mirrored: we answer the newest
-sync's ``d`` flagged inexact (a consumer re-reads, never skips). A position older than the retained
-history is reported untranslatable, never guessed. A sync whose ``u`` is not above the partition's
-newest sync (an at-least-once replay after a restart, or a rewind) rewrites history from there.
+The offset-sync invariant the writer keeps (:func:`syncs_for_batch`) and the translation relies on
+(:class:`OffsetSyncStore`) is written down next to the store.
 """
 
 from __future__ import annotations
@@ -33,140 +21,234 @@ import bisect
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from mirror_core.errors import MirrorError
 
 
 class OffsetFormatError(MirrorError):
-    """Bytes that are not a valid MM2 record of the expected kind."""
+    """Bytes that are not a valid MM2 record of the expected kind, or values that cannot be encoded."""
 
 
 # --------------------------------------------------------------------------- Kafka protocol types
 
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+_INT64 = struct.Struct(">q")
+_MAX_STRING = 2**15 - 1  # STRING length is an int16
 
-def _str(s: str) -> bytes:
+
+def _str(s: str, what: str) -> bytes:
     b = s.encode()
-    return struct.pack(">h", len(b)) + b
+    if len(b) > _MAX_STRING:
+        raise OffsetFormatError(f"{what}: {len(b)} UTF-8 bytes, a Kafka STRING holds at most {_MAX_STRING}")
+    return _INT16.pack(len(b)) + b
+
+
+def _int(fmt: struct.Struct, value: int, what: str) -> bytes:
+    try:
+        return fmt.pack(value)
+    except struct.error:
+        raise OffsetFormatError(f"{what}: {value!r} does not fit in a {fmt.size * 8}-bit signed integer") from None
 
 
 class _Reader:
+    """Reads Kafka protocol types from one record key or value; every failure names the field."""
+
     def __init__(self, data: bytes | None, what: str):
         if data is None:
-            raise OffsetFormatError(f"{what}: missing bytes")
-        self.data, self.pos, self.what = data, 0, what
+            raise OffsetFormatError(f"{what}: null (a {what} is never null)")
+        self.data, self.pos, self.what = bytes(data), 0, what
 
-    def take(self, n: int) -> bytes:
+    def _take(self, n: int, field_name: str) -> bytes:
         if self.pos + n > len(self.data):
-            raise OffsetFormatError(f"{self.what}: truncated at byte {self.pos} (needs {n} more)")
+            raise OffsetFormatError(
+                f"{self.what}: truncated reading {field_name} at byte {self.pos} "
+                f"(needs {n}, {len(self.data) - self.pos} left)")
         out = self.data[self.pos:self.pos + n]
         self.pos += n
         return out
 
-    def int16(self) -> int:
-        return int(struct.unpack(">h", self.take(2))[0])
+    def int16(self, name: str) -> int:
+        return int(_INT16.unpack(self._take(2, name))[0])
 
-    def int32(self) -> int:
-        return int(struct.unpack(">i", self.take(4))[0])
+    def int32(self, name: str) -> int:
+        return int(_INT32.unpack(self._take(4, name))[0])
 
-    def int64(self) -> int:
-        return int(struct.unpack(">q", self.take(8))[0])
+    def int64(self, name: str) -> int:
+        return int(_INT64.unpack(self._take(8, name))[0])
 
-    def string(self) -> str:
-        n = self.int16()
+    def string(self, name: str) -> str:
+        n = self.int16(name)
         if n < 0:
-            raise OffsetFormatError(f"{self.what}: null string")
+            raise OffsetFormatError(f"{self.what}: {name} is a null STRING (length {n})")
         try:
-            return self.take(n).decode()
+            return self._take(n, name).decode()
         except UnicodeDecodeError as exc:
-            raise OffsetFormatError(f"{self.what}: invalid UTF-8: {exc}") from None
+            raise OffsetFormatError(f"{self.what}: {name} is not valid UTF-8: {exc}") from None
+
+    def version(self, supported: int) -> None:
+        v = self.int16("version")
+        if v != supported:
+            raise OffsetFormatError(f"{self.what}: unsupported version {v} (expected {supported})")
+
+    def done(self) -> None:
+        if self.pos != len(self.data):
+            raise OffsetFormatError(f"{self.what}: {len(self.data) - self.pos} unexpected trailing bytes")
+
+
+# --------------------------------------------------------------------------- records
 
 
 @dataclass(frozen=True, order=True)
 class OffsetSync:
+    """A position mapping for one source partition: upstream ``upstream_offset`` -> downstream ``downstream_offset``."""
+
     topic: str
     partition: int
     upstream_offset: int
     downstream_offset: int
 
     def key_bytes(self) -> bytes:
-        return _str(self.topic) + struct.pack(">i", self.partition)
+        return _str(self.topic, "offset sync topic") + _int(_INT32, self.partition, "offset sync partition")
 
     def value_bytes(self) -> bytes:
-        return struct.pack(">qq", self.upstream_offset, self.downstream_offset)
+        return (_int(_INT64, self.upstream_offset, "offset sync upstreamOffset")
+                + _int(_INT64, self.downstream_offset, "offset sync offset"))
 
     @classmethod
     def from_record(cls, key: bytes | None, value: bytes | None) -> OffsetSync:
+        """Decode an offset-sync record; raises :class:`OffsetFormatError` on malformed bytes."""
         k, v = _Reader(key, "offset sync key"), _Reader(value, "offset sync value")
-        return cls(k.string(), k.int32(), v.int64(), v.int64())
+        topic, partition = k.string("topic"), k.int32("partition")
+        upstream, downstream = v.int64("upstreamOffset"), v.int64("offset")
+        k.done()
+        v.done()
+        return cls(topic, partition, upstream, downstream)
 
 
 @dataclass(frozen=True)
 class Checkpoint:
+    """A consumer group's committed position on one partition, upstream and translated downstream.
+
+    As in MM2, ``topic`` is the *destination* topic name: ``RemoteClusterUtils.translateOffsets``
+    returns ``TopicPartition(topic, partition) -> downstream_offset`` for consumers on the destination.
+    """
+
     group: str
     topic: str
     partition: int
     upstream_offset: int
     downstream_offset: int
     metadata: str = ""
-    VERSION = 0
+    VERSION: ClassVar[int] = 0
 
     def key_bytes(self) -> bytes:
-        return _str(self.group) + _str(self.topic) + struct.pack(">i", self.partition)
+        return (_str(self.group, "checkpoint group") + _str(self.topic, "checkpoint topic")
+                + _int(_INT32, self.partition, "checkpoint partition"))
 
     def value_bytes(self) -> bytes:
-        return struct.pack(">hqq", self.VERSION, self.upstream_offset, self.downstream_offset) + _str(self.metadata)
+        return (_INT16.pack(self.VERSION)
+                + _int(_INT64, self.upstream_offset, "checkpoint upstreamOffset")
+                + _int(_INT64, self.downstream_offset, "checkpoint offset")
+                + _str(self.metadata, "checkpoint metadata"))
 
     @classmethod
     def from_record(cls, key: bytes | None, value: bytes | None) -> Checkpoint:
+        """Decode a checkpoint record; raises :class:`OffsetFormatError` on malformed bytes."""
         k, v = _Reader(key, "checkpoint key"), _Reader(value, "checkpoint value")
-        group, topic, partition = k.string(), k.string(), k.int32()
-        version = v.int16()
-        if version != 0:
-            raise OffsetFormatError(f"checkpoint value: unsupported version {version}")
-        return cls(group, topic, partition, v.int64(), v.int64(), v.string())
+        group, topic, partition = k.string("group"), k.string("topic"), k.int32("partition")
+        v.version(cls.VERSION)
+        upstream, downstream, metadata = v.int64("upstreamOffset"), v.int64("offset"), v.string("metadata")
+        k.done()
+        v.done()
+        return cls(group, topic, partition, upstream, downstream, metadata)
 
 
 @dataclass(frozen=True)
 class Heartbeat:
+    """Proof of life of the ``source -> target`` flow: emitted on the source, mirrored to the target."""
+
     source_cluster_alias: str
     target_cluster_alias: str
     timestamp_ms: int
-    VERSION = 0
+    VERSION: ClassVar[int] = 0
 
     def key_bytes(self) -> bytes:
-        return _str(self.source_cluster_alias) + _str(self.target_cluster_alias)
+        return (_str(self.source_cluster_alias, "heartbeat sourceClusterAlias")
+                + _str(self.target_cluster_alias, "heartbeat targetClusterAlias"))
 
     def value_bytes(self) -> bytes:
-        return struct.pack(">hq", self.VERSION, self.timestamp_ms)
+        return _INT16.pack(self.VERSION) + _int(_INT64, self.timestamp_ms, "heartbeat timestamp")
 
     @classmethod
     def from_record(cls, key: bytes | None, value: bytes | None) -> Heartbeat:
+        """Decode a heartbeat record; raises :class:`OffsetFormatError` on malformed bytes."""
         k, v = _Reader(key, "heartbeat key"), _Reader(value, "heartbeat value")
-        src, dst = k.string(), k.string()
-        version = v.int16()
-        if version != 0:
-            raise OffsetFormatError(f"heartbeat value: unsupported version {version}")
-        return cls(src, dst, v.int64())
+        src, dst = k.string("sourceClusterAlias"), k.string("targetClusterAlias")
+        v.version(cls.VERSION)
+        ts = v.int64("timestamp")
+        k.done()
+        v.done()
+        return cls(src, dst, ts)
 
 
-# --------------------------------------------------------------------------- writer side
+# --------------------------------------------------------------------------- the sync invariant
+
+SYNC_INVARIANT = """\
+A sync ``(u, d)`` for a source partition is a POSITION mapping: a consumer positioned at upstream
+offset ``u`` (the next record it would read) must be positioned at downstream offset ``d``.
+
+Writer (``syncs_for_batch``): emits a sync at every point where the upstream -> downstream map stops
+being linear -- the first and the last record of every contiguous run of mirrored records, so around
+upstream gaps (compaction, aborted transactions, transaction markers) and downstream gaps (the
+commit marker of each destination transaction) -- plus one at the end of each batch
+(``u_end`` = next upstream offset to read, ``d_end`` = last downstream offset + 1). The middle points
+of collinear runs are dropped, so a batch of N contiguous records costs 3 syncs, not N.
+
+Invariant between two consecutive retained syncs ``a``, ``b`` (``a.u < b.u``), one of:
+
+1. ``b.u - a.u == b.d - a.d`` and positions in between interpolate linearly (exact); or
+2. no upstream record in ``(a.u, b.u)`` was mirrored and the downstream range ``(a.d, b.d)`` holds no
+   committed record, so every position ``U`` in ``(a.u, b.u)`` maps to ``b.d`` (exact: never skips,
+   never re-reads).
+
+If 2 holds with equal deltas, interpolation lands on markers or aborted records, which a
+read_committed consumer passes over to ``b.d``: still exact in what it consumes.
+
+Translation of an upstream position ``U``:
+
+* ``U`` equal to a sync's ``u`` -> that sync's ``d`` (exact);
+* between ``a`` and ``b`` -> interpolated if the deltas are equal, else ``b.d`` (exact);
+* above the newest sync -> the group is ahead of what was mirrored: the newest ``d``, flagged inexact
+  ("ahead of mirror"); a consumer there re-reads, never skips;
+* below the oldest retained sync -> untranslatable (None, "older than retained offset-sync
+  history"): never guessed.
+
+History: a sync whose ``u`` is <= the partition's newest ``u`` (an at-least-once replay after a
+restart, or a rewind) supersedes every retained sync with ``u`` >= its ``u``; history is rewritten from
+there. When the cut falls inside a linear run, the run is kept up to ``u - 1`` so older positions stay
+exact. Memory is bounded by an optional cap per partition that drops the oldest syncs (which makes
+very old positions untranslatable, reported as such).
+"""
 
 
 def syncs_for_batch(topic: str, partition: int, pairs: list[tuple[int, int]], upstream_end: int) -> list[OffsetSync]:
-    """The syncs a writer emits for one committed chunk (see the module invariant).
+    """The minimal syncs a writer emits for one committed batch, in emission order.
 
-    ``pairs`` are (upstream offset, downstream offset) of each mirrored record in order;
-    ``upstream_end`` is the next upstream offset to read after the chunk.
+    ``pairs`` are (upstream offset, downstream offset) of each mirrored record, in order;
+    ``upstream_end`` is the next upstream offset to read after the batch (past any trailing markers or
+    aborted records). Keeps run starts, run ends and the batch end; see :data:`SYNC_INVARIANT`.
+    An empty batch yields no syncs (the writer's ``advance`` covers a batch of markers only).
     """
-    # keep run starts and ends: drop the middle point of three collinear, consecutive records
     kept: list[tuple[int, int]] = []
     for pt in pairs:
         while len(kept) >= 2 and _collinear(kept[-2], kept[-1], pt):
             kept.pop()
         kept.append(pt)
     if pairs:
-        # the batch end is kept apart from the last record: the next batch's first sync may share its
-        # upstream position (and supersede it), and the last record's point must survive that
+        # the batch end stays apart from the last record's point: the next batch's first sync shares
+        # its upstream position (and supersedes it), and the last record's point must survive that
         last_u, last_d = pairs[-1]
         kept.append((max(upstream_end, last_u + 1), last_d + 1))
     return [OffsetSync(topic, partition, u, d) for u, d in kept]
@@ -178,9 +260,22 @@ def _collinear(a: tuple[int, int], b: tuple[int, int], c: tuple[int, int]) -> bo
 
 # --------------------------------------------------------------------------- translation
 
+EXACT_SYNC = "exact sync"
+INTERPOLATED = "interpolated within a run"
+IN_GAP = "in an upstream gap: next mirrored record"
+AHEAD = "ahead of mirror"
+TOO_OLD = "older than retained offset-sync history"
+NO_SYNCS = "no offset syncs for this partition"
+
 
 @dataclass(frozen=True)
 class Translation:
+    """Where a consumer at some upstream position must be positioned downstream.
+
+    ``downstream_offset`` is None when the position cannot be translated (never guessed); ``exact``
+    is False when the answer is conservative (re-reads, never skips); ``reason`` says which case.
+    """
+
     downstream_offset: int | None
     exact: bool
     reason: str
@@ -193,72 +288,101 @@ class _PartitionSyncs:
 
 
 class OffsetSyncStore:
-    """Offset-sync history per source partition, and translation under the module invariant."""
+    __doc__ = ("Offset-sync history per source partition, and exact translation.\n\n"
+               "Feed it the offset-sync records in emission order with :meth:`add`.\n\n" + SYNC_INVARIANT)
 
     def __init__(self, max_per_partition: int | None = None):
+        if max_per_partition is not None and max_per_partition < 2:
+            raise ValueError("max_per_partition must be at least 2 (or None for unbounded)")
         self._parts: dict[tuple[str, int], _PartitionSyncs] = {}
         self.max_per_partition = max_per_partition
 
     def add(self, sync: OffsetSync) -> None:
+        """Add the next sync in emission order; a replay or rewind rewrites history from its ``u``."""
         ps = self._parts.setdefault((sync.topic, sync.partition), _PartitionSyncs())
-        if ps.us and sync.upstream_offset <= ps.us[-1]:
-            new_u = sync.upstream_offset
-            cut = bisect.bisect_left(ps.us, new_u)
+        us, ds = ps.us, ps.ds
+        new_u = sync.upstream_offset
+        if us and new_u <= us[-1]:
+            cut = bisect.bisect_left(us, new_u)
             keep: tuple[int, int] | None = None
-            if 0 < cut < len(ps.us) and ps.us[cut - 1] < new_u - 1 and \
-                    ps.us[cut] - ps.us[cut - 1] == ps.ds[cut] - ps.ds[cut - 1]:
+            if 0 < cut < len(us) and us[cut - 1] < new_u - 1 and us[cut] - us[cut - 1] == ds[cut] - ds[cut - 1]:
                 # the cut falls inside a linear run: keep the run up to just before the new history
-                keep = (new_u - 1, ps.ds[cut - 1] + (new_u - 1 - ps.us[cut - 1]))
-            del ps.us[cut:], ps.ds[cut:]
+                keep = (new_u - 1, ds[cut - 1] + (new_u - 1 - us[cut - 1]))
+            del us[cut:], ds[cut:]
             if keep:
-                ps.us.append(keep[0])
-                ps.ds.append(keep[1])
-        ps.us.append(sync.upstream_offset)
-        ps.ds.append(sync.downstream_offset)
-        if self.max_per_partition and len(ps.us) > self.max_per_partition:
-            drop = len(ps.us) - self.max_per_partition
-            del ps.us[:drop], ps.ds[:drop]
+                us.append(keep[0])
+                ds.append(keep[1])
+        us.append(new_u)
+        ds.append(sync.downstream_offset)
+        if self.max_per_partition and len(us) > self.max_per_partition:
+            drop = len(us) - self.max_per_partition
+            del us[:drop], ds[:drop]
 
     def add_all(self, syncs: Iterable[OffsetSync]) -> None:
         for s in syncs:
             self.add(s)
 
     def latest(self, topic: str, partition: int) -> OffsetSync | None:
+        """The newest retained sync of a partition, or None."""
         ps = self._parts.get((topic, partition))
         if not ps or not ps.us:
             return None
         return OffsetSync(topic, partition, ps.us[-1], ps.ds[-1])
 
+    def oldest(self, topic: str, partition: int) -> OffsetSync | None:
+        """The oldest retained sync of a partition (positions below it are untranslatable), or None."""
+        ps = self._parts.get((topic, partition))
+        if not ps or not ps.us:
+            return None
+        return OffsetSync(topic, partition, ps.us[0], ps.ds[0])
+
+    def size(self, topic: str, partition: int) -> int:
+        ps = self._parts.get((topic, partition))
+        return len(ps.us) if ps else 0
+
     def partitions(self) -> list[tuple[str, int]]:
         return sorted(self._parts)
 
     def translate(self, topic: str, partition: int, upstream_offset: int) -> Translation:
+        """Translate an upstream position (a committed offset: the next record to read)."""
         ps = self._parts.get((topic, partition))
         if not ps or not ps.us:
-            return Translation(None, False, "no offset syncs for this partition")
+            return Translation(None, False, NO_SYNCS)
         us, ds = ps.us, ps.ds
         if upstream_offset < us[0]:
-            return Translation(None, False, "older than retained offset-sync history")
+            return Translation(None, False, TOO_OLD)
         i = bisect.bisect_right(us, upstream_offset) - 1
         if us[i] == upstream_offset:
-            return Translation(ds[i], True, "exact sync")
+            return Translation(ds[i], True, EXACT_SYNC)
         if i == len(us) - 1:
-            return Translation(ds[i], False, "ahead of mirror")
-        du, dd = us[i + 1] - us[i], ds[i + 1] - ds[i]
-        if du == dd:
-            return Translation(ds[i] + (upstream_offset - us[i]), True, "interpolated within a run")
-        return Translation(ds[i + 1], True, "in an upstream gap: next mirrored record")
+            return Translation(ds[i], False, AHEAD)
+        if us[i + 1] - us[i] == ds[i + 1] - ds[i]:
+            return Translation(ds[i] + (upstream_offset - us[i]), True, INTERPOLATED)
+        return Translation(ds[i + 1], True, IN_GAP)
+
+
+# --------------------------------------------------------------------------- checkpoints
 
 
 def checkpoint_for(group: str, topic: str, partition: int, upstream_committed: int, translation: Translation,
-                   previous: Checkpoint | None, source_rewound: bool = False) -> Checkpoint | None:
-    """The checkpoint to emit, or None: never untranslatable, never backwards unless the group rewound."""
+                   previous: Checkpoint | None, source_rewound: bool = False, metadata: str = "") -> Checkpoint | None:
+    """The checkpoint to emit for a group's committed ``upstream_committed``, or None when there is none.
+
+    None when the position is untranslatable, when nothing changed since ``previous``, or when the new
+    checkpoint would move backwards (downstream or upstream) while the source group was not rewound
+    (``source_rewound``: the caller saw the group's source offset go back, e.g. a reset). ``topic`` is
+    the destination topic name, as MM2 writes it. An inexact ("ahead of mirror") translation is
+    emitted: it is conservative, and a later exact one moves the checkpoint forward.
+    """
     if translation.downstream_offset is None:
         return None
-    cp = Checkpoint(group, topic, partition, upstream_committed, translation.downstream_offset)
-    if previous is not None:
-        if (previous.upstream_offset, previous.downstream_offset) == (cp.upstream_offset, cp.downstream_offset):
-            return None
-        if cp.downstream_offset < previous.downstream_offset and not source_rewound:
-            return None
+    cp = Checkpoint(group, topic, partition, upstream_committed, translation.downstream_offset, metadata)
+    if previous is None:
+        return cp
+    if (previous.upstream_offset, previous.downstream_offset, previous.metadata) == \
+            (cp.upstream_offset, cp.downstream_offset, cp.metadata):
+        return None
+    backwards = cp.downstream_offset < previous.downstream_offset or cp.upstream_offset < previous.upstream_offset
+    if backwards and not source_rewound:
+        return None
     return cp

@@ -18,3 +18,10 @@ def test_murmur2_matches_java(data, expected):
 
 def test_partition_is_positive_modulo():
     assert all(0 <= java_partition(bytes([i]) * i, 7) < 7 for i in range(1, 50))
+
+
+def test_kraft_cluster_ids_never_look_like_options():
+    from mirror_core.local import _kraft_id
+
+    ids = [_kraft_id() for _ in range(2000)]
+    assert all(len(i) == 22 and not i.startswith("-") for i in ids)
