@@ -8,12 +8,16 @@ hand them to a client, never to a log.
 
 from __future__ import annotations
 
+import time
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
 from mirror_core.config import ClusterConfig
+from mirror_core.errors import KafkaOperationError
 
 _QUIET = {"log_level": 3}
 
@@ -68,3 +72,60 @@ def java_kafka_options(cluster: ClusterConfig) -> dict[str, str]:
         out["ssl.keystore.type"] = "PEM"
         out["ssl.keystore.location"] = props["ssl.certificate.location"]
     return out
+
+
+def read_partition(cluster: ClusterConfig, topic: str, partition: int, start: int, end: int,
+                   timeout: float = 60.0) -> Iterator[Any]:
+    """Committed records of ``topic``/``partition`` with offsets in [start, end), in order (read_committed).
+
+    ``end`` should come from :func:`end_offsets`; transaction markers and aborted records occupy offsets
+    without being returned, so reading stops at the end position, not at a record count.
+    """
+    from confluent_kafka import KafkaError, TopicPartition
+
+    if end <= start:
+        return
+    c = consumer(cluster, f"mirrorflow-reader-{uuid.uuid4().hex[:8]}", **{
+        "isolation.level": "read_committed", "enable.partition.eof": True})
+    try:
+        c.assign([TopicPartition(topic, partition, start)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msgs = c.consume(5000, 1.0)
+            for m in msgs:
+                if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        if m.offset() >= end or c.position([TopicPartition(topic, partition)])[0].offset >= end:
+                            return
+                        continue
+                    raise KafkaOperationError(f"reading {topic}[{partition}]: {m.error().str()}",
+                                              m.error().name())
+                if m.offset() >= end:
+                    return
+                yield m
+            if c.position([TopicPartition(topic, partition)])[0].offset >= end:
+                return
+        raise KafkaOperationError(f"timed out reading {topic}[{partition}] up to offset {end}")
+    finally:
+        c.close()
+
+
+def end_offsets(cluster: ClusterConfig, topic: str, committed: bool = True,
+                timeout: float = 30.0) -> dict[int, tuple[int, int]]:
+    """{partition: (low, high)}; with ``committed`` the high mark is the last stable offset."""
+    from confluent_kafka import TopicPartition
+
+    c = consumer(cluster, "mirrorflow-offsets", **({"isolation.level": "read_committed"} if committed else {}))
+    try:
+        md = c.list_topics(topic, timeout=timeout).topics.get(topic)
+        if md is None or md.error is not None:
+            raise KafkaOperationError(f"topic {topic!r} does not exist", "UNKNOWN_TOPIC_OR_PART")
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout) for p in sorted(md.partitions)}
+    finally:
+        c.close()
+
+
+def read_topic(cluster: ClusterConfig, topic: str, timeout: float = 60.0) -> Iterator[Any]:
+    """Every committed record of ``topic`` from the beginning to the current end, partition by partition."""
+    for p, (low, high) in end_offsets(cluster, topic, timeout=timeout).items():
+        yield from read_partition(cluster, topic, p, low, high, timeout)

@@ -1,0 +1,216 @@
+"""One round of offset work for a group: checkpoints, consumer-group offset sync, heartbeats.
+
+* Checkpoints: for every source consumer group the group filter selects and every mirrored topic it
+  has committed offsets on, translate the committed offset through the offset-sync history and emit
+  an MM2 ``Checkpoint`` to ``<source-alias>.checkpoints.internal`` on the destination. A checkpoint
+  never moves backwards unless the source group itself was rewound.
+* Group offset sync: write the translated offsets into the destination's consumer groups, but only
+  for groups with no active members there, and never backwards unless forced.
+* Heartbeats: an MM2 ``Heartbeat`` to the source's heartbeats topic; the data path mirrors it, which
+  measures end-to-end latency even when data topics are idle.
+
+Everything decided here is reported (written / skipped and why), nothing is silently dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import NewTopic
+
+from mirror_core import clients
+from mirror_core.config import GroupConfig, MirrorsConfig
+from mirror_core.errors import KafkaOperationError
+from mirror_core.offsets import Checkpoint, Heartbeat, OffsetSync, OffsetSyncStore, checkpoint_for
+from mirror_core.policy import GroupFilter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TopicMapping:
+    source_topic: str
+    destination_topic: str
+    mirror: str
+    consumer_group: str
+
+
+@dataclass
+class GroupReport:
+    """What one round did for one source consumer group."""
+
+    group: str
+    checkpoints: int = 0
+    written: list[tuple[str, int, int]] = field(default_factory=list)  # (dst topic, partition, offset)
+    skipped: list[tuple[str, int | None, str]] = field(default_factory=list)  # (dst topic, partition, why)
+
+
+@dataclass
+class RoundReport:
+    mirror_group: str
+    groups: list[GroupReport] = field(default_factory=list)
+    heartbeat: bool = False
+
+
+def topic_mappings(cfg: MirrorsConfig, group: GroupConfig) -> list[TopicMapping]:
+    from mirror_core.provision import selected_mirrors
+
+    return [TopicMapping(m.source_topic or "", m.destination_topic or "", m.name, m.consumer_group)
+            for m in selected_mirrors(cfg, group)]
+
+
+def load_sync_store(cfg: MirrorsConfig, group: GroupConfig) -> OffsetSyncStore:
+    """The offset-sync history of the group, read from the destination (read_committed)."""
+    store = OffsetSyncStore()
+    dst = cfg.cluster(group.destination)
+    try:
+        for m in clients.read_topic(dst, group.offset_syncs):
+            store.add(OffsetSync.from_record(m.key(), m.value()))
+    except KafkaOperationError as exc:
+        if exc.code == "UNKNOWN_TOPIC_OR_PART":
+            return store
+        raise
+    return store
+
+
+def load_checkpoints(cfg: MirrorsConfig, group: GroupConfig) -> dict[tuple[str, str, int], Checkpoint]:
+    """The latest checkpoint per (consumer group, destination topic, partition)."""
+    out: dict[tuple[str, str, int], Checkpoint] = {}
+    try:
+        for m in clients.read_topic(cfg.cluster(group.destination), group.checkpoints_topic):
+            cp = Checkpoint.from_record(m.key(), m.value())
+            out[(cp.group, cp.topic, cp.partition)] = cp
+    except KafkaOperationError as exc:
+        if exc.code != "UNKNOWN_TOPIC_OR_PART":
+            raise
+    return out
+
+
+def source_group_offsets(cfg: MirrorsConfig, group: GroupConfig, topics: set[str]
+                         ) -> dict[str, dict[tuple[str, int], int]]:
+    """Committed offsets on the mirrored topics of every source group the filter selects."""
+    admin = clients.admin(cfg.cluster(group.source))
+    gf = GroupFilter(group.offsets.groups.include, group.offsets.groups.exclude)
+    listed = admin.list_consumer_groups(request_timeout=30).result(30)
+    ids = sorted(g.group_id for g in listed.valid if gf.matches(g.group_id))
+    out: dict[str, dict[tuple[str, int], int]] = {}
+    for gid in ids:
+        fut = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(gid)], request_timeout=30)[gid]
+        res = fut.result(30)
+        offs = {(tp.topic, tp.partition): tp.offset for tp in res.topic_partitions
+                if tp.topic in topics and tp.offset >= 0 and tp.error is None}
+        if offs:
+            out[gid] = offs
+    return out
+
+
+def emit_checkpoints(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore,
+                     mappings: list[TopicMapping], report: RoundReport) -> dict[tuple[str, str, int], Checkpoint]:
+    """Translate every selected group's committed offsets and write checkpoints; returns the current ones."""
+    by_src = {m.source_topic: m for m in mappings}
+    previous = load_checkpoints(cfg, group)
+    current = dict(previous)
+    offsets = source_group_offsets(cfg, group, set(by_src))
+    producer = clients.producer(cfg.cluster(group.destination), **{"enable.idempotence": True, "acks": "all"})
+    for gid, offs in offsets.items():
+        rep = GroupReport(gid)
+        report.groups.append(rep)
+        for (src_topic, part), committed in sorted(offs.items()):
+            dst_topic = by_src[src_topic].destination_topic
+            prev = previous.get((gid, dst_topic, part))
+            tr = store.translate(src_topic, part, committed)
+            rewound = prev is not None and committed < prev.upstream_offset
+            cp = checkpoint_for(gid, dst_topic, part, committed, tr, prev, source_rewound=rewound)
+            if tr.downstream_offset is None:
+                rep.skipped.append((dst_topic, part, f"offset {committed} untranslatable: {tr.reason}"))
+                continue
+            if cp is None:
+                if prev is not None and prev.downstream_offset > tr.downstream_offset:
+                    rep.skipped.append((dst_topic, part, "checkpoint would move backwards"))
+                continue
+            producer.produce(group.checkpoints_topic, key=cp.key_bytes(), value=cp.value_bytes(), partition=0)
+            current[(gid, dst_topic, part)] = cp
+            rep.checkpoints += 1
+    if producer.flush(30):
+        raise KafkaOperationError("checkpoints not acknowledged within 30 s")
+    return current
+
+
+def sync_group_offsets(cfg: MirrorsConfig, group: GroupConfig, checkpoints: dict[tuple[str, str, int], Checkpoint],
+                       report: RoundReport, force: bool = False) -> None:
+    """Write checkpointed offsets into idle destination groups; never backwards unless ``force``."""
+    admin = clients.admin(cfg.cluster(group.destination))
+    by_group: dict[str, list[Checkpoint]] = {}
+    for (gid, _, _), cp in checkpoints.items():
+        by_group.setdefault(gid, []).append(cp)
+    reports = {r.group: r for r in report.groups}
+    for gid, cps in sorted(by_group.items()):
+        rep = reports.get(gid)
+        if rep is None:
+            rep = GroupReport(gid)
+            report.groups.append(rep)
+        desc = admin.describe_consumer_groups([gid], request_timeout=30)[gid].result(30)
+        if desc.members:
+            rep.skipped.append(("*", None, f"group has {len(desc.members)} active member(s) on the destination"))
+            continue
+        existing_res = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(gid)],
+                                                          request_timeout=30)[gid].result(30)
+        existing = {(tp.topic, tp.partition): tp.offset for tp in existing_res.topic_partitions if tp.offset >= 0}
+        to_write = []
+        for cp in sorted(cps, key=lambda c: (c.topic, c.partition)):
+            cur = existing.get((cp.topic, cp.partition))
+            if cur == cp.downstream_offset:
+                continue
+            if cur is not None and cur > cp.downstream_offset and not force:
+                rep.skipped.append((cp.topic, cp.partition,
+                                    f"destination offset {cur} is ahead of {cp.downstream_offset} (use --force)"))
+                continue
+            to_write.append(TopicPartition(cp.topic, cp.partition, cp.downstream_offset))
+        if not to_write:
+            continue
+        try:
+            admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(gid, to_write)],
+                                               request_timeout=30)[gid].result(30)
+        except KafkaException as exc:
+            rep.skipped.append(("*", None, f"could not write offsets: {exc.args[0].str()}"))
+            continue
+        rep.written += [(tp.topic, tp.partition, tp.offset) for tp in to_write]
+
+
+def emit_heartbeat(cfg: MirrorsConfig, group: GroupConfig) -> bool:
+    """One MM2 heartbeat to the source's heartbeats topic (created compacted if missing)."""
+    src = cfg.cluster(group.source)
+    topic = group.heartbeats.topic
+    admin = clients.admin(src)
+    if topic not in admin.list_topics(timeout=30).topics:
+        rf = min(3, len(admin.list_topics(timeout=30).brokers))
+        fut = admin.create_topics([NewTopic(topic, 1, rf, config={"cleanup.policy": "compact"})])[topic]
+        try:
+            fut.result(30)
+        except KafkaException as exc:
+            if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+                raise KafkaOperationError(f"cannot create {topic}: {exc.args[0].str()}", exc.args[0].name()) from None
+    hb = Heartbeat(group.source, group.destination, int(time.time() * 1000))
+    p = clients.producer(src, **{"enable.idempotence": True, "acks": "all"})
+    p.produce(topic, key=hb.key_bytes(), value=hb.value_bytes(), partition=0)
+    return p.flush(30) == 0
+
+
+def run_round(cfg: MirrorsConfig, group: GroupConfig, force: bool = False) -> RoundReport:
+    """Checkpoints, then group offset sync (if enabled), then a heartbeat (if enabled)."""
+    report = RoundReport(group.name)
+    mappings = topic_mappings(cfg, group)
+    store = load_sync_store(cfg, group)
+    checkpoints: dict[tuple[str, str, int], Any] = {}
+    if group.offsets.emit_checkpoints or group.offsets.sync_group_offsets:
+        checkpoints = emit_checkpoints(cfg, group, store, mappings, report)
+    if group.offsets.sync_group_offsets:
+        wanted = {r.group for r in report.groups}
+        sync_group_offsets(cfg, group, {k: v for k, v in checkpoints.items() if k[0] in wanted}, report, force)
+    if group.heartbeats.enabled:
+        report.heartbeat = emit_heartbeat(cfg, group)
+    return report

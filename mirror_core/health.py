@@ -1,0 +1,246 @@
+"""Replication lag, consumer-group lag after translation, and parity verification.
+
+* Replication lag per mirrored partition: in records, the source's last stable offset (what a
+  read_committed consumer can see) minus the next upstream position still to mirror (the newest
+  offset sync); in seconds, the age of the oldest unmirrored record, or, when caught up, the age of
+  the newest heartbeat that reached the destination (0 without heartbeats).
+* Parity: per partition over a mirrored offset range, the count and an order-sensitive SHA-256 of
+  (key, value with its schema id zeroed, headers without mirrorflow's provenance header, timestamp) on
+  both sides, and the first source offset where the sides differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mirror_core import clients
+from mirror_core.checkpoint import TopicMapping, load_sync_store, topic_mappings
+from mirror_core.config import GroupConfig, MirrorsConfig
+from mirror_core.errors import KafkaOperationError
+from mirror_core.offsets import Heartbeat, OffsetSyncStore
+from mirror_core.policy import build_replication_policy
+from mirror_core.replicate import PROVENANCE_HEADER
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    group: str
+    mirror: str
+    source_topic: str
+    partition: int
+    source_end: int
+    mirrored_to: int | None  # next upstream offset still to mirror; None if nothing mirrored yet
+    lag_records: int
+    lag_seconds: float | None
+
+
+@dataclass
+class LagReport:
+    partitions: list[PartitionLag] = field(default_factory=list)
+
+    def totals(self) -> dict[str, dict[str, Any]]:
+        """Per mirror and per group: records behind and the worst lag in seconds."""
+        out: dict[str, dict[str, Any]] = {}
+        for p in self.partitions:
+            for key in (f"mirror {p.mirror}", f"group {p.group}"):
+                t = out.setdefault(key, {"lag_records": 0, "max_lag_seconds": 0.0})
+                t["lag_records"] += p.lag_records
+                if p.lag_seconds is not None:
+                    t["max_lag_seconds"] = max(t["max_lag_seconds"], p.lag_seconds)
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"partitions": [asdict(p) for p in self.partitions], "totals": self.totals()}
+
+
+def _record_age(cfg: MirrorsConfig, group: GroupConfig, topic: str, partition: int, offset: int, end: int,
+                now_ms: float) -> float | None:
+    for m in clients.read_partition(cfg.cluster(group.source), topic, partition, offset, end, timeout=20):
+        return max(0.0, (now_ms - m.timestamp()[1]) / 1000)
+    return None
+
+
+def heartbeat_age(cfg: MirrorsConfig, group: GroupConfig, now_ms: float) -> float | None:
+    """Age in seconds of the newest heartbeat of this flow that reached the destination."""
+    if not group.heartbeats.enabled:
+        return None
+    remote = build_replication_policy(group).format_remote_topic(group.source, group.heartbeats.topic)
+    dst = cfg.cluster(group.destination)
+    try:
+        ends = clients.end_offsets(dst, remote)
+    except KafkaOperationError:
+        return None
+    newest: int | None = None
+    for p, (low, high) in ends.items():
+        start = max(low, high - 50)
+        for m in clients.read_partition(dst, remote, p, start, high, timeout=20):
+            try:
+                hb = Heartbeat.from_record(m.key(), m.value())
+            except Exception:  # noqa: BLE001 - someone else's record in the topic
+                continue
+            if hb.source_cluster_alias == group.source and hb.target_cluster_alias == group.destination:
+                newest = max(newest or 0, hb.timestamp_ms)
+    return None if newest is None else max(0.0, (now_ms - newest) / 1000)
+
+
+def replication_lag(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore | None = None,
+                    mappings: list[TopicMapping] | None = None) -> LagReport:
+    store = store or load_sync_store(cfg, group)
+    mappings = mappings if mappings is not None else topic_mappings(cfg, group)
+    now_ms = time.time() * 1000
+    idle_age = heartbeat_age(cfg, group, now_ms)
+    report = LagReport()
+    for m in mappings:
+        for p, (low, high) in clients.end_offsets(cfg.cluster(group.source), m.source_topic).items():
+            latest = store.latest(m.source_topic, p)
+            mirrored_to = latest.upstream_offset if latest else None
+            start = mirrored_to if mirrored_to is not None else low
+            lag = max(0, high - max(start, low))
+            seconds: float | None
+            if lag > 0:
+                seconds = _record_age(cfg, group, m.source_topic, p, max(start, low), high, now_ms)
+            else:
+                seconds = idle_age if idle_age is not None else 0.0
+            report.partitions.append(PartitionLag(group.name, m.mirror, m.source_topic, p, high, mirrored_to, lag,
+                                                  None if seconds is None else round(seconds, 3)))
+    return report
+
+
+@dataclass(frozen=True)
+class GroupLag:
+    consumer_group: str
+    destination_topic: str
+    partition: int
+    source_committed: int
+    translated: int | None
+    destination_end: int  # position after the last mirrored record
+    lag_records: int | None  # offsets between; transaction markers inside the range count too
+    note: str
+
+
+def consumer_group_lag(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore | None = None,
+                       mappings: list[TopicMapping] | None = None) -> list[GroupLag]:
+    """Where each selected source group would resume on the destination, and how far behind that is."""
+    from mirror_core.checkpoint import source_group_offsets
+
+    store = store or load_sync_store(cfg, group)
+    mappings = mappings if mappings is not None else topic_mappings(cfg, group)
+    by_src = {m.source_topic: m for m in mappings}
+    out = []
+    ends_cache: dict[str, dict[int, tuple[int, int]]] = {}
+    for gid, offs in source_group_offsets(cfg, group, set(by_src)).items():
+        for (topic, p), committed in sorted(offs.items()):
+            dst_topic = by_src[topic].destination_topic
+            if dst_topic not in ends_cache:
+                ends_cache[dst_topic] = clients.end_offsets(cfg.cluster(group.destination), dst_topic)
+            dst_end = ends_cache[dst_topic].get(p, (0, 0))[1]
+            latest = store.latest(topic, p)
+            if latest is not None:
+                # the position after the last mirrored record: a trailing commit marker is not lag
+                dst_end = min(dst_end, latest.downstream_offset)
+            tr = store.translate(topic, p, committed)
+            lag = None if tr.downstream_offset is None else max(0, dst_end - tr.downstream_offset)
+            out.append(GroupLag(gid, dst_topic, p, committed, tr.downstream_offset, dst_end, lag, tr.reason))
+    return out
+
+
+# --------------------------------------------------------------------------- parity
+
+
+def record_digest(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]] | None,
+                  timestamp_ms: int) -> bytes:
+    """A digest of what a consumer sees, with the registry-local schema id zeroed."""
+    h = hashlib.sha256()
+    for part in (key, _normalise(value)):
+        h.update(b"\x00" if part is None else b"\x01" + struct.pack(">i", len(part)) + part)
+    for name, val in headers or []:
+        if name == PROVENANCE_HEADER:
+            continue
+        h.update(b"\x02" + name.encode() + b"\x00" + (b"-" if val is None else b"+" + val))
+    h.update(struct.pack(">q", timestamp_ms))
+    return h.digest()
+
+
+def _normalise(value: bytes | None) -> bytes | None:
+    if value is not None and len(value) >= 5 and value[0] == 0:
+        return b"\x00\x00\x00\x00\x00" + value[5:]
+    return value
+
+
+@dataclass(frozen=True)
+class PartitionParity:
+    source_topic: str
+    destination_topic: str
+    partition: int
+    source_range: tuple[int, int]
+    destination_range: tuple[int | None, int | None]
+    source_count: int
+    destination_count: int
+    source_checksum: str
+    destination_checksum: str
+    first_mismatch_offset: int | None  # source offset of the first record that differs
+    ok: bool
+    note: str = ""
+
+
+def verify_parity(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore | None = None,
+                  mappings: list[TopicMapping] | None = None) -> list[PartitionParity]:
+    """Compare every mirrored partition over the range the offset-sync history covers."""
+    store = store or load_sync_store(cfg, group)
+    mappings = mappings if mappings is not None else topic_mappings(cfg, group)
+    src, dst = cfg.cluster(group.source), cfg.cluster(group.destination)
+    out = []
+    for m in mappings:
+        src_ends = clients.end_offsets(src, m.source_topic)
+        try:
+            dst_ends = clients.end_offsets(dst, m.destination_topic)
+        except KafkaOperationError:
+            dst_ends = {}
+        for p, (low, _high) in src_ends.items():
+            oldest, latest = store.oldest(m.source_topic, p), store.latest(m.source_topic, p)
+            if oldest is None or latest is None:
+                continue
+            if len(dst_ends) < len(src_ends):
+                out.append(PartitionParity(m.source_topic, m.destination_topic, p, (0, 0), (None, None), 0, 0, "",
+                                           "", None, True, "skipped: destination has fewer partitions (remapped)"))
+                continue
+            u0 = max(oldest.upstream_offset, low)
+            u1 = latest.upstream_offset
+            d0 = store.translate(m.source_topic, p, u0).downstream_offset
+            d1 = store.translate(m.source_topic, p, u1).downstream_offset
+            out.append(_compare(src, dst, m, p, (u0, u1), (d0, d1)))
+    return out
+
+
+def _compare(src: Any, dst: Any, m: TopicMapping, p: int, urange: tuple[int, int],
+             drange: tuple[int | None, int | None]) -> PartitionParity:
+    hs, hd = hashlib.sha256(), hashlib.sha256()
+    ns = nd = 0
+    first: int | None = None
+    d_iter = iter(clients.read_partition(dst, m.destination_topic, p, drange[0] or 0, drange[1] or 0)) \
+        if drange[0] is not None and drange[1] is not None else iter(())
+    for sm in clients.read_partition(src, m.source_topic, p, urange[0], urange[1]):
+        sd = record_digest(sm.key(), sm.value(), sm.headers(), sm.timestamp()[1])
+        hs.update(sd)
+        ns += 1
+        dm = next(d_iter, None)
+        if dm is None:
+            first = sm.offset() if first is None else first
+            continue
+        dd = record_digest(dm.key(), dm.value(), dm.headers(), dm.timestamp()[1])
+        hd.update(dd)
+        nd += 1
+        if dd != sd and first is None:
+            first = sm.offset()
+    for dm in d_iter:
+        hd.update(record_digest(dm.key(), dm.value(), dm.headers(), dm.timestamp()[1]))
+        nd += 1
+        if first is None:
+            first = urange[1]
+    ok = ns == nd and hs.digest() == hd.digest()
+    return PartitionParity(m.source_topic, m.destination_topic, p, urange, drange, ns, nd, hs.hexdigest()[:16],
+                           hd.hexdigest()[:16], None if ok else first, ok)
