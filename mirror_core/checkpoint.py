@@ -214,3 +214,27 @@ def run_round(cfg: MirrorsConfig, group: GroupConfig, force: bool = False) -> Ro
     if group.heartbeats.enabled:
         report.heartbeat = emit_heartbeat(cfg, group)
     return report
+
+
+def run_forever(cfg: MirrorsConfig, groups: list[GroupConfig], force: bool = False,
+                on_report: Any = None, rounds: int | None = None) -> None:
+    """Heartbeats every ``heartbeats.interval`` and checkpoint rounds every ``offsets.interval``, per group."""
+    next_cp = {g.name: 0.0 for g in groups}
+    next_hb = {g.name: 0.0 for g in groups}
+    done = 0
+    while rounds is None or done < rounds:
+        now = time.monotonic()
+        for g in groups:
+            if now >= next_cp[g.name]:
+                rep = run_round(cfg, g, force=force)
+                next_cp[g.name] = now + g.offsets.interval
+                next_hb[g.name] = now + g.heartbeats.interval
+                done += 1
+                if on_report:
+                    on_report(rep)
+            elif g.heartbeats.enabled and now >= next_hb[g.name]:
+                emit_heartbeat(cfg, g)
+                next_hb[g.name] = now + g.heartbeats.interval
+        wake = min(min(next_cp.values()), min(next_hb[g.name] for g in groups if g.heartbeats.enabled)
+                   if any(g.heartbeats.enabled for g in groups) else float("inf"))
+        time.sleep(max(0.05, wake - time.monotonic()))

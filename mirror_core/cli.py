@@ -169,21 +169,19 @@ def checkpoint(
     config: ConfigArg,
     group: GroupOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Allow moving destination group offsets backwards.")] = False,
-    loop: Annotated[bool, typer.Option("--loop", help="Repeat every offsets.interval until interrupted.")] = False,
+    loop: Annotated[bool, typer.Option(
+        "--loop", help="Keep going: checkpoints every offsets.interval, heartbeats every heartbeats.interval.")] = False,
 ) -> None:
     """One round of checkpoints + consumer-group offset sync + heartbeats, with a per-group report."""
-    import time as _time
-
-    from mirror_core.checkpoint import run_round
+    from mirror_core.checkpoint import run_forever, run_round
     from mirror_core.config import load_config
 
     cfg = load_config(config)
-    while True:
-        for g in cfg.enabled_groups(group):
-            _print_round(run_round(cfg, g, force=force))
-        if not loop:
-            return
-        _time.sleep(min(g.offsets.interval for g in cfg.enabled_groups(group)))
+    if loop:
+        run_forever(cfg, cfg.enabled_groups(group), force=force, on_report=_print_round)
+        return
+    for g in cfg.enabled_groups(group):
+        _print_round(run_round(cfg, g, force=force))
 
 
 def _print_round(rep: Any) -> None:

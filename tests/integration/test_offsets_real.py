@@ -265,3 +265,59 @@ def clients_cluster(clusters):
     from mirror_core.config import ClusterConfig
 
     return ClusterConfig(kafka={"bootstrap.servers": clusters.src_bootstrap})
+
+
+def test_group_offset_sync_respects_active_members_and_never_moves_back(clusters, unique, tmp_path):
+    topic = unique("gs")
+    name = unique("gsg")
+    admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    produce(clusters.src_bootstrap, topic, 1, 300)
+    path, cfg = make_config(clusters, tmp_path, name, topic, f"{name}-.*")
+    mirror_now(cfg, topic, 1)
+    active, ahead = f"{name}-active", f"{name}-ahead"
+    commit_source_group(clusters.src_bootstrap, active, topic, {0: 100})
+    commit_source_group(clusters.src_bootstrap, ahead, topic, {0: 100})
+    # on the destination, `ahead` already sits further than the translation; `active` has a live member
+    commit_source_group(clusters.dst_bootstrap, ahead, f"{topic}.m", {0: 250})
+    member = Consumer({"bootstrap.servers": clusters.dst_bootstrap, "group.id": active})
+    member.subscribe([f"{topic}.m"])
+    deadline = time.monotonic() + 60
+    while not member.assignment() and time.monotonic() < deadline:
+        member.poll(0.5)
+    try:
+        res = CliRunner().invoke(app, ["checkpoint", str(path)])
+        assert res.exit_code == 0, res.output
+        assert "active member" in res.stdout and "is ahead of 100" in res.stdout
+    finally:
+        member.close()
+
+    def dst_offset(g):
+        c = Consumer({"bootstrap.servers": clusters.dst_bootstrap, "group.id": g})
+        off = c.committed([TopicPartition(f"{topic}.m", 0)], timeout=10)[0].offset
+        c.close()
+        return off
+
+    assert dst_offset(ahead) == 250
+    res = CliRunner().invoke(app, ["checkpoint", str(path), "--force"])
+    assert res.exit_code == 0, res.output
+    assert dst_offset(ahead) == 100 and dst_offset(active) == 100  # the member left; exact translation
+
+
+def test_heartbeats_are_mm2_records_on_the_source(clusters, unique, tmp_path):
+    from mirror_core.checkpoint import emit_heartbeat
+    from mirror_core.offsets import Heartbeat
+
+    topic = unique("hb")
+    name = unique("hbg")
+    admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    _, cfg = make_config(clusters, tmp_path, name, topic, "none")
+    g = cfg.groups[0].model_copy(update={"heartbeats": cfg.groups[0].heartbeats.model_copy(
+        update={"enabled": True, "topic": unique("heartbeats")})})
+    before = time.time() * 1000
+    assert emit_heartbeat(cfg, g) and emit_heartbeat(cfg, g)
+    recs = list(clients.read_topic(cfg.cluster("src"), g.heartbeats.topic))
+    hbs = [Heartbeat.from_record(m.key(), m.value()) for m in recs]
+    assert len(hbs) == 2 and all((h.source_cluster_alias, h.target_cluster_alias) == ("src", "dst") for h in hbs)
+    assert all(h.timestamp_ms >= before - 1000 for h in hbs)
