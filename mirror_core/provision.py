@@ -72,51 +72,61 @@ def plan_group(cfg: MirrorsConfig, group: GroupConfig) -> GroupPlan:
     src_state = read_state(clients.admin(src), with_acls=want_acls)
     dst_state = read_state(clients.admin(dst), with_acls=want_acls)
     topic_plan = plan_topics(group, src_state, dst_state)
-    schema_plan, pairs = _plan_schemas(cfg, group, topic_plan)
+    selector = TopicFilter(tuple(resolve_mirrors(group)), build_replication_policy(group), group.source,
+                           group.destination)
+    mirrors = {c.mirror.name: c.mirror for c in selector.select(sorted(src_state.topics))[0]}
+    schema_plan, pairs = _plan_schemas(cfg, group, topic_plan, mirrors)
     return GroupPlan(group.name, topic_plan, schema_plan, tuple(pairs))
 
 
-def _schema_pairs(group: GroupConfig, topic_plan: TopicPlan) -> list[Any]:
+def _schema_pairs(mirrors: dict[str, ResolvedMirror], topic_plan: TopicPlan) -> list[tuple[Any, Any]]:
+    """(SubjectPair, the mirror's settings) for every schema-framed side of every planned topic."""
     from mirror_core import schemas
 
-    mirrors = {m.name: m for m in resolve_mirrors(group)}
-    pairs: list[Any] = []
+    out: list[tuple[Any, Any]] = []
     for a in topic_plan.actions:
-        if a.source_topic is None or a.kind == "error":
+        if a.source_topic is None or a.kind == "error" or a.mirror not in mirrors:
             continue
-        settings = _settings_for(mirrors, a.mirror, group)
-        pairs += schemas.subject_pairs(a.source_topic, a.topic, a.mirror, settings.serdes.key,
-                                       settings.serdes.value)
-    return pairs
+        settings = mirrors[a.mirror].settings
+        out += [(p, settings) for p in schemas.subject_pairs(a.source_topic, a.topic, a.mirror,
+                                                              settings.serdes.key, settings.serdes.value)]
+    return out
 
 
-def _settings_for(mirrors: dict[str, ResolvedMirror], name: str, group: GroupConfig) -> Any:
-    if name in mirrors:
-        return mirrors[name].settings
-    # a topic discovered by a regex flow: the flow's settings apply
-    for m in mirrors.values():
-        if m.is_flow:
-            return m.settings
-    return group
+def _by_rules(pairs: list[tuple[Any, Any]]) -> dict[tuple[str, str | None], list[Any]]:
+    """Pairs grouped by the schema rules of their mirror (mirror_mode, forced compatibility level)."""
+    out: dict[tuple[str, str | None], list[Any]] = {}
+    for pair, st in pairs:
+        out.setdefault((st.mirror_mode, st.force_subject_compatibility_level), []).append(pair)
+    return out
 
 
-def _plan_schemas(cfg: MirrorsConfig, group: GroupConfig, topic_plan: TopicPlan) -> tuple[Any, list[Any]]:
-    if not group.schemas.enabled:
-        return None, []
-    pairs = _schema_pairs(group, topic_plan)
-    if not pairs:
-        return None, []
-    from mirror_core import schemas
+def _registries(cfg: MirrorsConfig, group: GroupConfig) -> tuple[Any, Any]:
     from mirror_core.registry import RegistryClient
 
     src_reg = cfg.cluster(group.source).schema_registry
     dst_reg = cfg.cluster(group.destination).schema_registry
     assert src_reg and dst_reg  # config validation guarantees registries for schema serdes
-    plan = schemas.plan_subjects(
-        RegistryClient.from_config(src_reg), RegistryClient.from_config(dst_reg), pairs,
-        group.mirror_mode, group.force_subject_compatibility_level,
-    )
-    return plan, pairs
+    return RegistryClient.from_config(src_reg), RegistryClient.from_config(dst_reg)
+
+
+def _plan_schemas(cfg: MirrorsConfig, group: GroupConfig, topic_plan: TopicPlan,
+                  mirrors: dict[str, ResolvedMirror]) -> tuple[Any, list[tuple[Any, Any]]]:
+    if not group.schemas.enabled:
+        return None, []
+    pairs = _schema_pairs(mirrors, topic_plan)
+    if not pairs:
+        return None, []
+    from mirror_core import schemas
+
+    src, dst = _registries(cfg, group)
+    steps: list[Any] = []
+    errors: list[Any] = []
+    for (mode, force), subset in _by_rules(pairs).items():
+        part = schemas.plan_subjects(src, dst, subset, mode, force)
+        steps += list(part.steps)
+        errors += list(part.errors)
+    return schemas.SchemaPlan(steps, errors), pairs
 
 
 def provision_group(cfg: MirrorsConfig, group: GroupConfig, plan: GroupPlan | None = None) -> ProvisionResult:
@@ -128,16 +138,11 @@ def provision_group(cfg: MirrorsConfig, group: GroupConfig, plan: GroupPlan | No
     result.done += apply_topic_plan(clients.admin(cfg.cluster(group.destination)), plan.topics)
     if plan.schema_pairs:
         from mirror_core import schemas
-        from mirror_core.registry import RegistryClient
 
-        src_reg = cfg.cluster(group.source).schema_registry
-        dst_reg = cfg.cluster(group.destination).schema_registry
-        assert src_reg and dst_reg
-        res = schemas.apply_subjects(
-            RegistryClient.from_config(src_reg), RegistryClient.from_config(dst_reg), list(plan.schema_pairs),
-            group.mirror_mode, group.force_subject_compatibility_level, id_preserving=group.schemas.id_preserving,
-        )
-        result.done += [f"{s.subject}: {s.action} {s.detail}".strip() for s in res.steps_applied]
-        result.errors += [f"{m}: {msg}" for m, msg in res.errors]
-        result.id_map.update(res.id_map)
+        src, dst = _registries(cfg, group)
+        for (mode, force), subset in _by_rules(list(plan.schema_pairs)).items():
+            res = schemas.apply_subjects(src, dst, subset, mode, force, id_preserving=group.schemas.id_preserving)
+            result.done += [f"{s.subject}: {s.action} {s.detail}".strip() for s in res.steps_applied]
+            result.errors += [f"{m}: {msg}" for m, msg in res.errors]
+            result.id_map.update(res.id_map)
     return result

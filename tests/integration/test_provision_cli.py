@@ -61,3 +61,36 @@ groups:
     acts = {a["topic"]: a for a in json.loads(res.stdout)[0]["topics"]}
     assert acts[f"src.{prefix}.a"]["kind"] == "grow" and acts[f"src.{prefix}.a"]["partitions"] == 8
     assert len(topics) == 3
+
+
+def test_per_mirror_schema_rules_apply(clusters, unique, tmp_path):
+    """A mirror's own force_subject_compatibility_level wins over the group's."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    a, b = unique("sa"), unique("sb")
+    src = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
+    for f in src.create_topics([NewTopic(a, 1, 1), NewTopic(b, 1, 1)]).values():
+        f.result(30)
+    sr = SchemaRegistryClient({"url": clusters.src_registry})
+    for t in (a, b):
+        sr.register_schema(f"{t}-value", Schema(json.dumps({"type": "record", "name": "R", "fields": [
+            {"name": "x", "type": "long"}]}), "AVRO"))
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(clusters.config_yaml(f"""
+groups:
+  - name: {unique("sg")}
+    source: src
+    destination: dst
+    serdes: {{key: bytes, value: avro}}
+    force_subject_compatibility_level: FORWARD
+    topics_mirroring: {{replication_factor: {{type: fix, value: 1}}}}
+    mirrors:
+      - {{source_topic: {a}}}
+      - {{source_topic: {b}, force_subject_compatibility_level: FULL_TRANSITIVE}}
+"""))
+    res = CliRunner().invoke(app, ["provision", str(cfg)])
+    assert res.exit_code == 0, res.output
+    dst = SchemaRegistryClient({"url": clusters.dst_registry})
+    assert dst.get_compatibility(f"{a}-value") == "FORWARD"
+    assert dst.get_compatibility(f"{b}-value") == "FULL_TRANSITIVE"
+    assert dst.get_versions(f"{a}-value") == [1] and dst.get_versions(f"{b}-value") == [1]
