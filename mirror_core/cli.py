@@ -305,7 +305,7 @@ def run(
 @app.command()
 @handle_errors
 def demo(records: Annotated[int, typer.Option(help="Sample records to produce.")] = 30000) -> None:
-    """Start local clusters, mirror sample Avro data with Spark, print a per-partition summary."""
+    """Local clusters, sample Avro data mirrored by Spark, then checkpoints, lag and parity."""
     from mirror_core import demo as demo_mod
 
     raise typer.Exit(demo_mod.run(records, say=lambda m: err.print(m, markup=False, highlight=False)))
