@@ -93,17 +93,18 @@ def read_partition(cluster: ClusterConfig, topic: str, partition: int, start: in
         while time.monotonic() < deadline:
             msgs = c.consume(5000, 1.0)
             for m in msgs:
-                if m.error():
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        if m.offset() >= end or c.position([TopicPartition(topic, partition)])[0].offset >= end:
+                err = m.error()
+                offset = m.offset() or 0
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        if offset >= end or (c.position([TopicPartition(topic, partition)])[0].offset or 0) >= end:
                             return
                         continue
-                    raise KafkaOperationError(f"reading {topic}[{partition}]: {m.error().str()}",
-                                              m.error().name())
-                if m.offset() >= end:
+                    raise KafkaOperationError(f"reading {topic}[{partition}]: {err.str()}", err.name())
+                if offset >= end:
                     return
                 yield m
-            if c.position([TopicPartition(topic, partition)])[0].offset >= end:
+            if (c.position([TopicPartition(topic, partition)])[0].offset or 0) >= end:
                 return
         raise KafkaOperationError(f"timed out reading {topic}[{partition}] up to offset {end}")
     finally:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from io import BytesIO
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -28,10 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config" / "local.yaml"
 TOPIC = "demo.orders"
 
-ORDER_V1 = {"type": "record", "name": "Order", "namespace": "demo",
+ORDER_V1: dict[str, Any] = {"type": "record", "name": "Order", "namespace": "demo",
             "fields": [{"name": "id", "type": "long"}, {"name": "amount", "type": "double"}]}
-ORDER_V2 = {**ORDER_V1, "fields": ORDER_V1["fields"] + [{"name": "currency", "type": "string", "default": "EUR"}]}
-ORDER_V3 = {**ORDER_V2, "fields": ORDER_V2["fields"] + [
+ORDER_V2: dict[str, Any] = {**ORDER_V1, "fields": ORDER_V1["fields"] + [{"name": "currency", "type": "string", "default": "EUR"}]}
+ORDER_V3: dict[str, Any] = {**ORDER_V2, "fields": ORDER_V2["fields"] + [
     {"name": "note", "type": ["null", "string"], "default": None}]}
 
 
@@ -108,7 +109,7 @@ def _committed_records(c: Consumer, topic: str, p: int, lo: int, hi: int) -> int
                 break
             continue
         n += sum(1 for m in batch if not m.error())
-        if batch[-1].offset() >= hi - 1:
+        if (batch[-1].offset() or 0) >= hi - 1:
             break
     return n
 

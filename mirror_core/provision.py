@@ -93,9 +93,9 @@ def _schema_pairs(mirrors: dict[str, ResolvedMirror], topic_plan: TopicPlan) -> 
     return out
 
 
-def _by_rules(pairs: list[tuple[Any, Any]]) -> dict[tuple[str, str | None], list[Any]]:
+def _by_rules(pairs: list[tuple[Any, Any]]) -> dict[tuple[Any, str | None], list[Any]]:
     """Pairs grouped by the schema rules of their mirror (mirror_mode, forced compatibility level)."""
-    out: dict[tuple[str, str | None], list[Any]] = {}
+    out: dict[tuple[Any, str | None], list[Any]] = {}
     for pair, st in pairs:
         out.setdefault((st.mirror_mode, st.force_subject_compatibility_level), []).append(pair)
     return out

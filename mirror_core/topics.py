@@ -159,7 +159,8 @@ def plan_topics(
         want_cfg = {k: v for k, v in src.configs.items() if cfilter.should_replicate(k)} if tm.sync_configs else {}
         want_acls = tuple(a for a in (acl_for_destination(x) for x in src.acls) if a) if tm.sync_acls else ()
         dst = destination.topics.get(sel.destination_topic)
-        base = {"topic": sel.destination_topic, "mirror": sel.mirror.name, "source_topic": sel.source_topic}
+        base: dict[str, Any] = {"topic": sel.destination_topic, "mirror": sel.mirror.name,
+                                "source_topic": sel.source_topic}
 
         if dst is None:
             if want_rf > destination.broker_count:
@@ -278,7 +279,8 @@ def _is_topic_override(entry: ConfigEntry) -> bool:
 
 
 def _describe_acls(admin: AdminClient, timeout: float) -> tuple[dict[str, list[AclEntry]], bool]:
-    flt = AclBindingFilter(ResourceType.TOPIC, None, ResourcePatternType.LITERAL, None, None,
+    # None matches any name / principal / host (the stubs type these as str)
+    flt = AclBindingFilter(ResourceType.TOPIC, None, ResourcePatternType.LITERAL, None, None,  # type: ignore[arg-type]
                            AclOperation.ANY, AclPermissionType.ANY)
     try:
         bindings = admin.describe_acls(flt, request_timeout=timeout).result(timeout)
