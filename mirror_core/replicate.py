@@ -25,6 +25,7 @@ coordinates in headers (``on_error: dead_letter``) or fails the task
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from mirror_core import wire
 from mirror_core.errors import MirrorError
@@ -83,6 +85,9 @@ class WriterSettings:
     offset_syncs_topic: str
     provenance: bool
     producer_config: dict[str, Any]  # destination librdkafka config (contains secrets: never log)
+    #: the destination topic's ``max.message.bytes`` override, when it has one: records whose
+    #: single-record batch is larger are dead-lettered before producing (the broker would reject them)
+    destination_max_message_bytes: int | None = None
 
     @property
     def transactional_id(self) -> str:
@@ -164,7 +169,7 @@ def decide(rec: SourceRecord, s: WriterSettings, translator: SchemaIdTranslator)
         if data is None:
             continue
         header_name = f"__{field_name}_schema_id"
-        if any(h == header_name for h, _ in headers):
+        if any(h == header_name and v is not None for h, v in headers):
             # the id travels in a header; the payload is not framed
             new_headers, err = wire.rewrite_header_ids(headers, translator.lookup, only=header_name)
             if err is not None:
@@ -188,7 +193,48 @@ def decide(rec: SourceRecord, s: WriterSettings, translator: SchemaIdTranslator)
         partition = java_partition(key, s.destination_partitions)
     else:
         partition = rec.partition % s.destination_partitions
+    limit = s.destination_max_message_bytes
+    if limit is not None and not _compressed(s.producer_config):
+        size = record_batch_size(key, value, headers)
+        if size > limit:
+            return DeadLetter("record_too_large",
+                              f"{size} bytes as a record batch; {s.destination_topic} accepts {limit} "
+                              f"(max.message.bytes)")
     return OutRecord(partition, key, value, headers, rec.timestamp_ms)
+
+
+def _varint_len(n: int) -> int:
+    z = (n << 1) ^ (n >> 63)  # zigzag, as Kafka's record format encodes varints
+    length = 1
+    while z >= 0x80:
+        z >>= 7
+        length += 1
+    return length
+
+
+def _bytes_field_len(b: bytes | str | None) -> int:
+    if b is None:
+        return _varint_len(-1)
+    n = len(b.encode() if isinstance(b, str) else b)
+    return _varint_len(n) + n
+
+
+RECORD_BATCH_OVERHEAD = 61  # v2 batch header, including the 12-byte log overhead
+
+
+def record_batch_size(key: bytes | None, value: bytes | None, headers: tuple[Header, ...]) -> int:
+    """Bytes of a v2 record batch holding only this (uncompressed) record: what a broker compares
+    with ``max.message.bytes``."""
+    body = 1 + 1 + 1  # attributes, timestampDelta 0, offsetDelta 0
+    body += _bytes_field_len(key) + _bytes_field_len(value) + _varint_len(len(headers))
+    for name, val in headers:
+        body += _bytes_field_len(name) + _bytes_field_len(val)
+    return RECORD_BATCH_OVERHEAD + _varint_len(body) + body
+
+
+def _compressed(producer_config: dict[str, Any]) -> bool:
+    codec = producer_config.get("compression.type", producer_config.get("compression.codec", "none"))
+    return str(codec) not in ("none", "")
 
 
 def _provenance(headers: tuple[Header, ...]) -> list[str]:
@@ -212,28 +258,39 @@ def dead_letter_headers(rec: SourceRecord, dl: DeadLetter, mirror: str) -> list[
 # --------------------------------------------------------------------------- producers and positions
 
 
+@dataclass(frozen=True)
+class Position:
+    """Where a partition's mirror stands: the next upstream offset to read and, when known, the
+    downstream position (next offset) that the newest committed offset sync maps it to."""
+
+    upstream: int
+    downstream: int | None = None
+
+
+#: what a writer's ``position_lookup`` returns: the newest committed sync, a bare upstream offset, or None
+PositionLookup = Callable[[str, int], "OffsetSync | int | None"]
+
 _PRODUCERS: dict[str, Producer] = {}
-_POSITIONS: dict[str, int] = {}
+_POSITIONS: dict[str, Position] = {}
 
 
 def _producer(s: WriterSettings, partition: int) -> tuple[Producer, str]:
     """A long-lived producer per (writer, partition) in this Python worker."""
+    base: dict[str, Any] = {"enable.idempotence": True, "acks": "all", "linger.ms": 5, "log_level": 3}
+    if s.destination_max_message_bytes is not None:
+        # keep batches of small records under the topic's limit (a single larger record still goes alone)
+        base["batch.size"] = max(1, min(1_000_000, s.destination_max_message_bytes - 100))
     if s.delivery == "exactly_once":
         txid = s.transactional_id_for(partition)
         if txid not in _PRODUCERS:
-            p = Producer(s.producer_config | {
-                "transactional.id": txid, "enable.idempotence": True, "acks": "all",
-                "transaction.timeout.ms": 60000, "linger.ms": 5, "log_level": 3,
-            })
+            p = Producer(s.producer_config | base | {"transactional.id": txid, "transaction.timeout.ms": 60000})
             p.init_transactions(60)  # fences any zombie with the same transactional.id
             _PRODUCERS[txid] = p
             _POSITIONS.pop(txid, None)  # a zombie may have committed since: re-read
         return _PRODUCERS[txid], txid
     key = f"{s.transactional_id}.alo"
     if key not in _PRODUCERS:
-        _PRODUCERS[key] = Producer(s.producer_config | {
-            "enable.idempotence": True, "acks": "all", "linger.ms": 5, "log_level": 3,
-        })
+        _PRODUCERS[key] = Producer(s.producer_config | base)
     return _PRODUCERS[key], key
 
 
@@ -242,9 +299,9 @@ def _drop_producer(key: str) -> None:
     _POSITIONS.pop(key, None)
 
 
-def last_committed_position(consumer_config: dict[str, Any], syncs_topic: str, topic: str, partition: int,
-                            chunk: int = 2000, timeout: float = 30.0) -> int | None:
-    """The upstream position of the newest committed offset sync for ``topic``/``partition``.
+def last_committed_sync(consumer_config: dict[str, Any], syncs_topic: str, topic: str, partition: int,
+                        chunk: int = 2000, timeout: float = 30.0) -> OffsetSync | None:
+    """The newest committed offset sync for ``topic``/``partition``, or None.
 
     Scans the offset-sync topic backwards from its end (read_committed) in chunks, so a restart reads
     only the tail in the common case.
@@ -258,25 +315,33 @@ def last_committed_position(consumer_config: dict[str, Any], syncs_topic: str, t
         tmd = md.topics.get(syncs_topic)
         if tmd is None or tmd.error is not None:
             raise WriterError(f"offset-sync topic {syncs_topic!r} is missing on the destination; run provision")
-        best: int | None = None
+        best: OffsetSync | None = None
         for p in tmd.partitions:
             low, high = c.get_watermark_offsets(TopicPartition(syncs_topic, p), timeout=timeout)
             end = high
-            while end > low and best is None:
+            found: OffsetSync | None = None
+            while end > low and found is None:
                 start = max(low, end - chunk)
                 found = _scan(c, syncs_topic, p, start, end, topic, partition, timeout)
-                if found is not None:
-                    best = found if best is None else max(best, found)
                 end = start
+            if found is not None and (best is None or found.upstream_offset > best.upstream_offset):
+                best = found
         return best
     finally:
         c.close()
 
 
+def last_committed_position(consumer_config: dict[str, Any], syncs_topic: str, topic: str, partition: int,
+                            chunk: int = 2000, timeout: float = 30.0) -> int | None:
+    """The upstream position of the newest committed offset sync for ``topic``/``partition``."""
+    sync = last_committed_sync(consumer_config, syncs_topic, topic, partition, chunk, timeout)
+    return None if sync is None else sync.upstream_offset
+
+
 def _scan(c: Consumer, syncs_topic: str, p: int, start: int, end: int, topic: str, partition: int,
-          timeout: float) -> int | None:
+          timeout: float) -> OffsetSync | None:
     c.assign([TopicPartition(syncs_topic, p, start)])
-    found: int | None = None
+    found: OffsetSync | None = None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         msg = c.poll(1.0)
@@ -290,7 +355,7 @@ def _scan(c: Consumer, syncs_topic: str, p: int, start: int, end: int, topic: st
             break
         sync = OffsetSync.from_record(msg.key(), msg.value())
         if sync.topic == topic and sync.partition == partition:
-            found = sync.upstream_offset  # later records in the log supersede earlier ones
+            found = sync  # later records in the log supersede earlier ones
         if msg.offset() >= end - 1:
             break
     else:
@@ -298,20 +363,56 @@ def _scan(c: Consumer, syncs_topic: str, p: int, start: int, end: int, topic: st
     return found
 
 
+def committed_end_offset(consumer_config: dict[str, Any], topic: str, partition: int,
+                         timeout: float = 30.0) -> int:
+    """The destination partition's last stable offset (read_committed end): where the next record
+    written there lands at the earliest."""
+    c = Consumer(consumer_config | {"group.id": "mirrorflow-position-lookup", "enable.auto.commit": False,
+                                    "isolation.level": "read_committed", "log_level": 3})
+    try:
+        return int(c.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)[1])
+    finally:
+        c.close()
+
+
+def position_syncs(topic: str, partition: int, first_upstream: int, upstream_end: int, downstream: int
+                   ) -> list[OffsetSync]:
+    """Syncs for a chunk that wrote nothing to the destination topic (every record dead-lettered or
+    skipped by provenance): both the chunk's first position and its end map to ``downstream``, the
+    next downstream position. Keeps the invariant's case 2 (no record mirrored in between, no
+    downstream record in between), so a restart resumes after the chunk and translation stays exact."""
+    if first_upstream >= upstream_end:
+        return [OffsetSync(topic, partition, upstream_end, downstream)]
+    return [OffsetSync(topic, partition, first_upstream, downstream),
+            OffsetSync(topic, partition, upstream_end, downstream)]
+
+
 # --------------------------------------------------------------------------- the writer
 
 
 class PartitionWriter:
-    """Writes chunks of one source partition's records; see the module docstring for guarantees."""
+    """Writes chunks of one source partition's records; see the module docstring for guarantees.
+
+    ``position_lookup`` returns the newest committed sync of a partition (or its upstream offset);
+    ``downstream_end`` returns a destination partition's committed end offset, used only to place a
+    position sync when no earlier sync is known (default: asks the destination).
+    """
 
     def __init__(self, settings: WriterSettings, translator: SchemaIdTranslator,
-                 position_lookup: Callable[[str, int], int | None]):
+                 position_lookup: PositionLookup,
+                 downstream_end: Callable[[str, int], int] | None = None):
         self.s = settings
         self.translator = translator
         self.position_lookup = position_lookup
+        self.downstream_end = downstream_end or (
+            lambda t, p: committed_end_offset(settings.producer_config, t, p))
 
     def write(self, partition: int, records: Iterable[SourceRecord], upstream_end: int | None = None) -> BatchResult:
-        """Mirror one chunk of records of ``partition`` (in offset order)."""
+        """Mirror one chunk of records of ``partition`` (in offset order).
+
+        ``result.last_downstream + 1`` is the partition's downstream position after the chunk (set also
+        when nothing was written to the destination topic but a position sync was).
+        """
         chunk = list(records)
         result = BatchResult(self.s.source_topic, partition, records_in=len(chunk))
         if not chunk:
@@ -333,11 +434,35 @@ class PartitionWriter:
             producer.begin_transaction()
             producer.produce(self.s.offset_syncs_topic, key=sync.key_bytes(), value=sync.value_bytes(), partition=0)
             producer.commit_transaction(60)
-            _POSITIONS[key] = upstream_end
+            _POSITIONS[key] = Position(upstream_end, last_downstream + 1)
         else:
             producer.produce(self.s.offset_syncs_topic, key=sync.key_bytes(), value=sync.value_bytes(), partition=0)
             if producer.flush(60):
                 raise WriterError(f"{self.s.mirror}: offset sync not acknowledged within 60 s")
+
+    # -- positions
+
+    def _position(self, key: str, partition: int) -> Position | None:
+        if key not in _POSITIONS:
+            found = self.position_lookup(self.s.source_topic, partition)
+            if isinstance(found, OffsetSync):
+                _POSITIONS[key] = Position(found.upstream_offset, found.downstream_offset)
+            elif found is not None:
+                _POSITIONS[key] = Position(int(found))
+        return _POSITIONS.get(key)
+
+    def _syncs(self, partition: int, todo: list[SourceRecord], pairs: list[tuple[int, int]], upstream_end: int,
+               position: Position | None) -> tuple[list[OffsetSync], int | None]:
+        """The chunk's offset syncs and the downstream position after it (None: nothing to record)."""
+        if pairs:
+            return syncs_for_batch(self.s.source_topic, partition, pairs, upstream_end), pairs[-1][1] + 1
+        if position is not None and position.downstream is not None:
+            downstream = position.downstream
+        else:
+            dst_partition = partition if self.s.destination_partitions >= self.s.source_partitions \
+                else partition % self.s.destination_partitions
+            downstream = self.downstream_end(self.s.destination_topic, dst_partition)
+        return position_syncs(self.s.source_topic, partition, todo[0].offset, upstream_end, downstream), downstream
 
     # -- exactly once
 
@@ -345,26 +470,33 @@ class PartitionWriter:
         forced_dead: dict[int, DeadLetter] = {}
         for _attempt in range(3):
             producer, key = _producer(self.s, partition)
-            if key not in _POSITIONS:
-                pos = self.position_lookup(self.s.source_topic, partition)
-                if pos is not None:
-                    _POSITIONS[key] = pos
-            position = _POSITIONS.get(key)
-            todo = [r for r in chunk if position is None or r.offset >= position]
+            position = self._position(key, partition)
+            todo = [r for r in chunk if position is None or r.offset >= position.upstream]
             result.replayed_skipped = len(chunk) - len(todo)
             if not todo:
                 return
+            upstream_end = result.upstream_end or 0
             try:
                 producer.begin_transaction()
-                acks, too_large = self._produce_all(producer, todo, result, forced_dead)
+                try:
+                    acks, too_large = self._produce_all(producer, todo, result, forced_dead)
+                except WriterError:
+                    # on_error=fail (or unacknowledged records): nothing of this chunk may commit
+                    _abort_quietly(producer)
+                    raise
                 if too_large:
+                    # the broker rejected whole batches: learn the topic's limit, then the records above
+                    # it are dead-lettered up front and batches of small ones stay under it
                     producer.abort_transaction(30)
-                    for off in too_large:
-                        forced_dead[off] = DeadLetter("record_too_large", "the destination rejected the record size")
+                    if not self._learn_size_limit():
+                        for off in too_large:
+                            forced_dead[off] = DeadLetter("record_too_large",
+                                                          "the destination rejected the record size")
+                    _drop_producer(key)
                     _reset_counts(result)
                     continue
                 pairs = [(u, d) for u, d in acks if d is not None]
-                syncs = syncs_for_batch(self.s.source_topic, partition, pairs, result.upstream_end or 0)
+                syncs, downstream = self._syncs(partition, todo, pairs, upstream_end, position)
                 for sync in syncs:
                     producer.produce(self.s.offset_syncs_topic, key=sync.key_bytes(), value=sync.value_bytes(),
                                      partition=0)
@@ -372,16 +504,35 @@ class PartitionWriter:
             except KafkaException as exc:
                 err = exc.args[0]
                 _drop_producer(key)
-                if err.txn_requires_abort() or err.retriable():
+                # fenced (another Python worker took over this partition's transactional.id) or otherwise
+                # fatal: a fresh producer re-fences, re-reads the committed position and retries the chunk
+                fatal = err.fatal() or err.code() == KafkaError._FATAL
+                if fatal or err.txn_requires_abort() or err.retriable() or _is_too_large(err):
                     _reset_counts(result)
                     continue
                 raise WriterError(f"{self.s.mirror} partition {partition}: transaction failed: {err.str()}") from None
             now = time.time() * 1000
             result.latency_ms = [now - r.timestamp_ms for r in todo[:: max(1, len(todo) // 200)]]
-            _POSITIONS[key] = result.upstream_end or 0
-            result.last_downstream = max((d for _, d in acks if d is not None), default=None)
+            _POSITIONS[key] = Position(upstream_end, downstream)
+            result.last_downstream = None if downstream is None else downstream - 1
             return
         raise WriterError(f"{self.s.mirror} partition {partition}: could not commit after 3 attempts")
+
+    def _learn_size_limit(self) -> bool:
+        """Read the destination topic's effective ``max.message.bytes``; True if it is new to us."""
+        try:
+            res = ConfigResource(ResourceType.TOPIC, self.s.destination_topic)
+            admin = AdminClient({k: v for k, v in self.s.producer_config.items() if k != "log_level"})
+            entries = admin.describe_configs([res], request_timeout=30)[res].result(30)
+            limit = int(entries["max.message.bytes"].value)
+        except (KafkaException, KeyError, ValueError, TypeError) as exc:
+            log.warning("%s: cannot read max.message.bytes of %s: %s", self.s.mirror, self.s.destination_topic, exc)
+            return False
+        if limit == self.s.destination_max_message_bytes:
+            return False
+        log.info("%s: %s accepts %d-byte batches; re-splitting", self.s.mirror, self.s.destination_topic, limit)
+        self.s = dataclasses.replace(self.s, destination_max_message_bytes=limit)
+        return True
 
     def _produce_all(self, producer: Producer, todo: list[SourceRecord], result: BatchResult,
                      forced_dead: dict[int, DeadLetter]) -> tuple[list[tuple[int, int | None]], list[int]]:
@@ -419,10 +570,14 @@ class PartitionWriter:
         if remaining:
             raise WriterError(f"{self.s.mirror}: {remaining} records not acknowledged within 60 s")
         result.cache_misses = self.translator.misses
-        too_large = [u for u, e in errors if e.code() == KafkaError.MSG_SIZE_TOO_LARGE]
-        fatal = [e for _, e in errors if e.code() != KafkaError.MSG_SIZE_TOO_LARGE]
+        too_large = sorted(u for u, e in errors if _is_too_large(e))
+        fatal = [e for _, e in errors if not _is_too_large(e)]
         if fatal:
             raise KafkaException(fatal[0])
+        if too_large and self.s.on_error == "fail":
+            by_offset = {r.offset: r for r in todo}
+            self._dead_letter(producer, by_offset[too_large[0]],
+                              DeadLetter("record_too_large", "the destination rejected the record size"), result)
         acks.sort()
         return acks, too_large
 
@@ -449,23 +604,51 @@ class PartitionWriter:
     # -- at least once
 
     def _write_at_least_once(self, partition: int, chunk: list[SourceRecord], result: BatchResult) -> None:
-        producer, _ = _producer(self.s, partition)
+        producer, key = _producer(self.s, partition)
         acks, too_large = self._produce_all(producer, chunk, result, {})
+        if too_large and self._learn_size_limit():
+            # whole batches were rejected: write again from the first rejected record with batches that
+            # fit (records after it that did land are written twice: at-least-once)
+            first = too_large[0]
+            result.mirrored -= len(too_large) + sum(1 for u, _ in acks if u >= first)
+            acks = [(u, d) for u, d in acks if u < first]
+            position = _POSITIONS.get(key)
+            _drop_producer(key)
+            if position is not None:
+                _POSITIONS[key] = position
+            producer, key = _producer(self.s, partition)
+            more, too_large = self._produce_all(producer, [r for r in chunk if r.offset >= first], result, {})
+            acks += more
         if too_large:
             by_offset = {r.offset: r for r in chunk}
             for off in too_large:
                 self._dead_letter(producer, by_offset[off], DeadLetter("record_too_large", "rejected by broker"),
                                   result)
                 result.mirrored -= 1
-            producer.flush(60)
+            if producer.flush(60):
+                raise WriterError(f"{self.s.mirror}: dead letters not acknowledged within 60 s")
         pairs = [(u, d) for u, d in acks if d is not None]
-        for sync in syncs_for_batch(self.s.source_topic, partition, pairs, result.upstream_end or 0):
+        upstream_end = result.upstream_end or 0
+        syncs, downstream = self._syncs(partition, chunk, pairs, upstream_end, _POSITIONS.get(key))
+        for sync in syncs:
             producer.produce(self.s.offset_syncs_topic, key=sync.key_bytes(), value=sync.value_bytes(), partition=0)
         if producer.flush(60):
             raise WriterError(f"{self.s.mirror}: offset syncs not acknowledged within 60 s")
+        _POSITIONS[key] = Position(upstream_end, downstream)
         now = time.time() * 1000
         result.latency_ms = [now - r.timestamp_ms for r in chunk[:: max(1, len(chunk) // 200)]]
-        result.last_downstream = max((d for _, d in acks if d is not None), default=None)
+        result.last_downstream = None if downstream is None else downstream - 1
+
+
+def _is_too_large(err: KafkaError) -> bool:
+    return bool(err.code() == KafkaError.MSG_SIZE_TOO_LARGE)
+
+
+def _abort_quietly(producer: Producer) -> None:
+    try:
+        producer.abort_transaction(30)
+    except KafkaException as exc:  # the producer is dropped by the caller's retry or failure anyway
+        log.warning("abort after a failed chunk: %s", exc.args[0].str())
 
 
 def _reset_counts(result: BatchResult) -> None:

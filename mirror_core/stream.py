@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from mirror_core import clients
-from mirror_core.config import GroupConfig, MirrorsConfig, resolve_mirrors
-from mirror_core.policy import TopicFilter, build_replication_policy, is_internal_topic
+from mirror_core.config import GroupConfig, MirrorsConfig, default_consumer_group, mirror_name, resolve_mirrors
+from mirror_core.policy import ReplicationPolicy, TopicFilter, TopicSelection, build_replication_policy
 from mirror_core.replicate import (
     BatchResult,
     PartitionWriter,
@@ -28,9 +28,9 @@ from mirror_core.replicate import (
     SourceRecord,
     WriterSettings,
     chunks,
-    last_committed_position,
+    last_committed_sync,
 )
-from mirror_core.topics import read_state
+from mirror_core.topics import ClusterState, read_state
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,9 @@ class MirrorRuntime:
         self.settings: dict[str, WriterSettings] = {}
         self.consumer_groups: dict[str, str] = {}
         self.id_map: dict[int, int] = {}
+        #: source topics already looked at (mirrored or deliberately not); any other topic a batch
+        #: brings (a regex flow's new match, a heartbeats topic created later) triggers provisioning
+        self.known_topics: set[str] = set()
 
     # -- setup
 
@@ -87,18 +90,28 @@ class MirrorRuntime:
 
     def _refresh_settings(self) -> None:
         src_state = read_state(clients.admin(self.src))
-        dst_state = read_state(clients.admin(self.dst))
+        dst_admin = clients.admin(self.dst)
+        dst_state = read_state(dst_admin)
         chosen, _ = TopicFilter(self.mirrors, self.policy, self.group.source, self.group.destination).select(
             sorted(src_state.topics))
+        hb = heartbeat_selection(self.group, self.policy, sorted(src_state.topics), chosen)
+        if hb is not None:
+            chosen.append(hb)
+            if hb.destination_topic not in dst_state.topics:
+                ensure_heartbeats_topic(dst_admin, hb.destination_topic, src_state, dst_state, hb.source_topic)
+                dst_state = read_state(dst_admin)
         producer_cfg = clients.kafka_config(self.dst)
+        self.known_topics = set(src_state.topics)
         for sel in chosen:
             m = sel.mirror
             dst_info = dst_state.topics.get(sel.destination_topic)
             if dst_info is None:
+                self.known_topics.discard(sel.source_topic)  # provisioning failed: try again next batch
                 continue
             provenance = m.settings.provenance_headers
             if provenance is None:
                 provenance = self.group.replication_policy not in ("prefix",) and self._two_way()
+            max_bytes = dst_info.configs.get("max.message.bytes")
             self.settings[sel.source_topic] = WriterSettings(
                 group=self.group.name, mirror=m.name, source_alias=self.group.source,
                 destination_alias=self.group.destination, source_topic=sel.source_topic,
@@ -109,6 +122,7 @@ class MirrorRuntime:
                 on_error=m.settings.on_error, dlq_topic=self.group.dlq_topic,
                 offset_syncs_topic=self.group.offset_syncs, provenance=provenance,
                 producer_config=producer_cfg,
+                destination_max_message_bytes=int(max_bytes) if max_bytes else None,
             )
             self.consumer_groups[sel.source_topic] = m.consumer_group
 
@@ -132,10 +146,17 @@ class MirrorRuntime:
             opts["maxOffsetsPerTrigger"] = str(self.group.spark.max_offsets_per_trigger)
         explicit = [m.source_topic for m in self.mirrors if not m.is_flow and m.source_topic]
         flows = [m.topics.include for m in self.mirrors if m.is_flow and m.topics]
+        hb = self.group.heartbeats.topic if self.group.heartbeats.enabled else None
         if flows:
             alternatives = [re.escape(t) for t in explicit] + [f"(?:{f})" for f in flows]
+            if hb is not None:
+                alternatives.append(re.escape(hb))  # picked up whenever it appears on the source
             opts["subscribePattern"] = "^(?:" + "|".join(alternatives) + ")$"
+            # new matching topics are found at each trigger; keep the consumers' metadata fresh too
+            opts.setdefault("kafka.metadata.max.age.ms", "5000")
         else:
+            if hb is not None and hb in self.settings and hb not in explicit:
+                explicit.append(hb)
             opts["subscribe"] = ",".join(explicit)
         return opts
 
@@ -147,7 +168,7 @@ class MirrorRuntime:
     def writer_plan(self, batch_id: int) -> WriterPlan:
         """Settings for this batch; provisions topics a flow has just discovered."""
         ends = read_batch_end_offsets(self.checkpoint_dir(), batch_id)
-        unknown = [t for t in ends if t not in self.settings and not is_internal_topic(t)]
+        unknown = [t for t in ends if t not in self.settings and t not in self.known_topics]
         if unknown:
             log.info("%s: new source topics %s; provisioning", self.group.name, unknown)
             self.prepare()
@@ -194,14 +215,63 @@ class MirrorRuntime:
 
     def commit_source_offsets(self, commits: dict[str, list[tuple[str, int, int]]]) -> None:
         """So kafka-consumer-groups and lag exporters see the mirror's position on the source."""
-        from confluent_kafka import TopicPartition
+        from confluent_kafka import KafkaException, TopicPartition
 
         for cg, tps in commits.items():
             c = clients.consumer(self.src, cg)
             try:
                 c.commit(offsets=[TopicPartition(t, p, off) for t, p, off in tps], asynchronous=False)
+            except KafkaException as exc:
+                # only monitoring depends on it (the mirror's own position is in the offset syncs): warn, go on;
+                # the next batch commits again
+                log.warning("%s: could not commit source offsets for %s: %s", self.group.name, cg,
+                            exc.args[0].str())
             finally:
                 c.close()
+
+
+def heartbeat_selection(group: GroupConfig, policy: ReplicationPolicy, source_topics: list[str],
+                        chosen: list[TopicSelection]) -> TopicSelection | None:
+    """The group's heartbeats topic as one more mirror, when heartbeats are on and the topic exists.
+
+    Named by the replication policy (``heartbeats`` under identity, ``<source-alias>.heartbeats``
+    under prefix), copied as bytes (no schema translation), with the group's delivery and error
+    handling. User flows never select it (it is an internal topic); an explicit user mirror of the
+    same topic wins. Pure.
+    """
+    hb = group.heartbeats
+    if not hb.enabled or hb.topic not in source_topics or any(c.source_topic == hb.topic for c in chosen):
+        return None
+    base = resolve_mirrors(group)[0]
+    dst = policy.format_remote_topic(group.source, hb.topic)
+    settings = base.settings.model_copy(update={
+        "serdes": base.settings.serdes.model_copy(update={"key": "bytes", "value": "bytes"}),
+        "delivery": group.delivery, "on_error": group.on_error,
+        "provenance_headers": group.provenance_headers,
+    })
+    mirror = base.model_copy(update={
+        "source_topic": hb.topic, "destination_topic": dst, "topics": None,
+        "name": mirror_name(group.name, hb.topic, dst),
+        "consumer_group": default_consumer_group(group.name, hb.topic, dst), "settings": settings,
+    })
+    return TopicSelection(mirror, hb.topic, dst)
+
+
+def ensure_heartbeats_topic(admin: Any, topic: str, source: ClusterState, destination: ClusterState,
+                            source_topic: str) -> None:
+    """Create the destination heartbeats topic like MM2 does (compacted), with the source's partitions."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    parts = source.topics[source_topic].partitions
+    rf = max(1, min(3, destination.broker_count))
+    fut = admin.create_topics([NewTopic(topic, parts, rf, config={"cleanup.policy": "compact"})])[topic]
+    try:
+        fut.result(30)
+        log.info("created %s (%d partitions, RF %d) for mirrored heartbeats", topic, parts, rf)
+    except KafkaException as exc:
+        if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+            log.error("cannot create heartbeats topic %s: %s", topic, exc.args[0].str())
 
 
 def raise_plan_errors(plan: Any) -> None:
@@ -259,8 +329,8 @@ def arrow_writer(plan: WriterPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
                     translator = SchemaIdTranslator(plan.id_map, make_resolver(plan.registries, topic,
                                                                                s.destination_topic))
                     def lookup(t: str, p: int, _s: WriterSettings = s,
-                               _cc: dict[str, Any] = plan.destination_consumer_config) -> int | None:
-                        return last_committed_position(_cc, _s.offset_syncs_topic, t, p)
+                               _cc: dict[str, Any] = plan.destination_consumer_config) -> Any:
+                        return last_committed_sync(_cc, _s.offset_syncs_topic, t, p)
 
                     w = writers[topic] = PartitionWriter(s, translator, lookup)
                 for chunk in chunks(records, CHUNK_RECORDS):

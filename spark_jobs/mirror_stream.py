@@ -14,10 +14,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -95,8 +99,39 @@ def main(argv: list[str] | None = None) -> int:
     metrics.serve(group.spark.metrics_port)
     spark = build_session(group)
     query = build_query(spark, cfg, group, once=args.once)
-    query.awaitTermination()
+    return run_until_done(query, group.name)
+
+
+def run_until_done(query: StreamingQuery, group_name: str) -> int:
+    """Wait for the query; SIGTERM/SIGINT stop it between batches. Returns the exit code: 0 when it
+    finished or was stopped, 1 when it failed (one clear line naming the record that stopped it)."""
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        log.info("%s: signal %d, stopping after the current batch", group_name, signum)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, request_stop)
+    try:
+        while not stop.is_set():
+            if query.awaitTermination(1):
+                break
+        if stop.is_set():
+            query.stop()
+        query.awaitTermination()
+    except StreamingQueryException as exc:
+        log.error("%s: mirror failed: %s", group_name, failure_reason(str(exc)))
+        return 1
     return 0
+
+
+def failure_reason(text: str) -> str:
+    """The writer's own message out of a Spark failure's nested traces (else the first line)."""
+    found = re.findall(r"(?:WriterError|MirrorError|PlanError): ([^\n]+)", text)
+    if found:
+        return found[-1].strip()
+    return text.strip().splitlines()[0] if text.strip() else "unknown error"
 
 
 if __name__ == "__main__":

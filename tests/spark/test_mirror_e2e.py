@@ -86,7 +86,8 @@ def read_all(bootstrap, topic, timeout=90):
         if all(end == 0 or positions[p] >= end for p, end in ends.items()):
             break
         idle = 0 if got else idle + 1
-        if idle >= 5:
+        seen = any(out.values())
+        if idle >= (5 if seen else 30):  # a cold consumer may take a while to fetch its first records
             break
     c.close()
     return out

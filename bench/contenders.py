@@ -1,0 +1,266 @@
+"""The contenders: how each is configured and launched, and how mirrorflow's log is read.
+
+The ``*_yaml`` / ``*_properties`` / ``*_cmd`` functions are pure (they return text or a command
+line); :class:`Running` is the one place that starts and stops a process. Every contender runs
+in its own session so :class:`bench.observe.TreeMemory` can find all of its processes and
+``stop`` can signal exactly that process group.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bench.observe import TreeMemory
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = Path(__file__).resolve().parent
+MM2_MAIN = "org.apache.kafka.connect.mirror.MirrorMaker"
+KCAT_KEY_DELIM = "|~K~|"
+KCAT_MSG_DELIM = "|~M~|"
+
+
+# --------------------------------------------------------------------------- configuration (pure)
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    src_bootstrap: str
+    dst_bootstrap: str
+    src_registry: str | None = None
+    dst_registry: str | None = None
+
+
+def mirrorflow_yaml(ep: Endpoints, *, group: str, source_topic: str, destination_topic: str, delivery: str,
+                    value_serde: str, trigger: str, checkpoint_dir: Path, master: str = "local[2]") -> str:
+    """A mirrors YAML with one group mirroring ``source_topic`` to ``destination_topic``."""
+    def reg(url: str | None) -> str:
+        return f"\n    schema_registry: {{url: \"{url}\"}}" if url else ""
+
+    return f"""clusters:
+  src:
+    kafka: {{bootstrap.servers: "{ep.src_bootstrap}"}}{reg(ep.src_registry)}
+  dst:
+    kafka: {{bootstrap.servers: "{ep.dst_bootstrap}"}}{reg(ep.dst_registry)}
+groups:
+  - name: {group}
+    source: src
+    destination: dst
+    delivery: {delivery}
+    serdes: {{key: bytes, value: {value_serde}}}
+    offset_syncs_topic: "bench.{group}.syncs.internal"
+    dead_letter_topic: "bench.{group}.dlq"
+    topics_mirroring:
+      partition_count: {{type: mirror_source}}
+      replication_factor: {{type: fix, value: 1}}
+    spark:
+      master: "{master}"
+      trigger: "{trigger}"
+      checkpoint_dir: "{checkpoint_dir}"
+      conf: {{spark.ui.showConsoleProgress: "false"}}
+    mirrors:
+      - source_topic: {source_topic}
+        destination_topic: {destination_topic}
+"""
+
+
+def mirrorflow_cmd(config: Path, group: str, *, once: bool) -> list[str]:
+    return [sys.executable, "-m", "spark_jobs.mirror_stream", str(config), "--group", group,
+            *(["--once"] if once else [])]
+
+
+def mm2_properties(ep: Endpoints, topic: str, tasks: int = 2) -> str:
+    """Dedicated-mode MirrorMaker 2, src -> dst only, default replication policy (``src.<topic>``).
+
+    Every topic MM2 creates (remote topic, offset syncs, checkpoints, heartbeats and the Connect
+    config/offset/status topics) gets replication factor 1: the local clusters have one broker.
+    """
+    props = {
+        "clusters": "src, dst",
+        "src.bootstrap.servers": ep.src_bootstrap,
+        "dst.bootstrap.servers": ep.dst_bootstrap,
+        "src->dst.enabled": "true",
+        "dst->src.enabled": "false",
+        "dst->src.emit.heartbeats.enabled": "false",
+        "src->dst.topics": topic,
+        "tasks.max": str(tasks),
+        "refresh.topics.interval.seconds": "5",
+        "sync.topic.acls.enabled": "false",
+        "replication.factor": "1",
+        "offset-syncs.topic.replication.factor": "1",
+        "checkpoints.topic.replication.factor": "1",
+        "heartbeats.topic.replication.factor": "1",
+        "config.storage.replication.factor": "1",
+        "offset.storage.replication.factor": "1",
+        "status.storage.replication.factor": "1",
+        "dedicated.mode.enable.internal.rest": "false",
+        # what MM2 itself advises at startup: skips ~15 s of classpath scanning for plugins
+        "plugin.discovery": "service_load",
+        # the source consumer: read only committed data, like the other contenders
+        "src->dst.consumer.isolation.level": "read_committed",
+    }
+    return "".join(f"{k} = {v}\n" for k, v in props.items())
+
+
+def mm2_remote_topic(topic: str) -> str:
+    """Where MM2's default replication policy puts ``topic`` from the ``src`` alias."""
+    return f"src.{topic}"
+
+
+def java_cmd(java: str, lib: Path, main: str, *args: str, heap: str = "-Xms256m -Xmx1g") -> list[str]:
+    """A JVM command over the cached Kafka jars, with the bench's own log4j2 config (INFO for MM2)."""
+    return [java, *heap.split(), "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={BENCH / 'mm2-log4j2.yaml'}", "-cp", f"{lib}/*", main, *args]
+
+
+def raw_pipe_cmd(ep: Endpoints, topic: str, to: str) -> list[str]:
+    return [sys.executable, str(BENCH / "raw_pipe.py"), "--src", ep.src_bootstrap, "--dst", ep.dst_bootstrap,
+            "--topic", topic, "--to", to]
+
+
+def kcat_cmd(kcat: str, ep: Endpoints, topic: str, to: str, *, exit_at_end: bool) -> list[str]:
+    """``kcat -C | kcat -P`` through a shell; keys and values are split by multi-byte delimiters.
+
+    kcat cannot carry headers or timestamps through a pipe and does not keep partitions (the
+    producer hashes the key), so it is a speed proxy for C, not a faithful mirror.
+    """
+    consume = [kcat, "-C", "-b", ep.src_bootstrap, "-t", topic, "-o", "beginning", "-u", "-q",
+               "-X", "isolation.level=read_committed", "-f", f"%k{KCAT_KEY_DELIM}%s{KCAT_MSG_DELIM}",
+               *(["-e"] if exit_at_end else [])]
+    produce = [kcat, "-P", "-b", ep.dst_bootstrap, "-t", to, "-K", KCAT_KEY_DELIM, "-D", KCAT_MSG_DELIM,
+               "-X", "linger.ms=5", "-X", "enable.idempotence=true"]
+    return ["bash", "-c", "set -o pipefail; " + shlex.join(consume) + " | " + shlex.join(produce)]
+
+
+# --------------------------------------------------------------------------- mirrorflow's log (pure)
+
+
+# Spark's console progress bar may share the line (it ends with \r, not \n): search, not match
+_BATCH_RE = re.compile(
+    r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO mirrorflow\.stream (\S+) batch (\d+): (\{.*\})\s*$")
+
+
+@dataclass(frozen=True)
+class BatchLine:
+    """One ``<group> batch N: {...}`` line: when it was logged (epoch s) and the job's own summary."""
+
+    logged_at: float
+    batch_id: int
+    summary: dict[str, Any]
+
+    @property
+    def started_at(self) -> float:
+        """The batch's start: logged time minus the duration the job measured for it."""
+        return self.logged_at - float(self.summary.get("seconds") or 0.0)
+
+
+def parse_batches(log_text: str) -> list[BatchLine]:
+    """Every batch summary line of a ``spark_jobs.mirror_stream`` log (local-time stamps)."""
+    out = []
+    for line in log_text.splitlines():
+        m = _BATCH_RE.search(line)
+        if not m:
+            continue
+        try:
+            summary = ast.literal_eval(m.group(4))
+        except (ValueError, SyntaxError):
+            continue
+        at = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        out.append(BatchLine(at, int(m.group(3)), summary))
+    return out
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class Running:
+    """A launched contender: its own session, its log, its memory sampler."""
+
+    def __init__(self, name: str, cmd: list[str], log: Path, cwd: Path | None = None):
+        self.name = name
+        self.cmd = cmd
+        self.log = log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.setdefault("PYSPARK_PYTHON", sys.executable)
+        self.started_at = time.time()
+        self.t0 = time.monotonic()
+        with log.open("ab") as fh:
+            fh.write(("$ " + shlex.join(cmd) + "\n").encode())
+            fh.flush()
+            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         cwd=cwd or ROOT, env=env, start_new_session=True)
+        self.mem = TreeMemory(self.proc.pid).start()
+        self.exited_at: float | None = None
+
+    def alive(self) -> bool | None:
+        """True while running, None once it exited with 0, False if it failed."""
+        rc = self.proc.poll()
+        if rc is None:
+            return True
+        if self.exited_at is None:
+            self.exited_at = time.time()
+        return None if rc == 0 else False
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM the contender's process group, SIGKILL after ``timeout``; returns the exit code."""
+        if self.proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                self.proc.wait(10)
+        # stragglers of the session (e.g. Spark's Python daemon) go with the group
+        self._signal(signal.SIGKILL)
+        if self.exited_at is None:
+            self.exited_at = time.time()
+        self.mem.stop()
+        return self.proc.returncode
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class _NoMemory:
+    def summary(self) -> dict[str, object]:
+        return {"peak_rss_mb": None}
+
+
+class NoProcess:
+    """The measurement floor's stand-in for a contender: nothing runs, the watcher reads the source."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.started_at = time.time()
+        self.t0 = time.monotonic()
+        self.log = Path(os.devnull)
+        self.mem = _NoMemory()
+
+    def alive(self) -> bool:
+        return True
+
+    def stop(self) -> None:
+        return None
+
+    def log_tail(self, lines: int = 25) -> str:
+        return ""

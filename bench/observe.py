@@ -1,0 +1,198 @@
+"""What the harness observes: records arriving on the destination, and a process tree's memory.
+
+The destination is read ``read_committed`` from the beginning, so a transactional mirror's
+records count only once committed. Memory comes from ``/proc/<pid>/status`` of every process
+in the contender's session (the launcher starts each contender in a new session, so the JVM,
+Spark's Python workers and a shell pipeline's members all share its session id).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from bench.workload import parse_measured_key
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..100) of ``values``; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
+    return ordered[rank - 1]
+
+
+@dataclass
+class Arrivals:
+    """What the watcher saw: counts and wall-clock (epoch seconds) of the first and the last record."""
+
+    count: int = 0
+    first_at: float | None = None
+    last_at: float | None = None
+    measured: dict[int, float] = field(default_factory=dict)  # seq -> latency ms (first delivery)
+    duplicates: int = 0
+
+
+class DstWatcher:
+    """Tails one destination topic (waiting for it to exist) and counts what becomes visible."""
+
+    def __init__(self, bootstrap: str, topic: str, *, latency: bool = False):
+        self.topic = topic
+        self.latency = latency
+        self.c = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": f"bench-watch-{time.time_ns()}",
+            "isolation.level": "read_committed", "enable.auto.commit": False, "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 10, "log_level": 0,
+        })
+        self.assigned = False
+        self.seen = Arrivals()
+
+    def _try_assign(self) -> None:
+        md = self.c.list_topics(self.topic, timeout=5).topics.get(self.topic)
+        if md is None or md.error is not None or not md.partitions:
+            return
+        self.c.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in md.partitions])
+        self.assigned = True
+
+    def poll(self, timeout: float = 0.1) -> int:
+        """Consume what is there; returns how many records arrived in this call."""
+        if not self.assigned:
+            self._try_assign()
+            if not self.assigned:
+                time.sleep(timeout)
+                return 0
+        # poll() returns with the first record (consume(n, t) would wait for n records or t seconds,
+        # adding up to t to every measured latency); then take whatever else is already fetched
+        first = self.c.poll(timeout)
+        msgs = [first, *self.c.consume(10000, 0)] if first is not None else []
+        now = time.time()
+        now_ns = time.time_ns()
+        got = 0
+        for m in msgs:
+            if m.error():
+                continue
+            got += 1
+            if self.latency:
+                parsed = parse_measured_key(m.key())
+                if parsed is not None:
+                    seq, ns = parsed
+                    if seq in self.seen.measured:
+                        self.seen.duplicates += 1
+                    else:
+                        self.seen.measured[seq] = (now_ns - ns) / 1e6
+        if got:
+            self.seen.count += got
+            self.seen.first_at = self.seen.first_at or now
+            self.seen.last_at = now
+        return got
+
+    def wait_for(self, done: Callable[[Arrivals], bool], deadline: float, alive: Callable[[], bool | None],
+                 tick: Callable[[Arrivals], None] | None = None) -> bool:
+        """Poll until ``done`` (True), the monotonic ``deadline`` or ``alive()`` returns False (False).
+
+        ``alive`` returning None means "exited normally": keep reading for a short grace period.
+        """
+        grace: float | None = None
+        while time.monotonic() < deadline:
+            self.poll()
+            if tick:
+                tick(self.seen)
+            if done(self.seen):
+                return True
+            state = alive()
+            if state is False:
+                return False
+            if state is None:
+                grace = grace or time.monotonic() + 20
+                if time.monotonic() > grace:
+                    return False
+        return False
+
+    def close(self) -> None:
+        self.c.close()
+
+
+def session_members(sid: int) -> list[int]:
+    """Pids whose session id is ``sid`` (read from /proc/<pid>/stat)."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry.name}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        # after the command: state ppid pgrp session ...
+        if int(fields[3]) == sid:
+            out.append(int(entry.name))
+    return out
+
+
+def status_kb(pid: int, key: str) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class TreeMemory:
+    """Samples a session's processes: per-pid VmHWM (kept after they exit) and the peak summed VmRSS."""
+
+    def __init__(self, sid: int, interval: float = 0.25):
+        self.sid = sid
+        self.interval = interval
+        self.hwm_kb: dict[int, int] = {}
+        self.names: dict[int, str] = {}
+        self.peak_rss_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"rss-{sid}", daemon=True)
+
+    def start(self) -> TreeMemory:
+        self._thread.start()
+        return self
+
+    def sample(self) -> None:
+        rss = 0
+        for pid in session_members(self.sid):
+            hwm = status_kb(pid, "VmHWM")
+            cur = status_kb(pid, "VmRSS")
+            if hwm is not None:
+                self.hwm_kb[pid] = max(self.hwm_kb.get(pid, 0), hwm)
+                try:  # the latest name: a launcher script (bash) may exec into java after the first sample
+                    self.names[pid] = Path(f"/proc/{pid}/comm").read_text().strip()
+                except OSError:
+                    self.names.setdefault(pid, "?")
+            rss += cur or 0
+        self.peak_rss_kb = max(self.peak_rss_kb, rss)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self.sample()
+        self._stop.set()
+        self._thread.join(5)
+
+    def summary(self) -> dict[str, object]:
+        by_name: dict[str, int] = {}
+        for pid, kb in self.hwm_kb.items():
+            by_name[self.names.get(pid, "?")] = by_name.get(self.names.get(pid, "?"), 0) + kb
+        return {
+            "peak_rss_mb": round(sum(self.hwm_kb.values()) / 1024, 1),  # sum of per-process VmHWM
+            "peak_sampled_rss_mb": round(self.peak_rss_kb / 1024, 1),  # max over samples of summed VmRSS
+            "processes": len(self.hwm_kb),
+            "hwm_mb_by_command": {k: round(v / 1024, 1) for k, v in sorted(by_name.items())},
+        }

@@ -1,0 +1,93 @@
+"""Turning result rows into ratios, rich tables and the JSON file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+MM2 = "mm2"
+RAW = "raw-python"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return round(a / b, 2)
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Throughput rows: records/s as a multiple of MM2's and the raw pipe's for the same size.
+    Latency rows: p50 and p99 as a multiple of theirs (above 1 = slower)."""
+    for r in rows:
+        if r.get("status") != "ok":
+            continue
+        peers = {p["contender"]: p for p in rows
+                 if p["phase"] == r["phase"] and p.get("size") == r.get("size") and p.get("status") == "ok"}
+        if r["phase"] == "throughput":
+            for ref in (MM2, RAW):
+                r[f"x_{ref}"] = _ratio(r.get("records_per_s"), peers.get(ref, {}).get("records_per_s"))
+        else:
+            for ref in (MM2, RAW):
+                r[f"p50_x_{ref}"] = _ratio(r.get("p50_ms"), peers.get(ref, {}).get("p50_ms"))
+                r[f"p99_x_{ref}"] = _ratio(r.get("p99_ms"), peers.get(ref, {}).get("p99_ms"))
+
+
+def _f(v: Any, fmt: str = "{:,.0f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _load(r: dict[str, Any]) -> str:
+    """The 1-minute load average at the start and the end of the measurement ("-" if unknown)."""
+    la = r.get("loadavg_1m") or {}
+    return f"{_f(la.get('start'), '{:.1f}')}-{_f(la.get('end'), '{:.1f}')}"
+
+
+def throughput_table(rows: list[dict[str, Any]]) -> Table:
+    t = Table(title="Drain throughput (same pre-loaded data; steady = data path start -> last record visible)")
+    for col in ("value B", "contender", "records", "rec/s steady", "MB/s steady", "rec/s wall", "wall s",
+                "startup s", "peak RSS MB", "x MM2", "x raw", "load 1m", "status"):
+        t.add_column(col, justify="left" if col in ("contender", "status") else "right")
+    for r in rows:
+        if r["phase"] != "throughput":
+            continue
+        t.add_row(str(r["size"]), r["contender"], _f(r.get("records")), _f(r.get("records_per_s")),
+                  _f(r.get("mb_per_s"), "{:.2f}"), _f(r.get("records_per_s_wall")), _f(r.get("wall_s"), "{:.1f}"),
+                  _f(r.get("startup_s"), "{:.1f}"), _f((r.get("memory") or {}).get("peak_rss_mb")),
+                  _f(r.get(f"x_{MM2}"), "{:.2f}"), _f(r.get(f"x_{RAW}"), "{:.2f}"), _load(r),
+                  r.get("status", "?") if r.get("status") == "ok" else f"[red]{r.get('status')}: {r.get('error', '')[:60]}")
+    return t
+
+
+def latency_table(rows: list[dict[str, Any]]) -> Table:
+    t = Table(title="Continuous replication latency (dst consume time - src produce call, fixed rate)")
+    for col in ("contender", "rate/s", "received", "p50 ms", "p99 ms", "max ms", "ready s", "peak RSS MB",
+                "p50 x MM2", "p99 x MM2", "p50 x raw", "load 1m", "status"):
+        t.add_column(col, justify="left" if col in ("contender", "status") else "right")
+    for r in rows:
+        if r["phase"] != "latency":
+            continue
+        t.add_row(r["contender"], _f(r.get("rate")), f"{_f(r.get('received'))}/{_f(r.get('sent'))}",
+                  _f(r.get("p50_ms"), "{:.1f}"), _f(r.get("p99_ms"), "{:.1f}"), _f(r.get("max_ms"), "{:.1f}"),
+                  _f(r.get("ready_s"), "{:.1f}"), _f((r.get("memory") or {}).get("peak_rss_mb")),
+                  _f(r.get(f"p50_x_{MM2}"), "{:.2f}"), _f(r.get(f"p99_x_{MM2}"), "{:.2f}"),
+                  _f(r.get(f"p50_x_{RAW}"), "{:.2f}"), _load(r),
+                  r.get("status", "?") if r.get("status") == "ok" else f"[red]{r.get('status')}: {r.get('error', '')[:60]}")
+    return t
+
+
+def print_tables(console: Console, rows: list[dict[str, Any]]) -> None:
+    if any(r["phase"] == "throughput" for r in rows):
+        console.print(throughput_table(rows))
+    if any(r["phase"] == "latency" for r in rows):
+        console.print(latency_table(rows))
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, default=str))
+    tmp.replace(path)

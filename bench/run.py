@@ -1,0 +1,472 @@
+"""Benchmark: mirrorflow vs MirrorMaker 2 vs a raw consume->produce pipe, on one machine, in one run.
+
+Starts its own local clusters (and registries) on free ports, loads the same Avro-framed data
+once per value size, drains it with every contender into its own destination topic, then
+measures continuous latency at a fixed produce rate. Prints rich tables and writes
+``bench/results/<timestamp>.json``; the clusters are always stopped at the end.
+
+    .venv/bin/python bench/run.py [--quick] [--sizes 100,1000] [--records 200000,50000] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+
+from bench import report  # noqa: E402
+from bench.contenders import (  # noqa: E402
+    MM2_MAIN,
+    Endpoints,
+    NoProcess,
+    Running,
+    java_cmd,
+    kcat_cmd,
+    mirrorflow_cmd,
+    mirrorflow_yaml,
+    mm2_properties,
+    mm2_remote_topic,
+    parse_batches,
+    raw_pipe_cmd,
+)
+from bench.observe import Arrivals, DstWatcher, percentile  # noqa: E402
+from bench.workload import SCHEMA, RateProducer, load  # noqa: E402
+from mirror_core import artifacts, local  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mm2", "raw-python", "kcat")
+FLOOR = "floor"  # no mirror: the watcher reads the source topic itself (what the measurement adds)
+LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mm2", "raw-python", "kcat")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="bench/run.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small smoke run (100 B values, 20k records, 5 s latency)")
+    ap.add_argument("--sizes", default=None, help="value sizes in bytes, comma-separated (default 100,1000)")
+    ap.add_argument("--records", default=None,
+                    help="records per size: one number for all or one per size (default 200000,50000)")
+    ap.add_argument("--partitions", type=int, default=6)
+    ap.add_argument("--contenders", default=None,
+                    help=f"drain contenders (of {','.join(CONTENDERS)}; --quick leaves out mirrorflow-alo)")
+    ap.add_argument("--latency-contenders", default=None,
+                    help=f"latency contenders (of {','.join(LATENCY_CONTENDERS)}; --quick: mirrorflow-eos,mm2,raw-python)")
+    ap.add_argument("--rate", type=float, default=None, help="latency phase produce rate, records/s (default 2000)")
+    ap.add_argument("--seconds", type=float, default=None, help="latency phase duration (default 20)")
+    ap.add_argument("--latency-size", type=int, default=100, help="value size in the latency phase")
+    ap.add_argument("--trigger", default="200 milliseconds", help="mirrorflow's Spark trigger in the latency phase")
+    ap.add_argument("--mm2-tasks", type=int, default=2, help="MM2 tasks.max (Spark runs local[2])")
+    ap.add_argument("--timeout", type=float, default=600.0, help="deadline per contender run, seconds")
+    ap.add_argument("--no-latency", action="store_true", help="skip the latency phase")
+    ap.add_argument("--no-drain", action="store_true", help="skip the drain phase")
+    args = ap.parse_args(argv)
+    quick = args.quick
+    args.sizes = [int(s) for s in (args.sizes or ("100" if quick else "100,1000")).split(",")]
+    recs = [int(r) for r in (args.records or ("20000" if quick else "200000,50000")).split(",")]
+    if len(recs) == 1:
+        recs = recs * len(args.sizes)
+    if len(recs) != len(args.sizes):
+        ap.error("--records needs one number or one per --sizes entry")
+    args.records = recs
+    args.rate = args.rate or (1000.0 if quick else 2000.0)
+    args.seconds = args.seconds or (5.0 if quick else 20.0)
+    default = [c for c in CONTENDERS if not (quick and c == "mirrorflow-alo")]
+    args.contenders = [c for c in args.contenders.split(",") if c] if args.contenders else default
+    if args.no_drain:
+        args.contenders = []
+    lat_default = ["mirrorflow-eos", "mm2", "raw-python"] if quick else list(LATENCY_CONTENDERS)
+    lat = [c for c in args.latency_contenders.split(",") if c] if args.latency_contenders else lat_default
+    args.latency_contenders = [] if args.no_latency else lat
+    args.warmup = 1.0 if quick else 3.0
+    bad = [c for c in args.contenders if c not in CONTENDERS]
+    bad += [c for c in args.latency_contenders if c not in LATENCY_CONTENDERS]
+    if bad:
+        ap.error(f"unknown contender(s) {bad}; choose from {CONTENDERS}")
+    return args
+
+
+class Bench:
+    """One run: the clusters, the output directory, and the result rows."""
+
+    def __init__(self, args: argparse.Namespace, console: Console):
+        self.args = args
+        self.console = console
+        self.stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.out = RESULTS / self.stamp
+        self.json_path = RESULTS / f"{self.stamp}.json"
+        self.env = local.LocalEnv.from_environment(self.out / "state")
+        self.spec = local.free_spec(registries=True)
+        src, dst = self.spec.sides
+        self.ep = Endpoints(src.bootstrap, dst.bootstrap, src.registry_url, dst.registry_url)
+        self.rows: list[dict[str, Any]] = []
+        self.current: Running | None = None
+        self.kcat = shutil.which("kcat") or shutil.which("kafkacat")
+        self.doc: dict[str, Any] = {
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                     "kernel": platform.release(), "mem_gb": _mem_gb()},
+            "args": {k: v for k, v in vars(args).items()},
+            "endpoints": vars(self.ep),
+            "notes": [],
+            "rows": self.rows,
+        }
+
+    def say(self, msg: str) -> None:
+        self.console.log(msg)
+
+    def save(self) -> None:
+        report.add_ratios(self.rows)
+        report.write_json(self.json_path, self.doc)
+
+    # ------------------------------------------------------------------ setup
+
+    def up(self) -> None:
+        t0 = time.monotonic()
+        self.say(f"starting local clusters + registries (state in {self.env.state_dir})")
+        local.up(self.env, self.spec, progress=lambda m: self.say(f"[dim]{m}"))
+        self.doc["clusters_up_s"] = round(time.monotonic() - t0, 1)
+        try:
+            import pyspark
+
+            self.doc["versions"] = {"pyspark": pyspark.__version__, "kafka": artifacts.KAFKA_VERSION}
+        except Exception:  # noqa: BLE001 - versions are informative only
+            pass
+        if self.kcat is None:
+            self.doc["notes"].append("kcat not installed (apt-get install -y kcat): kcat rows skipped")
+
+    def create_topic(self, bootstrap: str, topic: str, partitions: int) -> None:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+
+    def register(self, topic: str) -> int:
+        from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+        client = SchemaRegistryClient({"url": self.ep.src_registry})
+        return int(client.register_schema(f"{topic}-value", Schema(json.dumps(SCHEMA), "AVRO")))
+
+    def source_topic(self, topic: str) -> int:
+        """Create ``topic`` on the source and register the value schema; returns the schema id."""
+        self.create_topic(self.ep.src_bootstrap, topic, self.args.partitions)
+        return self.register(topic)
+
+    # ------------------------------------------------------------------ launching
+
+    def launch(self, contender: str, source: str, tag: str, *, drain: bool) -> tuple[Running, str]:
+        """Start ``contender`` mirroring ``source``; returns the process and its destination topic."""
+        logs = self.out / "logs"
+        cfgs = self.out / "configs"
+        cfgs.mkdir(parents=True, exist_ok=True)
+        if contender.startswith("mirrorflow-"):
+            delivery = "exactly_once" if contender.endswith("eos") else "at_least_once"
+            group = f"bench-{contender.split('-')[1]}-{tag}"
+            dest = f"{source}.{contender}"
+            path = cfgs / f"{group}.yaml"
+            path.write_text(mirrorflow_yaml(
+                self.ep, group=group, source_topic=source, destination_topic=dest, delivery=delivery,
+                value_serde="avro", trigger=self.args.trigger, checkpoint_dir=self.out / "checkpoints"))
+            cmd = mirrorflow_cmd(path, group, once=drain)
+        elif contender == "mm2":
+            dest = mm2_remote_topic(source)
+            path = cfgs / f"mm2-{tag}.properties"
+            path.write_text(mm2_properties(self.ep, source, tasks=self.args.mm2_tasks))
+            cmd = java_cmd(local.find_java(17), artifacts.fetch_kafka(self.env.cache), MM2_MAIN, str(path))
+        elif contender == "raw-python":
+            dest = f"{source}.raw"
+            self.create_topic(self.ep.dst_bootstrap, dest, self.args.partitions)
+            cmd = raw_pipe_cmd(self.ep, source, dest)
+        elif contender == "kcat":
+            if self.kcat is None:
+                raise Skip("kcat not installed")
+            dest = f"{source}.kcat"
+            self.create_topic(self.ep.dst_bootstrap, dest, self.args.partitions)
+            cmd = kcat_cmd(self.kcat, self.ep, source, dest, exit_at_end=drain)
+        else:
+            raise ValueError(contender)
+        run = Running(contender, cmd, logs / f"{contender}-{tag}.log")
+        self.current = run
+        return run, dest
+
+    def finish(self, run: Running | NoProcess) -> dict[str, Any]:
+        self._load_end = os.getloadavg()[0]
+        run.stop()
+        self.current = None
+        return run.mem.summary()
+
+    # ------------------------------------------------------------------ phase 1: drain
+
+    def drain_phase(self, size: int, records: int) -> None:
+        topic = f"bench.s{size}"
+        schema_id = self.source_topic(topic)
+        with Progress(TextColumn("loading {task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=self.console, transient=True) as prog:
+            task = prog.add_task(topic, total=records)
+            loaded = load(self.ep.src_bootstrap, topic, records, size, self.args.partitions, schema_id,
+                          progress=lambda n: prog.advance(task, n))
+        mb = (loaded.key_bytes + loaded.value_bytes) / 1e6
+        self.say(f"loaded {records:,} records ({mb:.1f} MB, {loaded.value_bytes / records:.0f} B values) "
+                 f"into {topic} in {loaded.seconds:.1f}s")
+        for contender in self.args.contenders:
+            row: dict[str, Any] = {"phase": "throughput", "contender": contender, "size": size,
+                                   "records": records, "bytes": loaded.key_bytes + loaded.value_bytes,
+                                   "avg_value_bytes": round(loaded.value_bytes / records, 1)}
+            self.rows.append(row)
+            load0 = os.getloadavg()[0]
+            try:
+                self.drain_one(contender, topic, f"s{size}", records, row)
+            except Skip as exc:
+                row.update(status="skipped", error=str(exc))
+            except Exception as exc:  # noqa: BLE001 - a failing contender is a result, not the end of the run
+                row.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+                if self.current:
+                    row["memory"] = self.finish(self.current)
+            _note_load(row, load0, getattr(self, "_load_end", None))
+            self.say(_row_line(row))
+            self.save()
+
+    def drain_one(self, contender: str, topic: str, tag: str, records: int, row: dict[str, Any]) -> None:
+        run, dest = self.launch(contender, topic, tag, drain=True)
+        row.update(destination_topic=dest, log=str(run.log))
+        watcher = DstWatcher(self.ep.dst_bootstrap, dest)
+        try:
+            with self.console.status(f"{contender}: draining {records:,} records into {dest}") as st:
+                def tick(a: Arrivals) -> None:
+                    st.update(f"{contender}: {a.count:,}/{records:,} visible on {dest} "
+                              f"({time.monotonic() - run.t0:.0f}s)")
+
+                ok = watcher.wait_for(lambda a: a.count >= records, time.monotonic() + self.args.timeout,
+                                      run.alive, tick)
+        finally:
+            watcher.close()
+        seen = watcher.seen
+        if contender.startswith("mirrorflow-") and run.proc.poll() is None and ok:
+            # --once: let it finish on its own so its log has every batch line and its exit time is known
+            try:
+                run.proc.wait(60)
+            except Exception:  # noqa: BLE001
+                pass
+            run.alive()
+        row["memory"] = self.finish(run)
+        row["exit_code"] = run.proc.returncode
+        row["visible"] = seen.count
+        if not ok:
+            why = f"{seen.count:,}/{records:,} visible"
+            why += _death(run)
+            row.update(status="failed", error=why, log_tail=run.log_tail())
+            return
+        done = seen.last_at or time.time()
+        start = run.started_at
+        data_start = seen.first_at
+        if contender.startswith("mirrorflow-"):
+            batches = parse_batches(run.log.read_text(errors="replace"))
+            with_data = [b for b in batches if b.summary.get("records")] or batches
+            if with_data:
+                data_start = with_data[0].started_at
+            row["batches"] = [{"id": b.batch_id, "started_s": round(b.started_at - start, 2),
+                               "seconds": b.summary.get("seconds"), "records": b.summary.get("records"),
+                               "mirrored": b.summary.get("mirrored")} for b in batches]
+            row["batch_seconds_total"] = round(sum(float(b.summary.get("seconds") or 0) for b in batches), 2)
+            if run.exited_at:
+                row["process_exit_s"] = round(run.exited_at - start, 2)
+        data_start = data_start or start
+        wall = done - start
+        steady = max(done - data_start, 1e-3)
+        row.update(
+            status="ok", wall_s=round(wall, 2), startup_s=round(data_start - start, 2), steady_s=round(steady, 2),
+            first_visible_s=round((seen.first_at or done) - start, 2),
+            records_per_s=round(records / steady), mb_per_s=round(row["bytes"] / steady / 1e6, 2),
+            records_per_s_wall=round(records / wall),
+        )
+
+    # ------------------------------------------------------------------ phase 2: latency
+
+    def latency_phase(self) -> None:
+        for contender in self.args.latency_contenders:
+            row: dict[str, Any] = {"phase": "latency", "contender": contender, "rate": self.args.rate,
+                                   "seconds": self.args.seconds, "size": self.args.latency_size}
+            if contender.startswith("mirrorflow-"):
+                row["trigger"] = self.args.trigger
+            self.rows.append(row)
+            load0 = os.getloadavg()[0]
+            try:
+                self.latency_one(contender, row)
+            except Skip as exc:
+                row.update(status="skipped", error=str(exc))
+            except Exception as exc:  # noqa: BLE001
+                row.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+                if self.current:
+                    row["memory"] = self.finish(self.current)
+            _note_load(row, load0, getattr(self, "_load_end", None))
+            self.say(_row_line(row))
+            self.save()
+
+    def latency_one(self, contender: str, row: dict[str, Any]) -> None:
+        topic = f"bench.lat.{contender}"
+        if contender == "kcat" and self.kcat is None:
+            raise Skip("kcat not installed")
+        schema_id = self.source_topic(topic)
+        producer = RateProducer(self.ep.src_bootstrap, topic, self.args.partitions, schema_id, self.args.latency_size)
+        run: Running | NoProcess
+        if contender == FLOOR:
+            run, dest = NoProcess(FLOOR), topic
+            watcher = DstWatcher(self.ep.src_bootstrap, topic, latency=True)
+        else:
+            run, dest = self.launch(contender, topic, "lat", drain=False)
+            watcher = DstWatcher(self.ep.dst_bootstrap, dest, latency=True)
+        row.update(destination_topic=dest, log=str(run.log))
+        total = int(self.args.rate * self.args.seconds)
+        try:
+            with self.console.status(f"{contender}: starting (warm-up records every 0.5 s)") as st:
+                # 1. wait until the contender delivers at all
+                deadline = time.monotonic() + self.args.timeout
+                next_warm = 0.0
+                while watcher.seen.count == 0:
+                    if time.monotonic() > deadline or run.alive() is not True:
+                        row.update(status="failed", error="never delivered a warm-up record",
+                                   log_tail=run.log_tail())
+                        return
+                    if time.monotonic() >= next_warm:
+                        producer.warm()
+                        next_warm = time.monotonic() + 0.5
+                    watcher.poll(0.1)
+                row["ready_s"] = round((watcher.seen.first_at or time.time()) - run.started_at, 2)
+                # 2. a short warm-up at the measured rate's cadence, then the measured window
+                warm_until = time.monotonic() + self.args.warmup
+                while time.monotonic() < warm_until:
+                    producer.warm()
+                    watcher.poll(0.05)
+                st.update(f"{contender}: {self.args.rate:.0f} rec/s for {self.args.seconds:.0f}s")
+                producer.run(self.args.rate, self.args.seconds)
+
+                def tick(a: Arrivals) -> None:
+                    st.update(f"{contender}: {len(a.measured):,}/{total:,} measured records arrived "
+                              f"(sent {producer.sent:,})")
+
+                    # after the measured window, keep a trickle of unmeasured records going, as a live
+                    # stream would: a pipe (kcat) may otherwise hold the last records in its buffer
+                    if producer.done():
+                        producer.warm()
+
+                ok = watcher.wait_for(lambda a: len(a.measured) >= total,
+                                      time.monotonic() + self.args.seconds + 120, run.alive, tick)
+                producer.join(30)
+        finally:
+            producer.stop()
+            watcher.close()
+            row["memory"] = self.finish(run)
+        lats = list(watcher.seen.measured.values())
+        row.update(sent=producer.sent, received=len(lats), duplicates=watcher.seen.duplicates,
+                   p50_ms=_r(percentile(lats, 50)), p90_ms=_r(percentile(lats, 90)),
+                   p99_ms=_r(percentile(lats, 99)), max_ms=_r(max(lats) if lats else None),
+                   min_ms=_r(min(lats) if lats else None))
+        if ok:
+            row["status"] = "ok"
+        else:
+            row.update(status="failed", error=f"{len(lats):,}/{total:,} measured records arrived" + _death(run),
+                       log_tail=run.log_tail())
+
+    # ------------------------------------------------------------------ teardown
+
+    def down(self) -> None:
+        if self.current is not None:
+            self.say(f"stopping {self.current.name}")
+            self.finish(self.current)
+        stopped = local.down(self.env)
+        self.say(f"clusters stopped ({len(stopped)} processes)")
+        shutil.rmtree(self.out / "checkpoints", ignore_errors=True)
+
+
+class Skip(Exception):
+    """A contender that cannot run here (recorded as skipped, with the reason)."""
+
+
+def _death(run: Running | NoProcess) -> str:
+    """Why a contender stopped on its own: exit code and its first ERROR line ("" while it runs)."""
+    if not isinstance(run, Running) or run.proc.returncode in (None, 0, -15, 143):
+        return ""
+    first = next((ln.strip() for ln in run.log.read_text(errors="replace").splitlines()
+                  if " ERROR " in ln and "mirror failed" in ln), None)
+    first = first or next((ln.strip() for ln in run.log.read_text(errors="replace").splitlines() if "ERROR" in ln), "")
+    return f"; exited {run.proc.returncode}" + (f": {first[:300]}" if first else "")
+
+
+def _note_load(row: dict[str, Any], start: float, end: float | None) -> None:
+    """The 1-minute load average around a measurement: other work on the machine skews every figure."""
+    row["loadavg_1m"] = {"start": round(start, 2), "end": None if end is None else round(end, 2),
+                         "cpus": os.cpu_count()}
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 1)
+
+
+def _mem_gb() -> float | None:
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        return round(kb / 1024 / 1024, 1)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _row_line(r: dict[str, Any]) -> str:
+    if r.get("status") != "ok":
+        return f"[red]{r['phase']} {r['contender']}: {r.get('status')} - {r.get('error')}"
+    if r["phase"] == "throughput":
+        return (f"{r['contender']} s{r['size']}: {r['records_per_s']:,} rec/s steady, wall {r['wall_s']}s "
+                f"(startup {r['startup_s']}s), peak RSS {r['memory']['peak_rss_mb']} MB")
+    return (f"{r['contender']} latency: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms "
+            f"({r['received']}/{r['sent']}), peak RSS {r['memory']['peak_rss_mb']} MB")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # a log file or pipe gets the whole table rather than 80 squeezed columns
+    console = Console() if sys.stdout.isatty() else Console(width=170)
+    bench = Bench(args, console)
+
+    def on_term(_sig: int, _frm: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    t0 = time.monotonic()
+    rc = 0
+    try:
+        bench.up()
+        for size, records in zip(args.sizes, args.records, strict=True):
+            if args.contenders:
+                bench.drain_phase(size, records)
+        if args.latency_contenders:
+            bench.latency_phase()
+    except KeyboardInterrupt:
+        bench.doc["notes"].append("interrupted")
+        console.log("[yellow]interrupted; stopping everything")
+        rc = 130
+    except Exception as exc:  # noqa: BLE001 - report, then tear down
+        bench.doc["error"] = f"{type(exc).__name__}: {exc}"
+        console.log(f"[red]benchmark failed: {exc}")
+        rc = 1
+    finally:
+        try:
+            bench.down()
+        finally:
+            bench.doc["total_s"] = round(time.monotonic() - t0, 1)
+            bench.save()
+    report.print_tables(console, bench.rows)
+    console.log(f"results: {bench.json_path} (logs and configs in {bench.out})")
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

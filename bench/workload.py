@@ -1,0 +1,165 @@
+"""The generated data: Avro-framed values, string keys, and the produce-time stamp used for latency.
+
+Values are Confluent wire format (``0x00`` + 4-byte schema id + Avro body) so mirrorflow's
+``avro`` serde translates ids; MirrorMaker 2 and the raw pipes copy the bytes as they are.
+Latency records carry their produce wall-clock in the key (``m<seq>.<time_ns>``): every
+contender keeps keys, including ``kcat`` which cannot carry headers through a pipe.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from io import BytesIO
+from typing import Any
+
+from confluent_kafka import Producer
+from fastavro import parse_schema, schemaless_writer
+
+SCHEMA: dict[str, Any] = {
+    "type": "record", "name": "BenchEvent", "namespace": "mirrorflow.bench",
+    "fields": [{"name": "id", "type": "long"}, {"name": "ts", "type": "long"}, {"name": "payload", "type": "string"}],
+}
+PARSED = parse_schema(SCHEMA)
+_TEXT = ("lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor " * 40).encode()
+MEASURED_PREFIX = b"m"
+
+
+def frame(schema_id: int, body: bytes) -> bytes:
+    """Confluent wire format: magic byte 0, big-endian schema id, then the Avro body."""
+    return b"\x00" + struct.pack(">I", schema_id) + body
+
+
+def _body(i: int, payload_len: int) -> bytes:
+    buf = BytesIO()
+    start = i % 997
+    schemaless_writer(buf, PARSED, {"id": i, "ts": 1_700_000_000_000 + i,
+                                    "payload": _TEXT[start:start + payload_len].decode()})
+    return buf.getvalue()
+
+
+def payload_len_for(size: int) -> int:
+    """The payload length that makes a framed value of about ``size`` bytes (never negative)."""
+    overhead = len(frame(0, _body(1_000_000, 0)))
+    n = max(0, size - overhead - 1)
+    if n > 63:
+        n -= 1  # the string length varint takes two bytes from 64 on
+    return min(n, len(_TEXT) - 997)
+
+
+def make_value(schema_id: int, i: int, size: int) -> bytes:
+    return frame(schema_id, _body(i, payload_len_for(size)))
+
+
+def measured_key(seq: int, produced_ns: int) -> bytes:
+    return b"m%09d.%d" % (seq, produced_ns)
+
+
+def parse_measured_key(key: bytes | None) -> tuple[int, int] | None:
+    """``(seq, produced_ns)`` of a latency record's key, None for any other key."""
+    if not key or not key.startswith(MEASURED_PREFIX):
+        return None
+    seq, _, ns = key[1:].partition(b".")
+    try:
+        return int(seq), int(ns)
+    except ValueError:
+        return None
+
+
+def _producer(bootstrap: str, linger_ms: int) -> Producer:
+    return Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                     "linger.ms": linger_ms, "batch.size": 1_000_000, "log_level": 3})
+
+
+def _produce(p: Producer, topic: str, key: bytes, value: bytes, partition: int) -> None:
+    while True:
+        try:
+            p.produce(topic, key=key, value=value, partition=partition)
+            return
+        except BufferError:
+            p.poll(0.05)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    records: int
+    key_bytes: int
+    value_bytes: int
+    seconds: float
+
+
+def load(bootstrap: str, topic: str, records: int, size: int, partitions: int, schema_id: int,
+         progress: Callable[[int], None] | None = None) -> Loaded:
+    """Produce ``records`` records round-robin over ``partitions``; returns what was written."""
+    t0 = time.monotonic()
+    p = _producer(bootstrap, linger_ms=20)
+    plen = payload_len_for(size)
+    kb = vb = 0
+    for i in range(records):
+        key = b"%09d" % i
+        value = frame(schema_id, _body(i, plen))
+        kb += len(key)
+        vb += len(value)
+        _produce(p, topic, key, value, i % partitions)
+        if i % 5000 == 4999:
+            p.poll(0)
+            if progress:
+                progress(5000)
+    if p.flush(120):
+        raise RuntimeError(f"{topic}: records still unacknowledged after 120 s")
+    return Loaded(records, kb, vb, time.monotonic() - t0)
+
+
+class RateProducer:
+    """Produces latency records at a fixed rate from a thread; the key carries the produce time."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, schema_id: int, size: int):
+        self.topic = topic
+        self.partitions = partitions
+        self.value = make_value(schema_id, 0, size)
+        self.p = _producer(bootstrap, linger_ms=1)
+        self.sent = 0
+        self._warm = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def warm(self) -> None:
+        """One unmeasured record (key ``w...``), to find out when the contender starts delivering."""
+        _produce(self.p, self.topic, b"w%09d" % self._warm, self.value, self._warm % self.partitions)
+        self._warm += 1
+        self.p.poll(0)
+
+    def run(self, rate: float, seconds: float) -> None:
+        """Start producing ``rate`` records/s for ``seconds`` in the background."""
+        total = int(rate * seconds)
+
+        def loop() -> None:
+            t0 = time.monotonic()
+            seq = 0
+            while seq < total and not self._stop.is_set():
+                due = min(total, int((time.monotonic() - t0) * rate) + 1)
+                while seq < due:
+                    _produce(self.p, self.topic, measured_key(seq, time.time_ns()), self.value, seq % self.partitions)
+                    seq += 1
+                self.sent = seq
+                self.p.poll(0)
+                time.sleep(0.002)
+            self.p.flush(30)
+
+        self._thread = threading.Thread(target=loop, name="rate-producer", daemon=True)
+        self._thread.start()
+
+    def done(self) -> bool:
+        return self._thread is not None and not self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread:
+            self._thread.join(timeout)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join(10)
+        self.p.flush(10)

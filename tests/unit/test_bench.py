@@ -1,0 +1,117 @@
+"""The benchmark harness's pure helpers: data framing, latency keys, percentiles, configs, log parsing."""
+
+from __future__ import annotations
+
+import shlex
+import struct
+from datetime import datetime
+from io import BytesIO
+from pathlib import Path
+
+import yaml
+from fastavro import schemaless_reader
+
+from bench.contenders import (
+    Endpoints,
+    kcat_cmd,
+    mirrorflow_yaml,
+    mm2_properties,
+    mm2_remote_topic,
+    parse_batches,
+)
+from bench.observe import percentile
+from bench.report import add_ratios
+from bench.workload import PARSED, make_value, measured_key, parse_measured_key
+from mirror_core.config import parse_config
+
+EP = Endpoints("127.0.0.1:1", "127.0.0.1:2", "http://127.0.0.1:3/apis/ccompat/v7", "http://127.0.0.1:4/apis/ccompat/v7")
+
+
+def test_values_are_confluent_framed_avro_of_about_the_requested_size():
+    for size in (100, 1000):
+        v = make_value(42, 7, size)
+        assert v[0] == 0 and struct.unpack(">I", v[1:5])[0] == 42
+        assert size - 5 <= len(v) <= size
+        assert schemaless_reader(BytesIO(v[5:]), PARSED, None)["id"] == 7
+
+
+def test_measured_keys_round_trip_and_other_keys_are_ignored():
+    assert parse_measured_key(measured_key(12, 1_700_000_000_123_456_789)) == (12, 1_700_000_000_123_456_789)
+    assert parse_measured_key(b"w000000001") is None
+    assert parse_measured_key(b"000000001") is None
+    assert parse_measured_key(None) is None
+    assert parse_measured_key(b"mxyz.1") is None
+
+
+def test_percentile_is_nearest_rank():
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile(values, 100) == 100.0
+    assert percentile([5.0], 99) == 5.0
+    assert percentile([], 50) is None
+
+
+def test_mirrorflow_yaml_is_a_valid_mirrors_config(tmp_path: Path):
+    text = mirrorflow_yaml(EP, group="bench-eos-s100", source_topic="bench.s100",
+                           destination_topic="bench.s100.mirrorflow-eos", delivery="exactly_once",
+                           value_serde="avro", trigger="200 milliseconds", checkpoint_dir=tmp_path)
+    cfg = parse_config(yaml.safe_load(text), env={})
+    g = cfg.group("bench-eos-s100")
+    assert g.delivery == "exactly_once" and g.serdes.value == "avro"
+    assert g.spark.trigger == "200 milliseconds" and g.spark.conf["spark.ui.showConsoleProgress"] == "false"
+    assert g.mirrors[0].destination_topic == "bench.s100.mirrorflow-eos"
+
+
+def test_mm2_properties_give_every_internal_topic_replication_factor_one():
+    props = dict(line.split(" = ", 1) for line in mm2_properties(EP, "bench.s100").splitlines())
+    assert props["clusters"] == "src, dst" and props["src->dst.enabled"] == "true"
+    assert props["dst->src.enabled"] == "false" and props["src->dst.topics"] == "bench.s100"
+    for key in ("replication.factor", "offset-syncs.topic.replication.factor", "checkpoints.topic.replication.factor",
+                "heartbeats.topic.replication.factor", "config.storage.replication.factor",
+                "offset.storage.replication.factor", "status.storage.replication.factor"):
+        assert props[key] == "1", key
+    assert mm2_remote_topic("bench.s100") == "src.bench.s100"
+
+
+def test_kcat_pipeline_exits_at_end_only_when_draining():
+    drain = kcat_cmd("kcat", EP, "a", "b", exit_at_end=True)
+    live = kcat_cmd("kcat", EP, "a", "b", exit_at_end=False)
+    assert drain[:2] == ["bash", "-c"] and drain[2].startswith("set -o pipefail; ")
+
+    def consumer_args(cmd: list[str]) -> list[str]:
+        tokens = shlex.split(cmd[2].removeprefix("set -o pipefail; "))
+        return tokens[:tokens.index("|")]
+
+    assert "-e" in consumer_args(drain) and "-e" not in consumer_args(live)
+
+
+def test_parse_batches_reads_summaries_even_behind_a_progress_bar():
+    log = (
+        "2026-01-02 03:04:05,250 INFO py4j.clientserver Python Server ready\n"
+        "[Stage 0:====>   (1 + 1) / 6]\r        \r2026-01-02 03:04:10,500 INFO mirrorflow.stream g batch 0: "
+        "{'records': 20000, 'mirrored': 20000, 'latency_p50_ms': None, 'batch_id': 0, 'seconds': 2.5}\n"
+        "2026-01-02 03:04:11,000 INFO mirrorflow.stream g batch 1: {'records': 0, 'seconds': 0.1}\n"
+    )
+    batches = parse_batches(log)
+    assert [b.batch_id for b in batches] == [0, 1]
+    assert batches[0].summary["records"] == 20000
+    logged = datetime(2026, 1, 2, 3, 4, 10, 500000).timestamp()
+    assert abs(batches[0].logged_at - logged) < 1e-6
+    assert abs(batches[0].started_at - (logged - 2.5)) < 1e-6
+
+
+def test_ratios_compare_with_mm2_and_the_raw_pipe_of_the_same_size():
+    rows = [
+        {"phase": "throughput", "contender": "mm2", "size": 100, "status": "ok", "records_per_s": 10000},
+        {"phase": "throughput", "contender": "raw-python", "size": 100, "status": "ok", "records_per_s": 50000},
+        {"phase": "throughput", "contender": "mirrorflow-eos", "size": 100, "status": "ok", "records_per_s": 5000},
+        {"phase": "throughput", "contender": "mm2", "size": 1000, "status": "ok", "records_per_s": 1},
+        {"phase": "latency", "contender": "mm2", "status": "ok", "p50_ms": 40.0, "p99_ms": 100.0},
+        {"phase": "latency", "contender": "mirrorflow-eos", "status": "ok", "p50_ms": 400.0, "p99_ms": 500.0},
+        {"phase": "latency", "contender": "kcat", "status": "failed"},
+    ]
+    add_ratios(rows)
+    assert rows[2]["x_mm2"] == 0.5 and rows[2]["x_raw-python"] == 0.1
+    assert rows[5]["p50_x_mm2"] == 10.0 and rows[5]["p99_x_mm2"] == 5.0 and rows[5]["p50_x_raw-python"] is None
+    assert "x_mm2" not in rows[6]
