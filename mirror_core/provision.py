@@ -56,11 +56,11 @@ class ProvisionResult:
 
 def selected_mirrors(cfg: MirrorsConfig, group: GroupConfig) -> list[ResolvedMirror]:
     """Every concrete (source topic -> destination topic) mirror of the group, flows expanded."""
-    src_admin = clients.admin(cfg.cluster(group.source))
-    state = read_state(src_admin)
+    # topic names are all the filter needs: no per-topic config reads here (this runs every checkpoint round)
+    md = clients.admin(cfg.cluster(group.source)).list_topics(timeout=30)
     selector = TopicFilter(tuple(resolve_mirrors(group)), build_replication_policy(group), group.source,
                            group.destination)
-    chosen, _ = selector.select(sorted(state.topics))
+    chosen, _ = selector.select(sorted(t for t, info in md.topics.items() if info.error is None))
     return [c.mirror for c in chosen]
 
 

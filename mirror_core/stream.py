@@ -67,6 +67,7 @@ class MirrorRuntime:
         self.mirrors = tuple(resolve_mirrors(group))
         self.settings: dict[str, WriterSettings] = {}
         self.consumer_groups: dict[str, str] = {}
+        self._committers: dict[str, Any] = {}  # one long-lived consumer per mirror consumer group
         self.id_map: dict[int, int] = {}
         #: source topics already looked at (mirrored or deliberately not); any other topic a batch
         #: brings (a regex flow's new match, a heartbeats topic created later) triggers provisioning
@@ -218,7 +219,9 @@ class MirrorRuntime:
         from confluent_kafka import KafkaException, TopicPartition
 
         for cg, tps in commits.items():
-            c = clients.consumer(self.src, cg)
+            c = self._committers.get(cg)
+            if c is None:
+                c = self._committers[cg] = clients.consumer(self.src, cg)
             try:
                 c.commit(offsets=[TopicPartition(t, p, off) for t, p, off in tps], asynchronous=False)
             except KafkaException as exc:
@@ -226,8 +229,6 @@ class MirrorRuntime:
                 # the next batch commits again
                 log.warning("%s: could not commit source offsets for %s: %s", self.group.name, cg,
                             exc.args[0].str())
-            finally:
-                c.close()
 
 
 def heartbeat_selection(group: GroupConfig, policy: ReplicationPolicy, source_topics: list[str],
