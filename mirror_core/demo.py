@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import struct
 import subprocess
 import sys
@@ -22,7 +23,9 @@ from typing import Any
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from mirror_core import local
+from mirror_core import clients, local
+from mirror_core.config import ClusterConfig
+from mirror_core.errors import KafkaOperationError
 
 Say = Callable[[str], None]
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,11 +40,17 @@ ORDER_V3: dict[str, Any] = {**ORDER_V2, "fields": ORDER_V2["fields"] + [
 
 
 def ensure_clusters(say: Say) -> dict[str, dict[str, str | None]]:
+    """The running local clusters, started if needed. Fresh clusters get a fresh Spark checkpoint: the old
+    one holds offsets of topics that no longer exist, and Spark would resume from them."""
     env = local.LocalEnv.from_environment()
     st = local.status(env)
     if not st.get("running"):
         say("starting local clusters...")
         local.up(env, local.default_spec(), progress=say)
+        from mirror_core.config import load_config
+
+        ckpt = Path(load_config(CONFIG).group("demo").spark.checkpoint_dir)
+        shutil.rmtree(ckpt if ckpt.is_absolute() else ROOT / ckpt, ignore_errors=True)
     return local.running_endpoints(env)
 
 
@@ -79,39 +88,13 @@ def produce_sample(bootstrap: str, registry: str, records: int, say: Say) -> dic
 
 
 def count_per_partition(bootstrap: str, topic: str) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "mirrorflow-demo-count",
-                  "isolation.level": "read_committed", "log_level": 3})
+    """Records a read_committed consumer sees per partition (transaction markers occupy offsets too)."""
+    cluster = ClusterConfig(kafka={"bootstrap.servers": bootstrap})
     try:
-        md = c.list_topics(topic, timeout=10).topics.get(topic)
-        if md is None or md.error:
-            return {}
-        out = {}
-        for p in md.partitions:
-            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            out[p] = _committed_records(c, topic, p, lo, hi)
-        return out
-    finally:
-        c.close()
-
-
-def _committed_records(c: Consumer, topic: str, p: int, lo: int, hi: int) -> int:
-    """Count records a read_committed consumer sees (transaction markers occupy offsets too)."""
-    if hi <= lo:
-        return 0
-    c.assign([TopicPartition(topic, p, lo)])
-    n = 0
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        batch = c.consume(5000, 1.0)
-        if not batch:
-            pos = c.position([TopicPartition(topic, p)])[0].offset
-            if pos >= hi or pos < 0:
-                break
-            continue
-        n += sum(1 for m in batch if not m.error())
-        if (batch[-1].offset() or 0) >= hi - 1:
-            break
-    return n
+        ends = clients.end_offsets(cluster, topic)
+    except KafkaOperationError:
+        return {}
+    return {p: sum(1 for _ in clients.read_partition(cluster, topic, p, lo, hi)) for p, (lo, hi) in ends.items()}
 
 
 def run(records: int = 30000, say: Say = print) -> int:
