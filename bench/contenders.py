@@ -42,11 +42,14 @@ class Endpoints:
 
 
 def mirrorflow_yaml(ep: Endpoints, *, group: str, source_topic: str, destination_topic: str, delivery: str,
-                    value_serde: str, trigger: str, checkpoint_dir: Path, master: str = "local[2]") -> str:
+                    value_serde: str, trigger: str, checkpoint_dir: Path, master: str = "local[2]",
+                    driver_batch_max_records: int | None = None) -> str:
     """A mirrors YAML with one group mirroring ``source_topic`` to ``destination_topic``."""
     def reg(url: str | None) -> str:
         return f"\n    schema_registry: {{url: \"{url}\"}}" if url else ""
 
+    driver_max = "" if driver_batch_max_records is None else \
+        f"\n      driver_batch_max_records: {driver_batch_max_records}"
     return f"""clusters:
   src:
     kafka: {{bootstrap.servers: "{ep.src_bootstrap}"}}{reg(ep.src_registry)}
@@ -66,7 +69,7 @@ groups:
     spark:
       master: "{master}"
       trigger: "{trigger}"
-      checkpoint_dir: "{checkpoint_dir}"
+      checkpoint_dir: "{checkpoint_dir}"{driver_max}
       conf: {{spark.ui.showConsoleProgress: "false"}}
     mirrors:
       - source_topic: {source_topic}

@@ -67,7 +67,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rate", type=float, default=None, help="latency phase produce rate, records/s (default 2000)")
     ap.add_argument("--seconds", type=float, default=None, help="latency phase duration (default 20)")
     ap.add_argument("--latency-size", type=int, default=100, help="value size in the latency phase")
+    ap.add_argument("--warmup", type=float, default=None,
+                    help="seconds of trickle after a contender's first delivery, before the measured window "
+                         "(the same for every contender; default 10, --quick 1)")
     ap.add_argument("--trigger", default="200 milliseconds", help="mirrorflow's Spark trigger in the latency phase")
+    ap.add_argument("--driver-max", type=int, default=None,
+                    help="mirrorflow's spark.driver_batch_max_records (default: the product default)")
     ap.add_argument("--mm2-tasks", type=int, default=2, help="MM2 tasks.max (Spark runs local[2])")
     ap.add_argument("--timeout", type=float, default=600.0, help="deadline per contender run, seconds")
     ap.add_argument("--no-latency", action="store_true", help="skip the latency phase")
@@ -90,7 +95,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     lat_default = ["mirrorflow-eos", "mm2", "raw-python"] if quick else list(LATENCY_CONTENDERS)
     lat = [c for c in args.latency_contenders.split(",") if c] if args.latency_contenders else lat_default
     args.latency_contenders = [] if args.no_latency else lat
-    args.warmup = 1.0 if quick else 3.0
+    args.warmup = args.warmup if args.warmup is not None else (1.0 if quick else 10.0)
     bad = [c for c in args.contenders if c not in CONTENDERS]
     bad += [c for c in args.latency_contenders if c not in LATENCY_CONTENDERS]
     if bad:
@@ -176,7 +181,8 @@ class Bench:
             path = cfgs / f"{group}.yaml"
             path.write_text(mirrorflow_yaml(
                 self.ep, group=group, source_topic=source, destination_topic=dest, delivery=delivery,
-                value_serde="avro", trigger=self.args.trigger, checkpoint_dir=self.out / "checkpoints"))
+                value_serde="avro", trigger=self.args.trigger, checkpoint_dir=self.out / "checkpoints",
+                driver_batch_max_records=self.args.driver_max))
             cmd = mirrorflow_cmd(path, group, once=drain)
         elif contender == "mm2":
             dest = mm2_remote_topic(source)
@@ -342,6 +348,7 @@ class Bench:
                         next_warm = time.monotonic() + 0.5
                     watcher.poll(0.1)
                 row["ready_s"] = round((watcher.seen.first_at or time.time()) - run.started_at, 2)
+                row["warmup_s"] = self.args.warmup
                 # 2. a short warm-up at the measured rate's cadence, then the measured window
                 warm_until = time.monotonic() + self.args.warmup
                 while time.monotonic() < warm_until:

@@ -267,6 +267,9 @@ class SparkConfig(_Frozen):
     trigger: str = "1 second"
     checkpoint_dir: str = ".state/checkpoints"
     max_offsets_per_trigger: int | None = Field(default=None, gt=0)
+    #: micro-batches of at most this many records are written by the driver's long-lived writer (warm
+    #: producers and positions); larger ones by one Spark task per Kafka partition. 0 = always by tasks
+    driver_batch_max_records: int = Field(default=50000, ge=0)
     metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus /metrics on the driver; 0 = off
     conf: dict[str, str] = Field(default_factory=dict)
 

@@ -9,6 +9,10 @@ Names (all labelled by ``group`` and ``mirror``):
 - ``mirrorflow_records_loop_skipped_total`` — records not mirrored back (provenance header)
 - ``mirrorflow_schema_id_cache_misses_total`` — schema ids resolved on the fly (registered on a miss)
 - ``mirrorflow_batch_duration_seconds`` — histogram of micro-batch durations (label ``group`` only)
+- ``mirrorflow_writer_seconds_total`` — writer task time by ``phase`` (label ``group`` and ``phase``:
+  ``input`` = waiting for Spark's Arrow batches and converting them, ``setup`` = producer start and
+  position lookup, ``produce`` = producing until every record is
+  acknowledged, ``commit`` = committing the transaction / the offset syncs)
 - ``mirrorflow_replication_latency_ms`` — histogram of destination commit time minus source record
   timestamp, sampled per batch (MM2's ``replication-latency-ms``)
 """
@@ -29,6 +33,8 @@ LOOPED = Counter("mirrorflow_records_loop_skipped", "Records not mirrored back (
 MISSES = Counter("mirrorflow_schema_id_cache_misses", "Schema ids resolved on a cache miss", _L, registry=REGISTRY)
 BATCH_SECONDS = Histogram("mirrorflow_batch_duration_seconds", "Micro-batch duration", ("group",),
                           registry=REGISTRY, buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
+PHASE_SECONDS = Counter("mirrorflow_writer_seconds", "Writer task time by phase", ("group", "phase"),
+                        registry=REGISTRY)
 LATENCY_MS = Histogram("mirrorflow_replication_latency_ms", "Destination commit time minus source timestamp", _L,
                        registry=REGISTRY,
                        buckets=(10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000))

@@ -25,8 +25,10 @@ coordinates in headers (``on_error: dead_letter``) or fails the task
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
+import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -37,14 +39,15 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from mirror_core import wire
 from mirror_core.errors import MirrorError
-from mirror_core.offsets import OffsetSync, syncs_for_batch
+from mirror_core.offsets import OffsetFormatError, OffsetSync, syncs_for_batch
 from mirror_core.partitioner import java_partition
 
 log = logging.getLogger(__name__)
 
 PROVENANCE_HEADER = "mirrorflow.provenance"
 DLQ_HEADERS = ("mirrorflow.error.reason", "mirrorflow.error.detail", "mirrorflow.source.topic",
-               "mirrorflow.source.partition", "mirrorflow.source.offset", "mirrorflow.mirror")
+               "mirrorflow.source.partition", "mirrorflow.source.offset", "mirrorflow.mirror",
+               "mirrorflow.error.payload_omitted")
 SCHEMA_SERDES = ("avro", "protobuf", "json_schema")
 
 Header = tuple[str, bytes | None]
@@ -63,6 +66,37 @@ class SourceRecord:
     value: bytes | None
     headers: tuple[Header, ...]
     timestamp_ms: int
+
+
+@dataclass(slots=True)
+class Columns:
+    """One source partition's records column by column, in offset order: what the Spark job hands the
+    writer (built straight from Arrow columns, no object per record). ``headers`` is None when no record
+    in it has headers."""
+
+    offsets: list[int]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+    timestamps: list[int]
+    headers: list[tuple[Header, ...]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def slice(self, start: int, stop: int) -> Columns:
+        return Columns(self.offsets[start:stop], self.keys[start:stop], self.values[start:stop],
+                       self.timestamps[start:stop], None if self.headers is None else self.headers[start:stop])
+
+    def record(self, topic: str, partition: int, i: int) -> SourceRecord:
+        return SourceRecord(topic, partition, self.offsets[i], self.keys[i], self.values[i],
+                            self.headers[i] if self.headers is not None else (), self.timestamps[i])
+
+    @classmethod
+    def from_records(cls, records: Iterable[SourceRecord]) -> Columns:
+        recs = list(records)
+        headers = [r.headers for r in recs]
+        return cls([r.offset for r in recs], [r.key for r in recs], [r.value for r in recs],
+                   [r.timestamp_ms for r in recs], headers if any(headers) else None)
 
 
 @dataclass(frozen=True)
@@ -119,6 +153,10 @@ class BatchResult:
     upstream_end: int | None = None
     last_downstream: int | None = None
     latency_ms: list[float] = field(default_factory=list)
+    #: where the time went: producer start / position lookup, producing until every ack, committing
+    setup_ms: float = 0.0
+    produce_ms: float = 0.0
+    commit_ms: float = 0.0
 
 
 class SchemaIdTranslator:
@@ -255,6 +293,23 @@ def dead_letter_headers(rec: SourceRecord, dl: DeadLetter, mirror: str) -> list[
     ]
 
 
+#: a dead letter larger than this (as a record batch) keeps its reason and source coordinates but not its
+#: payload: the broker's default limit is 1 MiB, and a dead letter that cannot be written would stop the
+#: partition. The record itself stays on the source, where the coordinates point.
+DLQ_MAX_BYTES = 1_000_000
+
+
+def dead_letter_record(rec: SourceRecord, dl: DeadLetter, mirror: str
+                       ) -> tuple[bytes | None, bytes | None, list[Header]]:
+    """Key, value and headers of ``rec``'s dead letter (see :data:`DLQ_MAX_BYTES`)."""
+    headers = dead_letter_headers(rec, dl, mirror)
+    if record_batch_size(rec.key, rec.value, tuple(headers)) <= DLQ_MAX_BYTES:
+        return rec.key, rec.value, headers
+    omitted = (f"key {len(rec.key or b'')} B, value {len(rec.value or b'')} B, {len(rec.headers)} headers: "
+               f"too large for the dead-letter topic; read it at the source coordinates").encode()
+    return None, None, headers[len(rec.headers):] + [("mirrorflow.error.payload_omitted", omitted)]
+
+
 # --------------------------------------------------------------------------- producers and positions
 
 
@@ -284,14 +339,24 @@ def _producer(s: WriterSettings, partition: int) -> tuple[Producer, str]:
         txid = s.transactional_id_for(partition)
         if txid not in _PRODUCERS:
             p = Producer(s.producer_config | base | {"transactional.id": txid, "transaction.timeout.ms": 60000})
+            # metadata first: librdkafka's coordinator lookup otherwise often races the swap of the
+            # bootstrap connection for the broker's own and waits out a 500 ms retry timer
+            p.list_topics(s.destination_topic, timeout=30)
             p.init_transactions(60)  # fences any zombie with the same transactional.id
             _PRODUCERS[txid] = p
             _POSITIONS.pop(txid, None)  # a zombie may have committed since: re-read
         return _PRODUCERS[txid], txid
-    key = f"{s.transactional_id}.alo"
+    key = f"{s.transactional_id}.{partition}.alo"  # per partition too: flushes never wait for another's
     if key not in _PRODUCERS:
         _PRODUCERS[key] = Producer(s.producer_config | base)
     return _PRODUCERS[key], key
+
+
+def release_producers() -> None:
+    """Forget this process's producers and positions: another process (the Spark tasks) takes the
+    partitions over and fences them, so the next use would fail and start over anyway."""
+    _PRODUCERS.clear()
+    _POSITIONS.clear()
 
 
 def _drop_producer(key: str) -> None:
@@ -309,6 +374,8 @@ def last_committed_sync(consumer_config: dict[str, Any], syncs_topic: str, topic
     c = Consumer(consumer_config | {
         "group.id": "mirrorflow-position-lookup", "enable.auto.commit": False,
         "isolation.level": "read_committed", "log_level": 3, "enable.partition.eof": True,
+        # the scan ends at the partition's end, where a fetch would otherwise wait 500 ms for more data
+        "fetch.wait.max.ms": 10,
     })
     try:
         md = c.list_topics(syncs_topic, timeout=timeout)
@@ -353,7 +420,12 @@ def _scan(c: Consumer, syncs_topic: str, p: int, start: int, end: int, topic: st
             raise WriterError(f"reading {syncs_topic}: {msg.error().str()}")
         if msg.offset() >= end:
             break
-        sync = OffsetSync.from_record(msg.key(), msg.value())
+        try:
+            sync = OffsetSync.from_record(msg.key(), msg.value())
+        except OffsetFormatError as exc:
+            # not ours to judge: something else wrote to the topic; it never stops the mirror
+            log.warning("%s[%d]@%d is not an offset sync, skipped: %s", syncs_topic, p, msg.offset(), exc)
+            continue
         if sync.topic == topic and sync.partition == partition:
             found = sync  # later records in the log supersede earlier ones
         if msg.offset() >= end - 1:
@@ -390,6 +462,51 @@ def position_syncs(topic: str, partition: int, first_upstream: int, upstream_end
 # --------------------------------------------------------------------------- the writer
 
 
+class FastPath:
+    """The common case of :func:`decide`, column-wise and without building a record object.
+
+    Applies when the writer has no provenance to add and keeps partition numbers; a record takes it
+    when its schema ids (``0x00`` + int32 framing) are in the id map, it has no schema-id headers and
+    it is clearly under the destination's size limit. Every other record goes through :func:`decide`,
+    so the fast path only ever produces what :func:`decide` would (``tests/unit/test_replicate.py``
+    checks the two agree record for record).
+    """
+
+    def __init__(self, s: WriterSettings, translator: SchemaIdTranslator):
+        self.enabled = not s.provenance and s.destination_partitions >= s.source_partitions
+        self.key_schema = s.key_serde in SCHEMA_SERDES
+        self.value_schema = s.value_serde in SCHEMA_SERDES
+        self.any_schema = self.key_schema or self.value_schema
+        compressed = _compressed(s.producer_config)
+        self.limit = None if compressed or s.destination_max_message_bytes is None else s.destination_max_message_bytes
+        #: source framing prefix (0x00 + id) -> destination prefix: the id map as bytes
+        self.prefixes: dict[bytes, bytes] = {}
+        self.refresh(translator)
+
+    def refresh(self, translator: SchemaIdTranslator) -> None:
+        for src, dst in translator.id_map.items():
+            if _INT32_MIN <= src <= _INT32_MAX and _INT32_MIN <= dst <= _INT32_MAX:
+                self.prefixes[_ID_PREFIX.pack(0, src)] = _ID_PREFIX.pack(0, dst)
+
+    def rewrite(self, data: bytes) -> bytes | None:
+        """``data`` with its id-framed schema id mapped, or None (not id-framed, or a miss)."""
+        new = self.prefixes.get(data[:5])
+        return None if new is None else new + data[5:]
+
+    def fits(self, key: bytes | None, value: bytes | None, headers: tuple[Header, ...]) -> bool:
+        """Surely within the size limit (the exact batch size is only computed near the limit)."""
+        if self.limit is None:
+            return True
+        rough = (len(key) if key else 0) + (len(value) if value else 0) + 128
+        if headers:
+            rough += sum(4 * len(n) + (len(v) if v else 0) + 10 for n, v in headers)  # 4: UTF-8 worst case
+        return rough <= self.limit or record_batch_size(key, value, headers) <= self.limit
+
+
+_ID_PREFIX = struct.Struct(">bi")
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
 class PartitionWriter:
     """Writes chunks of one source partition's records; see the module docstring for guarantees.
 
@@ -403,26 +520,28 @@ class PartitionWriter:
                  downstream_end: Callable[[str, int], int] | None = None):
         self.s = settings
         self.translator = translator
+        self.fast = FastPath(settings, translator)
         self.position_lookup = position_lookup
         self.downstream_end = downstream_end or (
             lambda t, p: committed_end_offset(settings.producer_config, t, p))
 
-    def write(self, partition: int, records: Iterable[SourceRecord], upstream_end: int | None = None) -> BatchResult:
+    def write(self, partition: int, records: Iterable[SourceRecord] | Columns,
+              upstream_end: int | None = None) -> BatchResult:
         """Mirror one chunk of records of ``partition`` (in offset order).
 
         ``result.last_downstream + 1`` is the partition's downstream position after the chunk (set also
         when nothing was written to the destination topic but a position sync was).
         """
-        chunk = list(records)
-        result = BatchResult(self.s.source_topic, partition, records_in=len(chunk))
-        if not chunk:
+        cols = records if isinstance(records, Columns) else Columns.from_records(records)
+        result = BatchResult(self.s.source_topic, partition, records_in=len(cols))
+        if not len(cols):
             return result
-        result.first_offset, result.last_offset = chunk[0].offset, chunk[-1].offset
-        result.upstream_end = upstream_end if upstream_end is not None else chunk[-1].offset + 1
+        result.first_offset, result.last_offset = cols.offsets[0], cols.offsets[-1]
+        result.upstream_end = upstream_end if upstream_end is not None else cols.offsets[-1] + 1
         if self.s.delivery == "exactly_once":
-            self._write_transactional(partition, chunk, result)
+            self._write_transactional(partition, cols, result)
         else:
-            self._write_at_least_once(partition, chunk, result)
+            self._write_at_least_once(partition, cols, result)
         return result
 
     def advance(self, partition: int, upstream_end: int, last_downstream: int) -> None:
@@ -451,7 +570,7 @@ class PartitionWriter:
                 _POSITIONS[key] = Position(int(found))
         return _POSITIONS.get(key)
 
-    def _syncs(self, partition: int, todo: list[SourceRecord], pairs: list[tuple[int, int]], upstream_end: int,
+    def _syncs(self, partition: int, first_upstream: int, pairs: list[tuple[int, int]], upstream_end: int,
                position: Position | None) -> tuple[list[OffsetSync], int | None]:
         """The chunk's offset syncs and the downstream position after it (None: nothing to record)."""
         if pairs:
@@ -462,24 +581,28 @@ class PartitionWriter:
             dst_partition = partition if self.s.destination_partitions >= self.s.source_partitions \
                 else partition % self.s.destination_partitions
             downstream = self.downstream_end(self.s.destination_topic, dst_partition)
-        return position_syncs(self.s.source_topic, partition, todo[0].offset, upstream_end, downstream), downstream
+        return position_syncs(self.s.source_topic, partition, first_upstream, upstream_end, downstream), downstream
 
     # -- exactly once
 
-    def _write_transactional(self, partition: int, chunk: list[SourceRecord], result: BatchResult) -> None:
+    def _write_transactional(self, partition: int, chunk: Columns, result: BatchResult) -> None:
         forced_dead: dict[int, DeadLetter] = {}
         for _attempt in range(3):
+            t0 = time.monotonic()
             producer, key = _producer(self.s, partition)
             position = self._position(key, partition)
-            todo = [r for r in chunk if position is None or r.offset >= position.upstream]
-            result.replayed_skipped = len(chunk) - len(todo)
-            if not todo:
+            start = 0 if position is None else bisect.bisect_left(chunk.offsets, position.upstream)
+            todo = chunk.slice(start, len(chunk)) if start else chunk
+            result.replayed_skipped = start
+            t1 = time.monotonic()
+            result.setup_ms += (t1 - t0) * 1000
+            if not len(todo):
                 return
             upstream_end = result.upstream_end or 0
             try:
                 producer.begin_transaction()
                 try:
-                    acks, too_large = self._produce_all(producer, todo, result, forced_dead)
+                    acks, too_large = self._produce_all(producer, partition, todo, result, forced_dead)
                 except WriterError:
                     # on_error=fail (or unacknowledged records): nothing of this chunk may commit
                     _abort_quietly(producer)
@@ -496,11 +619,13 @@ class PartitionWriter:
                     _reset_counts(result)
                     continue
                 pairs = [(u, d) for u, d in acks if d is not None]
-                syncs, downstream = self._syncs(partition, todo, pairs, upstream_end, position)
+                syncs, downstream = self._syncs(partition, todo.offsets[0], pairs, upstream_end, position)
                 for sync in syncs:
                     producer.produce(self.s.offset_syncs_topic, key=sync.key_bytes(), value=sync.value_bytes(),
                                      partition=0)
+                t2 = time.monotonic()
                 producer.commit_transaction(60)
+                result.commit_ms += (time.monotonic() - t2) * 1000
             except KafkaException as exc:
                 err = exc.args[0]
                 _drop_producer(key)
@@ -511,8 +636,7 @@ class PartitionWriter:
                     _reset_counts(result)
                     continue
                 raise WriterError(f"{self.s.mirror} partition {partition}: transaction failed: {err.str()}") from None
-            now = time.time() * 1000
-            result.latency_ms = [now - r.timestamp_ms for r in todo[:: max(1, len(todo) // 200)]]
+            _note_latency(result, todo.timestamps)
             _POSITIONS[key] = Position(upstream_end, downstream)
             result.last_downstream = None if downstream is None else downstream - 1
             return
@@ -532,10 +656,15 @@ class PartitionWriter:
             return False
         log.info("%s: %s accepts %d-byte batches; re-splitting", self.s.mirror, self.s.destination_topic, limit)
         self.s = dataclasses.replace(self.s, destination_max_message_bytes=limit)
+        self.fast = FastPath(self.s, self.translator)
         return True
 
-    def _produce_all(self, producer: Producer, todo: list[SourceRecord], result: BatchResult,
+    def _produce_all(self, producer: Producer, partition: int, cols: Columns, result: BatchResult,
                      forced_dead: dict[int, DeadLetter]) -> tuple[list[tuple[int, int | None]], list[int]]:
+        """Produce ``cols`` (records to the destination topic, dead letters to the DLQ) and wait for every
+        acknowledgement. Returns (upstream, downstream) per acknowledged record, sorted, and the upstream
+        offsets of records the broker rejected as too large."""
+        t0 = time.monotonic()
         acks: list[tuple[int, int | None]] = []
         errors: list[tuple[int, KafkaError]] = []
 
@@ -547,8 +676,44 @@ class PartitionWriter:
                     acks.append((upstream, msg.offset()))
             return cb
 
-        for rec in todo:
-            decision = forced_dead.get(rec.offset) or decide(rec, self.s, self.translator)
+        s, fast = self.s, self.fast
+        topic = s.destination_topic
+        produce = producer.produce
+        offsets, keys, values, stamps, headers = cols.offsets, cols.keys, cols.values, cols.timestamps, cols.headers
+        fast_ok = fast.enabled and not forced_dead
+        key_schema, value_schema = fast.key_schema, fast.value_schema
+        mirrored = bytes_out = 0
+        misses_seen = misses_before = self.translator.misses
+        for i in range(len(offsets)):
+            k, v = keys[i], values[i]
+            hs = headers[i] if headers is not None else ()
+            if fast_ok and not (hs and fast.any_schema and _has_id_header(hs)):
+                # the common case, inline: map the framed ids, keep the partition
+                nk, nv = k, v
+                if value_schema and v is not None:
+                    nv = fast.rewrite(v)
+                if key_schema and k is not None:
+                    nk = fast.rewrite(k)
+                if (nv is not None or v is None) and (nk is not None or k is None) and fast.fits(nk, nv, hs):
+                    try:
+                        produce(topic, nv, nk, partition, on_delivery=on_delivery(offsets[i]), timestamp=stamps[i],
+                                headers=list(hs) if hs else None)  # confluent-kafka takes a list, not a tuple
+                    except BufferError:
+                        producer.poll(0.1)
+                        self._produce(producer, topic, partition, nk, nv, list(hs), stamps[i],
+                                      on_delivery(offsets[i]))
+                    except KafkaException as exc:
+                        if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                            raise
+                        self._dead_letter(producer, cols.record(s.source_topic, partition, i),
+                                          DeadLetter("record_too_large", exc.args[0].str()), result)
+                        continue
+                    mirrored += 1
+                    bytes_out += (len(nv) if nv else 0) + (len(nk) if nk else 0)
+                    continue
+            # everything else: the full decision (misses, framing errors, provenance, hashing, sizes)
+            rec = cols.record(s.source_topic, partition, i)
+            decision = forced_dead.get(rec.offset) or decide(rec, s, self.translator)
             if decision == "skip_provenance":
                 result.provenance_skipped += 1
                 continue
@@ -556,27 +721,33 @@ class PartitionWriter:
                 self._dead_letter(producer, rec, decision, result)
                 continue
             assert isinstance(decision, OutRecord)
+            if self.translator.misses != misses_seen:  # a miss extended the id map
+                fast.refresh(self.translator)
+                misses_seen = self.translator.misses
             try:
-                self._produce(producer, self.s.destination_topic, decision.partition, decision.key, decision.value,
+                self._produce(producer, topic, decision.partition, decision.key, decision.value,
                               list(decision.headers), decision.timestamp_ms, on_delivery(rec.offset))
             except KafkaException as exc:
                 if exc.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE:
                     self._dead_letter(producer, rec, DeadLetter("record_too_large", exc.args[0].str()), result)
                     continue
                 raise
-            result.mirrored += 1
-            result.bytes_out += len(decision.value or b"") + len(decision.key or b"")
+            mirrored += 1
+            bytes_out += len(decision.value or b"") + len(decision.key or b"")
+        result.mirrored += mirrored
+        result.bytes_out += bytes_out
         remaining = producer.flush(60)
+        result.produce_ms += (time.monotonic() - t0) * 1000
         if remaining:
             raise WriterError(f"{self.s.mirror}: {remaining} records not acknowledged within 60 s")
-        result.cache_misses = self.translator.misses
+        result.cache_misses += self.translator.misses - misses_before
         too_large = sorted(u for u, e in errors if _is_too_large(e))
         fatal = [e for _, e in errors if not _is_too_large(e)]
         if fatal:
             raise KafkaException(fatal[0])
         if too_large and self.s.on_error == "fail":
-            by_offset = {r.offset: r for r in todo}
-            self._dead_letter(producer, by_offset[too_large[0]],
+            i = bisect.bisect_left(cols.offsets, too_large[0])
+            self._dead_letter(producer, cols.record(s.source_topic, partition, i),
                               DeadLetter("record_too_large", "the destination rejected the record size"), result)
         acks.sort()
         return acks, too_large
@@ -596,16 +767,18 @@ class PartitionWriter:
             raise WriterError(
                 f"{self.s.mirror}: cannot mirror {rec.topic}[{rec.partition}]@{rec.offset}: {dl.reason}: {dl.detail}"
             )
-        self._produce(producer, self.s.dlq_topic, 0, rec.key, rec.value,
-                      dead_letter_headers(rec, dl, self.s.mirror), rec.timestamp_ms, None)
+        key, value, headers = dead_letter_record(rec, dl, self.s.mirror)
+        self._produce(producer, self.s.dlq_topic, 0, key, value, headers, rec.timestamp_ms, None)
         result.dead_lettered += 1
         log.warning("%s: dead-lettered %s[%d]@%d: %s", self.s.mirror, rec.topic, rec.partition, rec.offset, dl.reason)
 
     # -- at least once
 
-    def _write_at_least_once(self, partition: int, chunk: list[SourceRecord], result: BatchResult) -> None:
+    def _write_at_least_once(self, partition: int, chunk: Columns, result: BatchResult) -> None:
+        t0 = time.monotonic()
         producer, key = _producer(self.s, partition)
-        acks, too_large = self._produce_all(producer, chunk, result, {})
+        result.setup_ms += (time.monotonic() - t0) * 1000
+        acks, too_large = self._produce_all(producer, partition, chunk, result, {})
         if too_large and self._learn_size_limit():
             # whole batches were rejected: write again from the first rejected record with batches that
             # fit (records after it that did land are written twice: at-least-once)
@@ -617,27 +790,40 @@ class PartitionWriter:
             if position is not None:
                 _POSITIONS[key] = position
             producer, key = _producer(self.s, partition)
-            more, too_large = self._produce_all(producer, [r for r in chunk if r.offset >= first], result, {})
+            rest = chunk.slice(bisect.bisect_left(chunk.offsets, first), len(chunk))
+            more, too_large = self._produce_all(producer, partition, rest, result, {})
             acks += more
         if too_large:
-            by_offset = {r.offset: r for r in chunk}
             for off in too_large:
-                self._dead_letter(producer, by_offset[off], DeadLetter("record_too_large", "rejected by broker"),
-                                  result)
+                i = bisect.bisect_left(chunk.offsets, off)
+                self._dead_letter(producer, chunk.record(self.s.source_topic, partition, i),
+                                  DeadLetter("record_too_large", "rejected by broker"), result)
                 result.mirrored -= 1
             if producer.flush(60):
                 raise WriterError(f"{self.s.mirror}: dead letters not acknowledged within 60 s")
         pairs = [(u, d) for u, d in acks if d is not None]
         upstream_end = result.upstream_end or 0
-        syncs, downstream = self._syncs(partition, chunk, pairs, upstream_end, _POSITIONS.get(key))
+        syncs, downstream = self._syncs(partition, chunk.offsets[0], pairs, upstream_end, _POSITIONS.get(key))
+        t1 = time.monotonic()
         for sync in syncs:
             producer.produce(self.s.offset_syncs_topic, key=sync.key_bytes(), value=sync.value_bytes(), partition=0)
         if producer.flush(60):
             raise WriterError(f"{self.s.mirror}: offset syncs not acknowledged within 60 s")
+        result.commit_ms += (time.monotonic() - t1) * 1000
         _POSITIONS[key] = Position(upstream_end, downstream)
-        now = time.time() * 1000
-        result.latency_ms = [now - r.timestamp_ms for r in chunk[:: max(1, len(chunk) // 200)]]
+        _note_latency(result, chunk.timestamps)
         result.last_downstream = None if downstream is None else downstream - 1
+
+
+def _has_id_header(headers: tuple[Header, ...]) -> bool:
+    return any(name in wire.SCHEMA_ID_HEADERS for name, _ in headers)
+
+
+def _note_latency(result: BatchResult, timestamps: list[int]) -> None:
+    """Replication latency (now, just after the commit/acknowledgement, minus CreateTime) of up to 200
+    records spread over the chunk."""
+    now = time.time() * 1000
+    result.latency_ms = [now - ts for ts in timestamps[:: max(1, len(timestamps) // 200)]]
 
 
 def _is_too_large(err: KafkaError) -> bool:

@@ -13,6 +13,8 @@ import json
 import logging
 import re
 import statistics
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,11 +25,10 @@ from mirror_core.config import GroupConfig, MirrorsConfig, default_consumer_grou
 from mirror_core.policy import ReplicationPolicy, TopicFilter, TopicSelection, build_replication_policy
 from mirror_core.replicate import (
     BatchResult,
+    Columns,
     PartitionWriter,
     SchemaIdTranslator,
-    SourceRecord,
     WriterSettings,
-    chunks,
     last_committed_sync,
 )
 from mirror_core.topics import ClusterState, read_state
@@ -39,9 +40,11 @@ RESULT_FIELDS = (
     ("bytes_out", "long"), ("replayed_skipped", "long"), ("provenance_skipped", "long"),
     ("dead_lettered", "long"), ("cache_misses", "long"), ("first_offset", "long"), ("last_offset", "long"),
     ("upstream_end", "long"), ("last_downstream", "long"), ("latency_ms", "array<double>"),
+    ("setup_ms", "double"), ("produce_ms", "double"), ("commit_ms", "double"), ("input_ms", "double"),
 )
 RESULT_DDL = ", ".join(f"{n} {t}" for n, t in RESULT_FIELDS)
 CHUNK_RECORDS = 20000
+DRIVER_THREADS = 8  # partitions written at once by the driver (their network waits overlap)
 
 
 @dataclass(frozen=True)
@@ -179,12 +182,38 @@ class MirrorRuntime:
         return WriterPlan(dict(self.settings), dict(self.id_map), ends,
                           clients.kafka_config(self.dst), regs)
 
+    def batch_records(self, batch_id: int) -> int | None:
+        """How many offsets micro-batch ``batch_id`` spans (from Spark's offset log), or None when unknown
+        (the first batch of a checkpoint: it may hold the whole backlog)."""
+        ends = read_batch_end_offsets(self.checkpoint_dir(), batch_id)
+        if batch_id == 0:
+            starts = read_initial_offsets(self.checkpoint_dir())
+        else:
+            starts = read_batch_end_offsets(self.checkpoint_dir(), batch_id - 1)
+        if not ends or not starts:
+            return None
+        total = 0
+        for topic, parts in ends.items():
+            before = starts.get(topic, {})
+            for p, end in parts.items():
+                if before.get(p, -1) < 0:
+                    return None  # a new partition or topic (read from its start), or a symbolic offset
+                total += max(0, end - before[p])
+        return total
+
+    def on_driver(self, batch_id: int) -> bool:
+        """Write this micro-batch in the driver (see ``spark.driver_batch_max_records``)."""
+        limit = self.group.spark.driver_batch_max_records
+        n = self.batch_records(batch_id) if limit else None
+        return n is not None and n <= limit
+
     def after_batch(self, batch_id: int, rows: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
         """Commit source offsets under each mirror's consumer group, update metrics, return a summary."""
         from mirror_core import metrics
 
         commits: dict[str, list[tuple[str, int, int]]] = {}
         totals = {"records": 0, "mirrored": 0, "dead_lettered": 0, "replayed_skipped": 0, "bytes": 0}
+        phases = {"input": 0.0, "setup": 0.0, "produce": 0.0, "commit": 0.0}
         for r in rows:
             s = self.settings.get(r["topic"])
             if s is None:
@@ -206,12 +235,18 @@ class MirrorRuntime:
             totals["dead_lettered"] += r["dead_lettered"]
             totals["replayed_skipped"] += r["replayed_skipped"]
             totals["bytes"] += r["bytes_out"]
+            for ph in phases:
+                phases[ph] += r[f"{ph}_ms"] or 0.0
         metrics.BATCH_SECONDS.labels(self.group.name).observe(seconds)
         self.commit_source_offsets(commits)
         lats = [x for r in rows for x in (r["latency_ms"] or [])]
         totals["latency_p50_ms"] = round(statistics.median(lats), 1) if lats else None
         totals["batch_id"] = batch_id
         totals["seconds"] = round(seconds, 3)
+        # task time summed over partitions (tasks overlap, so the sum can exceed the batch's seconds)
+        totals["task_ms"] = {ph: round(v) for ph, v in phases.items()}
+        for ph, v in phases.items():
+            metrics.PHASE_SECONDS.labels(self.group.name, ph).inc(v / 1000)
         return totals
 
     def commit_source_offsets(self, commits: dict[str, list[tuple[str, int, int]]]) -> None:
@@ -281,6 +316,24 @@ def raise_plan_errors(plan: Any) -> None:
     raise PlanError("; ".join(f"{a.topic}: {a.reason}" for a in plan.topics.errors))
 
 
+def read_initial_offsets(checkpoint_dir: str) -> dict[str, dict[int, int]]:
+    """Where the query's first micro-batch starts, per partition (the Kafka source's initial offsets,
+    kept in the checkpoint), or {} when not known."""
+    path = Path(checkpoint_dir) / "sources" / "0" / "0"
+    if not path.exists():
+        return {}
+    out: dict[str, dict[int, int]] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                for topic, parts in json.loads(line).items():
+                    out[topic] = {int(p): int(o) for p, o in parts.items()}
+            except (ValueError, AttributeError):
+                return {}
+    return out
+
+
 def read_batch_end_offsets(checkpoint_dir: str, batch_id: int) -> dict[str, dict[int, int]]:
     """End offsets of micro-batch ``batch_id`` from Spark's offset log (written before the batch runs)."""
     path = Path(checkpoint_dir) / "offsets" / str(batch_id)
@@ -302,12 +355,88 @@ def read_batch_end_offsets(checkpoint_dir: str, batch_id: int) -> dict[str, dict
 
 def make_resolver(registries: tuple[Any, Any] | None, source_topic: str, destination_topic: str
                   ) -> Callable[[int], int | None] | None:
-    """On a schema-id miss: register the source schema under the mapped subject on the destination."""
+    """On a schema-id miss: register the source schema under the mapped subject on the destination.
+
+    Lazy: the registry clients are only built on the first miss (most batches have none)."""
     if registries is None:
         return None
-    from mirror_core import schemas
+    resolver: list[Callable[[int], int | None]] = []
 
-    return schemas.make_id_resolver(registries[0], registries[1], source_topic, destination_topic)
+    def resolve(source_id: int) -> int | None:
+        if not resolver:
+            from mirror_core import schemas
+
+            resolver.append(schemas.make_id_resolver(registries[0], registries[1], source_topic, destination_topic))
+        return resolver[0](source_id)
+
+    return resolve
+
+
+#: per Python worker: one translator per (group, source topic, destination topic), so ids resolved on a
+#: miss stay known to later tasks of the same worker
+_TRANSLATORS: dict[tuple[str, str, str], SchemaIdTranslator] = {}
+
+
+def translator_for(plan: WriterPlan, s: WriterSettings) -> SchemaIdTranslator:
+    key = (s.group, s.source_topic, s.destination_topic)
+    t = _TRANSLATORS.get(key)
+    if t is None:
+        t = _TRANSLATORS[key] = SchemaIdTranslator(plan.id_map, make_resolver(plan.registries, s.source_topic,
+                                                                              s.destination_topic))
+    else:
+        t.id_map.update(plan.id_map)
+    return t
+
+
+class BatchWriter:
+    """One micro-batch's writing, partition by partition: chunks to each partition's writer, then the
+    position moved past trailing transaction markers. Used by the tasks (:func:`arrow_writer`) and by
+    the driver (:func:`write_on_driver`, one thread per partition)."""
+
+    def __init__(self, plan: WriterPlan):
+        self.plan = plan
+        self.results: dict[tuple[str, int], BatchResult] = {}
+        self._writers: dict[str, PartitionWriter] = {}
+        self._lock = threading.Lock()
+
+    def _writer(self, topic: str, s: WriterSettings) -> PartitionWriter:
+        with self._lock:
+            w = self._writers.get(topic)
+            if w is None:
+                cc = self.plan.destination_consumer_config
+
+                def lookup(t: str, p: int) -> Any:
+                    return last_committed_sync(cc, s.offset_syncs_topic, t, p)
+
+                w = self._writers[topic] = PartitionWriter(s, translator_for(self.plan, s), lookup)
+            return w
+
+    def feed(self, topic: str, part: int, cols: Columns) -> None:
+        """Write the next records of ``topic``/``part`` (in offset order)."""
+        s = self.plan.settings.get(topic)
+        if s is None:
+            return  # not selected by this group's mirrors (e.g. excluded by a flow)
+        w = self._writer(topic, s)
+        end = self.plan.end_offsets.get(topic, {}).get(part)
+        for start in range(0, len(cols), CHUNK_RECORDS):
+            chunk = cols.slice(start, start + CHUNK_RECORDS) if len(cols) > CHUNK_RECORDS else cols
+            is_last = end is not None and chunk.offsets[-1] >= end - 1
+            r = w.write(part, chunk, end if is_last else None)
+            with self._lock:
+                _merge(self.results, r)
+
+    def finish(self, topic: str, part: int) -> None:
+        """Trailing transaction markers / aborted records: move the position to the batch end."""
+        r = self.results.get((topic, part))
+        end = self.plan.end_offsets.get(topic, {}).get(part)
+        if r is not None and end is not None and r.upstream_end is not None and end > r.upstream_end \
+                and r.last_downstream is not None:
+            self._writers[topic].advance(part, end, r.last_downstream)
+            r.upstream_end = end
+
+    def rows(self, input_ms: float = 0.0) -> list[dict[str, Any]]:
+        share = input_ms / max(1, len(self.results))
+        return [asdict(r) | {"input_ms": share} for r in self.results.values()]
 
 
 def arrow_writer(plan: WriterPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
@@ -316,41 +445,54 @@ def arrow_writer(plan: WriterPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        results: dict[tuple[str, int], BatchResult] = {}
-        writers: dict[str, PartitionWriter] = {}
+        bw = BatchWriter(plan)
+        input_ms = 0.0  # waiting for Spark's Arrow batches and turning them into columns
+        t_in = time.monotonic()
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            for topic, part, records in _records_from_arrow(batch):
-                s = plan.settings.get(topic)
-                if s is None:
-                    continue  # not selected by this group's mirrors (e.g. excluded by a flow)
-                w = writers.get(topic)
-                if w is None:
-                    translator = SchemaIdTranslator(plan.id_map, make_resolver(plan.registries, topic,
-                                                                               s.destination_topic))
-                    def lookup(t: str, p: int, _s: WriterSettings = s,
-                               _cc: dict[str, Any] = plan.destination_consumer_config) -> Any:
-                        return last_committed_sync(_cc, _s.offset_syncs_topic, t, p)
-
-                    w = writers[topic] = PartitionWriter(s, translator, lookup)
-                for chunk in chunks(records, CHUNK_RECORDS):
-                    end = plan.end_offsets.get(topic, {}).get(part)
-                    is_last = end is not None and chunk[-1].offset >= end - 1
-                    r = w.write(part, chunk, end if is_last else None)
-                    _merge(results, r)
-        for (topic, part), r in results.items():
-            # trailing transaction markers / aborted records: move the position to the batch end
-            end = plan.end_offsets.get(topic, {}).get(part)
-            if end is not None and r.upstream_end is not None and end > r.upstream_end \
-                    and r.last_downstream is not None:
-                writers[topic].advance(part, end, r.last_downstream)
-                r.upstream_end = end
-        rows = [asdict(r) for r in results.values()]
+            parts = list(columns_from_arrow(batch))
+            input_ms += (time.monotonic() - t_in) * 1000
+            for topic, part, cols in parts:
+                bw.feed(topic, part, cols)
+            t_in = time.monotonic()
+        input_ms += (time.monotonic() - t_in) * 1000
+        for topic, part in list(bw.results):
+            bw.finish(topic, part)
+        rows = bw.rows(input_ms)
         if rows:
             yield pa.RecordBatch.from_pylist(rows, schema=_result_schema())
 
     return run
+
+
+def write_on_driver(plan: WriterPlan, table: Any) -> list[dict[str, Any]]:
+    """Write a collected micro-batch (an Arrow table of Spark Kafka rows) in this process, with its
+    long-lived producers and positions: one thread per partition, so their flushes and commits overlap
+    (each partition keeps its own order and its own transactions)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    t0 = time.monotonic()
+    grouped: dict[tuple[str, int], list[Columns]] = {}
+    for batch in table.to_batches():
+        if batch.num_rows:
+            for topic, part, cols in columns_from_arrow(batch):
+                grouped.setdefault((topic, part), []).append(cols)
+    input_ms = (time.monotonic() - t0) * 1000
+    bw = BatchWriter(plan)
+
+    def one(item: tuple[tuple[str, int], list[Columns]]) -> None:
+        (topic, part), pieces = item
+        for cols in pieces:
+            bw.feed(topic, part, cols)
+        bw.finish(topic, part)
+
+    if grouped:
+        with ThreadPoolExecutor(max_workers=min(DRIVER_THREADS, len(grouped)),
+                                thread_name_prefix="mirrorflow-writer") as pool:
+            for _ in pool.map(one, grouped.items()):
+                pass
+    return bw.rows(input_ms)
 
 
 def _merge(results: dict[tuple[str, int], BatchResult], r: BatchResult) -> None:
@@ -359,9 +501,9 @@ def _merge(results: dict[tuple[str, int], BatchResult], r: BatchResult) -> None:
         results[key] = r
         return
     acc = results[key]
-    for f in ("records_in", "mirrored", "bytes_out", "replayed_skipped", "provenance_skipped", "dead_lettered"):
+    for f in ("records_in", "mirrored", "bytes_out", "replayed_skipped", "provenance_skipped", "dead_lettered",
+              "cache_misses", "setup_ms", "produce_ms", "commit_ms"):
         setattr(acc, f, getattr(acc, f) + getattr(r, f))
-    acc.cache_misses = max(acc.cache_misses, r.cache_misses)
     acc.last_offset = r.last_offset
     acc.upstream_end = r.upstream_end
     acc.last_downstream = r.last_downstream if r.last_downstream is not None else acc.last_downstream
@@ -371,30 +513,44 @@ def _merge(results: dict[tuple[str, int], BatchResult], r: BatchResult) -> None:
 def _result_schema() -> Any:
     import pyarrow as pa
 
-    types = {"string": pa.string(), "int": pa.int32(), "long": pa.int64(), "array<double>": pa.list_(pa.float64())}
+    types = {"string": pa.string(), "int": pa.int32(), "long": pa.int64(), "double": pa.float64(),
+             "array<double>": pa.list_(pa.float64())}
     return pa.schema([(n, types[t]) for n, t in RESULT_FIELDS])
 
 
-def _records_from_arrow(batch: Any) -> Iterator[tuple[str, int, list[SourceRecord]]]:
-    """Group an Arrow batch of Spark Kafka rows by (topic, partition), keeping offset order."""
+def columns_from_arrow(batch: Any) -> Iterator[tuple[str, int, Columns]]:
+    """Split an Arrow batch of Spark Kafka rows by (topic, partition) into :class:`Columns`, keeping
+    offset order. Column-wise: no Python object per record beyond its key and value bytes."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     cols = batch.schema.names
-    topics = batch.column(cols.index("topic")).to_pylist()
-    parts = batch.column(cols.index("partition")).to_pylist()
-    offsets = batch.column(cols.index("offset")).to_pylist()
-    keys = batch.column(cols.index("key")).to_pylist()
-    values = batch.column(cols.index("value")).to_pylist()
+    topic_col, part_col = batch.column(cols.index("topic")), batch.column(cols.index("partition"))
+    if len(pc.unique(topic_col)) == 1 and len(pc.unique(part_col)) == 1:
+        # the usual case: Spark's Kafka source gives each task exactly one Kafka partition
+        yield topic_col[0].as_py(), part_col[0].as_py(), _columns(batch, cols, pa, pc)
+        return
+    # several partitions (a coalesced single-task batch): row indices per partition, in row order
+    rows: dict[tuple[str, int], list[int]] = {}
+    for i, tp in enumerate(zip(topic_col.to_pylist(), part_col.to_pylist(), strict=True)):
+        rows.setdefault(tp, []).append(i)
+    for (t, p), idx in rows.items():
+        yield t, p, _columns(batch.take(pa.array(idx, pa.int64())), cols, pa, pc)
+
+
+def _columns(batch: Any, cols: list[str], pa: Any, pc: Any) -> Columns:
     ts_col = batch.column(cols.index("timestamp"))
-    ts = ts_col.cast(pa.int64()).to_pylist()
     unit = getattr(ts_col.type, "unit", "us")
-    div = {"s": 0.001, "ms": 1, "us": 1000, "ns": 1_000_000}[unit]
-    headers = batch.column(cols.index("headers")).to_pylist() if "headers" in cols else [None] * len(offsets)
-    groups: dict[tuple[str, int], list[SourceRecord]] = {}
-    for i in range(len(offsets)):
-        hs = tuple((h["key"], h["value"]) for h in (headers[i] or ()))
-        rec = SourceRecord(topics[i], parts[i], offsets[i], keys[i], values[i], hs,
-                           int(ts[i] // div) if ts[i] is not None else 0)
-        groups.setdefault((topics[i], parts[i]), []).append(rec)
-    for (t, p), recs in groups.items():
-        yield t, p, recs
+    ts_int = ts_col.cast(pa.int64())
+    if unit == "s":
+        ts_int = pc.multiply(ts_int, 1000)
+    elif unit != "ms":
+        ts_int = pc.divide(ts_int, {"us": 1000, "ns": 1_000_000}[unit])  # integer division: ms
+    stamps = ts_int.fill_null(0).to_pylist()
+    headers = None
+    if "headers" in cols:
+        hcol = batch.column(cols.index("headers"))
+        if hcol.null_count < len(hcol) and pc.max(pc.list_value_length(hcol)).as_py():
+            headers = [tuple((h["key"], h["value"]) for h in hs) if hs else () for hs in hcol.to_pylist()]
+    return Columns(batch.column(cols.index("offset")).to_pylist(), batch.column(cols.index("key")).to_pylist(),
+                   batch.column(cols.index("value")).to_pylist(), stamps, headers)

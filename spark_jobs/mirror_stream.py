@@ -4,7 +4,9 @@ Spark's own Kafka source reads the source topics (read_committed, headers
 included); each micro-batch goes through ``mapInArrow`` to the partition writer
 in :mod:`mirror_core.replicate`. The Kafka source gives one Spark partition per
 Kafka partition (``minPartitions`` is never set), so a Kafka partition is never
-split across tasks and its order is kept.
+split across tasks and its order is kept. Small micro-batches are collected to
+the driver (as Arrow) and written there by one long-lived writer that keeps the
+transactional producers warm; see ``spark.driver_batch_max_records``.
 
     spark-submit spark_jobs/mirror_stream.py CONFIG --group G [--once]
 """
@@ -27,7 +29,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from mirror_core import artifacts
 from mirror_core.config import GroupConfig, MirrorsConfig, load_config
-from mirror_core.stream import RESULT_DDL, MirrorRuntime, arrow_writer
+from mirror_core.replicate import release_producers
+from mirror_core.stream import RESULT_DDL, MirrorRuntime, arrow_writer, write_on_driver
 
 log = logging.getLogger("mirrorflow.stream")
 
@@ -70,8 +73,21 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
     def for_each_batch(df: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
         plan = rt.writer_plan(batch_id)
-        rows = [r.asDict() for r in df.mapInArrow(arrow_writer(plan), RESULT_DDL).collect()]
-        summary = rt.after_batch(batch_id, rows, time.monotonic() - t0)
+        # A small batch is collected and written here, by the driver's long-lived writer: its producers
+        # and positions stay warm. Tasks land on whichever Python worker is free, so a partition that
+        # moves costs a new producer, a fence and a position lookup; worth it only for large batches.
+        on_driver = rt.on_driver(batch_id)
+        t1 = time.monotonic()
+        if on_driver:
+            rows = write_on_driver(plan, df.toArrow())
+        else:
+            release_producers()  # the tasks' producers fence the driver's
+            rows = [r.asDict() for r in df.mapInArrow(arrow_writer(plan), RESULT_DDL).collect()]
+        t2 = time.monotonic()
+        summary = rt.after_batch(batch_id, rows, t2 - t0)
+        summary["written_by"] = "driver" if on_driver else "tasks"
+        summary["driver_ms"] = {"plan": round((t1 - t0) * 1000), "tasks": round((t2 - t1) * 1000),
+                                "after": round((time.monotonic() - t2) * 1000)}
         log.info("%s batch %d: %s", group.name, batch_id, summary)
         if on_batch is not None:
             on_batch(summary)
@@ -118,12 +134,25 @@ def run_until_done(query: StreamingQuery, group_name: str) -> int:
             if query.awaitTermination(1):
                 break
         if stop.is_set():
+            wait_for_batch_end(query)
             query.stop()
         query.awaitTermination()
     except StreamingQueryException as exc:
         log.error("%s: mirror failed: %s", group_name, failure_reason(str(exc)))
         return 1
     return 0
+
+
+def wait_for_batch_end(query: StreamingQuery, timeout: float = 120.0) -> None:
+    """Let a running micro-batch finish (``query.stop()`` interrupts it; a replay would redo it)."""
+    deadline = time.monotonic() + timeout
+    while query.isActive and time.monotonic() < deadline:
+        try:
+            if not query.status.get("isTriggerActive"):
+                return
+        except Exception:  # noqa: BLE001 - the query may end while we ask
+            return
+        time.sleep(0.05)
 
 
 def failure_reason(text: str) -> str:

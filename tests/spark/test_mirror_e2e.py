@@ -29,7 +29,7 @@ V2 = {**V1, "fields": V1["fields"] + [{"name": "tag", "type": "string", "default
 V3 = {**V2, "fields": V2["fields"] + [{"name": "n", "type": ["null", "long"], "default": None}]}
 
 
-def group_yaml(clusters, tmp_path, topic, delivery="exactly_once", value_serde="avro", extra=""):
+def group_yaml(clusters, tmp_path, topic, delivery="exactly_once", value_serde="avro", extra="", spark=""):
     text = clusters.config_yaml(f"""
 groups:
   - name: e2e{abs(hash(topic)) % 10**6}
@@ -42,7 +42,7 @@ groups:
     topics_mirroring:
       partition_count: {{type: mirror_source}}
       replication_factor: {{type: fix, value: 1}}
-    spark: {{master: "local[2]", trigger: "1 second", checkpoint_dir: "{tmp_path / 'ckpt'}"}}
+    spark: {{master: "local[2]", trigger: "1 second", checkpoint_dir: "{tmp_path / 'ckpt'}"{spark}}}
 {extra}
     mirrors:
       - source_topic: {topic}
@@ -100,7 +100,10 @@ def run_once(config_path, group_name, timeout=300):
     return proc
 
 
-def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters, unique, tmp_path):
+@pytest.mark.parametrize("written_by", ["driver", "tasks"])
+def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters, unique, tmp_path, written_by):
+    """Both writing paths: small batches written by the driver, large ones by one task per partition
+    (forced here with ``driver_batch_max_records: 0``)."""
     topic = unique("e2e")
     create_topic(clusters.src_bootstrap, topic, 3)
     src_sr = SchemaRegistryClient({"url": clusters.src_registry})
@@ -135,8 +138,10 @@ def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters
     tp.flush(30)
     tp.abort_transaction(30)
 
-    path, cfg = group_yaml(clusters, tmp_path, topic)
-    run_once(path, cfg.groups[0].name)
+    path, cfg = group_yaml(clusters, tmp_path, topic,
+                           spark=", driver_batch_max_records: 0" if written_by == "tasks" else "")
+    proc = run_once(path, cfg.groups[0].name)
+    assert f"'written_by': '{written_by}'" in proc.stderr + proc.stdout
 
     got = read_all(clusters.dst_bootstrap, f"{topic}.mirror")
     dst_sr = SchemaRegistryClient({"url": clusters.dst_registry})

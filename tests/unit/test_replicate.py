@@ -125,26 +125,41 @@ def test_position_syncs_keep_translation_exact() -> None:
     assert position_syncs("t", 0, 15, 15, 11) == [OffsetSync("t", 0, 15, 11)]
 
 
+class _Msg:
+    def __init__(self, offset: int):
+        self._offset = offset
+
+    def offset(self) -> int:
+        return self._offset
+
+
 class _FakeProducer:
     """Just enough of a transactional producer to run the writer without a broker."""
 
     def __init__(self) -> None:
         self.produced: list[tuple[str, bytes | None, bytes | None]] = []
         self.committed: list[list[tuple[str, bytes | None, bytes | None]]] = []
+        self.full: list[tuple] = []  # (topic, partition, key, value, headers, timestamp) of every produce
         self._txn: list[tuple[str, bytes | None, bytes | None]] = []
         self._cbs: list = []
+        self._next: dict[tuple[str, int], int] = {}
 
     def begin_transaction(self) -> None:
         self._txn = []
 
-    def produce(self, topic, value=None, key=None, partition=0, headers=None, timestamp=0, on_delivery=None):
+    def produce(self, topic, value=None, key=None, partition=0, on_delivery=None, timestamp=0, headers=None):
+        if headers is not None and not isinstance(headers, (list, dict)):  # as confluent-kafka checks
+            raise TypeError("expected headers to be dict or list of (key, value) tuples, not " + type(headers).__name__)
         self._txn.append((topic, key, value))
+        self.full.append((topic, partition, key, value, tuple(headers or ()), timestamp))
         if on_delivery:
-            self._cbs.append(on_delivery)
+            off = self._next.get((topic, partition), 0)
+            self._next[(topic, partition)] = off + 1
+            self._cbs.append((on_delivery, _Msg(off)))
 
     def flush(self, timeout: float) -> int:
-        for cb in self._cbs:
-            cb(None, None)
+        for cb, msg in self._cbs:
+            cb(None, msg)
         self._cbs = []
         return 0
 
@@ -213,3 +228,95 @@ def test_heartbeats_not_selected_when_off_or_missing() -> None:
     g = _group("prefix", hb="{enabled: true, topic: hb}")
     sel = heartbeat_selection(g, build_replication_policy(g), ["hb"], [])
     assert sel is not None and sel.destination_topic == "src.hb"
+
+
+def test_fast_path_produces_exactly_what_decide_decides(monkeypatch) -> None:
+    """The writer's inline common case must agree with :func:`decide` record for record: known and
+    unknown ids, GUID framing, short and unframed payloads, tombstones, null keys, schema-id headers,
+    ordinary headers and sizes around the destination's limit."""
+    import random
+
+    rnd = random.Random(7)
+    known = {1: 101, 2: 102, 3: 103}
+
+    def framed(sid: int, body: bytes) -> bytes:
+        return b"\x00" + struct.pack(">i", sid) + body
+
+    def payload() -> bytes | None:
+        kind = rnd.randrange(8)
+        body = bytes(rnd.randrange(256) for _ in range(rnd.choice((0, 3, 40, 900, 1100))))
+        return [framed(rnd.choice((1, 2, 3)), body), framed(rnd.choice((1, 2, 3)), body), framed(99, body),
+                b"\x01" + bytes(16) + body, b"\x00\x01", b"", b"\x07" + body, None][kind]
+
+    def headers() -> tuple:
+        return rnd.choice(((), (), (("h", b"1"),), (("__value_schema_id", framed(2, b"")),),
+                           (("__key_schema_id", framed(9, b"")), ("x", None)), (("é" * 30, b"v" * 50),)))
+
+    records = [SourceRecord("t", 1, 100 + i, rnd.choice((None, b"k", framed(1, b"key"), framed(42, b"k"))),
+                            payload(), headers(), 1_700_000_000_000 + i) for i in range(3000)]
+    for over in ({}, {"key_serde": "avro"}, {"destination_max_message_bytes": 1000},
+                 {"value_serde": "bytes", "key_serde": "protobuf", "destination_max_message_bytes": 1200}):
+        s = settings(**over)
+        expected = []
+        for r in records:
+            d = decide(r, s, ids(known))
+            if isinstance(d, OutRecord):
+                expected.append((s.destination_topic, d.partition, d.key, d.value, d.headers, d.timestamp_ms))
+            elif isinstance(d, DeadLetter):
+                expected.append((s.dlq_topic, 0, r.key, r.value, tuple(replicate.dead_letter_headers(r, d, s.mirror)),
+                                 r.timestamp_ms))
+        fake = _FakeProducer()
+        monkeypatch.setattr(replicate, "_producer", lambda _s, p, _f=fake: (_f, "txid"))
+        monkeypatch.setattr(replicate, "_POSITIONS", {})
+        writer = replicate.PartitionWriter(s, ids(known), lambda t, p: None, downstream_end=lambda t, p: 0)
+        assert writer.fast.enabled
+        result = writer.write(1, replicate.Columns.from_records(records))
+        produced = [f for f in fake.full if f[0] != "syncs"]
+        assert produced == expected, over
+        assert result.mirrored == sum(1 for e in expected if e[0] == s.destination_topic)
+        assert result.dead_lettered == sum(1 for e in expected if e[0] == s.dlq_topic) > 0
+
+
+def test_columns_from_arrow_splits_partitions_and_keeps_order() -> None:
+    """What a coalesced (single-task) batch hands the writer: rows of several Kafka partitions, mixed."""
+    import pyarrow as pa
+
+    from mirror_core.stream import columns_from_arrow
+
+    hdr_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    rows = [("a", 0, 5, b"k5", b"v5", [("h", b"1")]), ("a", 1, 7, None, b"v7", None), ("a", 0, 6, b"k6", None, []),
+            ("b", 0, 1, b"k1", b"v1", None), ("a", 1, 8, b"k8", b"v8", None)]
+    batch = pa.RecordBatch.from_arrays([
+        pa.array([r[0] for r in rows]), pa.array([r[1] for r in rows], pa.int32()),
+        pa.array([r[2] for r in rows], pa.int64()), pa.array([r[3] for r in rows], pa.binary()),
+        pa.array([r[4] for r in rows], pa.binary()),
+        pa.array([1_700_000_000_123_456 + 1000 * i for i in range(5)], pa.timestamp("us", tz="UTC")),
+        pa.array([r[5] for r in rows], hdr_type),
+    ], names=["topic", "partition", "offset", "key", "value", "timestamp", "headers"])
+    got = {(t, p): c for t, p, c in columns_from_arrow(batch)}
+    assert list(got) == [("a", 0), ("a", 1), ("b", 0)]
+    a0 = got[("a", 0)]
+    assert a0.offsets == [5, 6] and a0.keys == [b"k5", b"k6"] and a0.values == [b"v5", None]
+    assert a0.timestamps == [1_700_000_000_123, 1_700_000_000_125]  # microseconds -> milliseconds
+    assert a0.headers == [(("h", b"1"),), ()]
+    assert got[("a", 1)].offsets == [7, 8] and got[("a", 1)].headers is None
+    single = list(columns_from_arrow(batch.slice(3, 1)))
+    assert [(t, p, c.offsets, c.values) for t, p, c in single] == [("b", 0, [1], [b"v1"])]
+
+
+def test_dead_letter_too_large_for_the_dlq_keeps_reason_and_coordinates(monkeypatch) -> None:
+    """A dead letter over the DLQ's size limit would fail the partition forever: it goes without payload."""
+    fake = _FakeProducer()
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    writer = replicate.PartitionWriter(settings(), ids({}), lambda t, p: None, downstream_end=lambda t, p: 0)
+    huge = rec(b"\x00" + struct.pack(">i", 77) + b"x" * 2_000_000, (("h", b"1"),), offset=9)
+    small = rec(b"\x00" + struct.pack(">i", 77) + b"x", offset=10)
+    r = writer.write(1, [huge, small])
+    assert r.dead_lettered == 2
+    (t1, _, k1, v1, h1, _), (t2, _, k2, v2, h2, _) = [f for f in fake.full if f[0] == "g.dlq"]
+    assert k1 is None and v1 is None
+    hd = dict(h1)
+    assert hd["mirrorflow.error.reason"] == b"unknown_schema_id" and hd["mirrorflow.source.offset"] == b"9"
+    assert b"value 2000005 B" in hd["mirrorflow.error.payload_omitted"] and "h" not in hd
+    assert v2 == small.value and k2 == b"k" and "mirrorflow.error.payload_omitted" not in dict(h2)
