@@ -11,7 +11,7 @@ export MIRRORFLOW_CACHE ?= $(CURDIR)/.cache
 
 help:
 	@echo "make demo   - start two local Kafka clusters + registries and mirror sample Avro data"
-	@echo "make test   - install everything needed and run the whole test suite"
+	@echo "make test   - install everything needed, lint, and run the whole test suite"
 	@echo "make lint   - ruff + mypy + import rule"
 	@echo "make bench  - throughput/latency benchmark (mirrorflow vs MirrorMaker 2 vs raw pipe)"
 
@@ -30,7 +30,7 @@ venv: $(STAMP)
 artifacts: $(STAMP)
 	$(BIN)/mirrorflow local fetch
 
-test: artifacts
+test: artifacts lint
 	$(BIN)/python -m pytest -q
 
 test-unit: $(STAMP)

@@ -15,6 +15,7 @@ Group-level settings are merged into each mirror (the mirror wins), giving
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Mapping
@@ -461,6 +462,14 @@ def _merge(base: BaseModel, override: BaseModel) -> dict[str, Any]:
     return out
 
 
+def flow_id(topics: RegexFilter) -> str:
+    """A regex flow's stable id, from its regexes: reordering or inserting mirrors never renames a flow
+    (its name and consumer group stay, and so do lag dashboards). Identical flows would clash, and the
+    duplicate-name check rejects them."""
+    digest = hashlib.sha1(f"{topics.include}\0{topics.exclude or ''}".encode()).hexdigest()[:8]
+    return f"flow-{digest}"
+
+
 def resolve_mirrors(group: GroupConfig) -> list[ResolvedMirror]:
     """Merge ``group``'s settings into each of its mirrors and derive names."""
     from mirror_core.policy import build_replication_policy
@@ -475,8 +484,9 @@ def resolve_mirrors(group: GroupConfig) -> list[ResolvedMirror]:
             cg = spec.consumer_group or default_consumer_group(group.name, spec.source_topic, dst)
         else:
             dst = None
-            name = spec.name or f"{group.name}__flow{i}"
-            cg = spec.consumer_group or f"{group.name}.mirrorflow.flow{i}"
+            fid = flow_id(spec.topics or RegexFilter())
+            name = spec.name or f"{group.name}__{fid}"
+            cg = spec.consumer_group or f"{group.name}.mirrorflow.{fid}"
         out.append(
             ResolvedMirror(
                 group=group.name, index=i, source_cluster=group.source,

@@ -29,6 +29,7 @@ import bisect
 import dataclasses
 import logging
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -329,8 +330,24 @@ _PRODUCERS: dict[str, Producer] = {}
 _POSITIONS: dict[str, Position] = {}
 
 
+_LOCKS: dict[str, threading.RLock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def partition_lock(s: WriterSettings, partition: int) -> threading.RLock:
+    """Held while a partition's producer and position are used: the driver writes partitions from
+    several threads and warms them up from another, and a position read before a commit must never
+    overwrite the one the commit set."""
+    key = s.transactional_id_for(partition)
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(key)
+        if lock is None:
+            lock = _LOCKS[key] = threading.RLock()
+        return lock
+
+
 def _producer(s: WriterSettings, partition: int) -> tuple[Producer, str]:
-    """A long-lived producer per (writer, partition) in this Python worker."""
+    """A long-lived producer per (writer, partition) in this process (call with its partition_lock)."""
     base: dict[str, Any] = {"enable.idempotence": True, "acks": "all", "linger.ms": 5, "log_level": 3}
     if s.destination_max_message_bytes is not None:
         # keep batches of small records under the topic's limit (a single larger record still goes alone)
@@ -414,21 +431,23 @@ def _scan(c: Consumer, syncs_topic: str, p: int, start: int, end: int, topic: st
         msg = c.poll(1.0)
         if msg is None:
             continue
-        if msg.error():
-            if msg.error().code() == KafkaError._PARTITION_EOF:
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
                 break
-            raise WriterError(f"reading {syncs_topic}: {msg.error().str()}")
-        if msg.offset() >= end:
+            raise WriterError(f"reading {syncs_topic}: {err.str()}")
+        at = msg.offset()
+        if at is None or at >= end:
             break
         try:
             sync = OffsetSync.from_record(msg.key(), msg.value())
         except OffsetFormatError as exc:
             # not ours to judge: something else wrote to the topic; it never stops the mirror
-            log.warning("%s[%d]@%d is not an offset sync, skipped: %s", syncs_topic, p, msg.offset(), exc)
+            log.warning("%s[%d]@%d is not an offset sync, skipped: %s", syncs_topic, p, at, exc)
             continue
         if sync.topic == topic and sync.partition == partition:
             found = sync  # later records in the log supersede earlier ones
-        if msg.offset() >= end - 1:
+        if at >= end - 1:
             break
     else:
         raise WriterError(f"timed out reading {syncs_topic} partition {p}")
@@ -538,15 +557,27 @@ class PartitionWriter:
             return result
         result.first_offset, result.last_offset = cols.offsets[0], cols.offsets[-1]
         result.upstream_end = upstream_end if upstream_end is not None else cols.offsets[-1] + 1
-        if self.s.delivery == "exactly_once":
-            self._write_transactional(partition, cols, result)
-        else:
-            self._write_at_least_once(partition, cols, result)
+        with partition_lock(self.s, partition):
+            if self.s.delivery == "exactly_once":
+                self._write_transactional(partition, cols, result)
+            else:
+                self._write_at_least_once(partition, cols, result)
         return result
+
+    def prepare(self, partition: int) -> None:
+        """Start the partition's producer and read its position now, so the first write finds them."""
+        with partition_lock(self.s, partition):
+            key = _producer(self.s, partition)[1]
+            if self.s.delivery == "exactly_once":
+                self._position(key, partition)
 
     def advance(self, partition: int, upstream_end: int, last_downstream: int) -> None:
         """Record that the partition's position moved to ``upstream_end`` past records that are not data
         (transaction markers, aborted records) after the last mirrored record at ``last_downstream``."""
+        with partition_lock(self.s, partition):
+            self._advance(partition, upstream_end, last_downstream)
+
+    def _advance(self, partition: int, upstream_end: int, last_downstream: int) -> None:
         sync = OffsetSync(self.s.source_topic, partition, upstream_end, last_downstream + 1)
         producer, key = _producer(self.s, partition)
         if self.s.delivery == "exactly_once":
@@ -756,7 +787,8 @@ class PartitionWriter:
                  headers: list[Header], ts: int, cb: Callable[..., None] | None) -> None:
         while True:
             try:
-                producer.produce(topic, value=value, key=key, partition=partition, headers=headers or None,
+                producer.produce(topic, value=value, key=key, partition=partition,
+                                 headers=list(headers) or None,  # type: ignore[arg-type]  # None values are fine
                                  timestamp=ts, on_delivery=cb)
                 return
             except BufferError:

@@ -146,8 +146,9 @@ class MirrorRuntime:
             "startingOffsets": "earliest",
             "failOnDataLoss": "false",
         }
-        if self.group.spark.max_offsets_per_trigger:
-            opts["maxOffsetsPerTrigger"] = str(self.group.spark.max_offsets_per_trigger)
+        cap = effective_max_offsets(self.group.spark)
+        if cap:
+            opts["maxOffsetsPerTrigger"] = str(cap)
         explicit = [m.source_topic for m in self.mirrors if not m.is_flow and m.source_topic]
         flows = [m.topics.include for m in self.mirrors if m.is_flow and m.topics]
         hb = self.group.heartbeats.topic if self.group.heartbeats.enabled else None
@@ -182,6 +183,34 @@ class MirrorRuntime:
         return WriterPlan(dict(self.settings), dict(self.id_map), ends,
                           clients.kafka_config(self.dst), regs)
 
+    def warm_up(self) -> threading.Thread | None:
+        """In the background: start every mirrored partition's producer and read its position, so the
+        driver's first micro-batch finds them ready (runs while Spark plans and reads that batch)."""
+        if not self.group.spark.driver_batch_max_records:
+            return None  # the tasks write: their producers live in the Python workers
+        plan = self.writer_plan(-1)
+
+        def one(item: tuple[WriterSettings, int]) -> None:
+            s, part = item
+            try:
+                PartitionWriter(s, translator_for(plan, s), lambda t, p: last_committed_sync(
+                    plan.destination_consumer_config, s.offset_syncs_topic, t, p)).prepare(part)
+            except Exception as exc:  # noqa: BLE001 - only a head start: the first write tries again
+                log.warning("%s: warm-up of %s[%d] failed: %s", self.group.name, s.source_topic, part, exc)
+
+        def run() -> None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            items = [(s, p) for s in plan.settings.values() for p in range(s.source_partitions)]
+            t0 = time.monotonic()
+            with ThreadPoolExecutor(max_workers=DRIVER_THREADS, thread_name_prefix="mirrorflow-warm-up") as pool:
+                list(pool.map(one, items))
+            log.info("%s: %d partition writers ready in %.1fs", self.group.name, len(items), time.monotonic() - t0)
+
+        t = threading.Thread(target=run, name="mirrorflow-warm-up", daemon=True)
+        t.start()
+        return t
+
     def batch_records(self, batch_id: int) -> int | None:
         """How many offsets micro-batch ``batch_id`` spans (from Spark's offset log), or None when unknown
         (the first batch of a checkpoint: it may hold the whole backlog)."""
@@ -212,7 +241,7 @@ class MirrorRuntime:
         from mirror_core import metrics
 
         commits: dict[str, list[tuple[str, int, int]]] = {}
-        totals = {"records": 0, "mirrored": 0, "dead_lettered": 0, "replayed_skipped": 0, "bytes": 0}
+        totals: dict[str, Any] = {"records": 0, "mirrored": 0, "dead_lettered": 0, "replayed_skipped": 0, "bytes": 0}
         phases = {"input": 0.0, "setup": 0.0, "produce": 0.0, "commit": 0.0}
         for r in rows:
             s = self.settings.get(r["topic"])
@@ -264,6 +293,18 @@ class MirrorRuntime:
                 # the next batch commits again
                 log.warning("%s: could not commit source offsets for %s: %s", self.group.name, cg,
                             exc.args[0].str())
+
+
+def effective_max_offsets(spark: Any) -> int | None:
+    """The records cap per micro-batch: the configured one; unset on a ``local[...]`` master, the driver
+    batch size, so a backlog goes through the driver's warm writer in driver-sized batches (the tasks
+    would share the same cores and add a Python-worker hop); unset elsewhere, none (large batches are
+    written by tasks spread over the executors)."""
+    if spark.max_offsets_per_trigger:
+        return int(spark.max_offsets_per_trigger)
+    if spark.master.startswith("local") and spark.driver_batch_max_records:
+        return int(spark.driver_batch_max_records)
+    return None
 
 
 def heartbeat_selection(group: GroupConfig, policy: ReplicationPolicy, source_topics: list[str],

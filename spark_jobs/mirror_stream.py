@@ -65,6 +65,7 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
     rt = runtime or MirrorRuntime(cfg, group)
     for line in rt.prepare():
         log.info("%s: %s", group.name, line)
+    rt.warm_up()
     reader = spark.readStream.format("kafka")
     for k, v in rt.source_options(once).items():
         reader = reader.option(k, v)

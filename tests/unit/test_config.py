@@ -23,6 +23,8 @@ from mirror_core.config import (
     MirrorsConfig,
     MirrorSettings,
     MirrorSpec,
+    RegexFilter,
+    flow_id,
     load_config,
     parse_config,
     resolve_mirrors,
@@ -222,9 +224,16 @@ def test_derived_names_for_pairs_and_flows() -> None:
         ("prod__orders__orders", "prod.mirrorflow.orders__orders", "orders"),
         ("prod__customers__customers-v2", "prod.mirrorflow.customers__customers-v2", "customers-v2"),
         ("invoices-migration", "my-cg", "invoices"),
-        ("prod__flow3", "prod.mirrorflow.flow3", None),
+        ("prod__" + flow_id(RegexFilter(include="payments\\..*")),
+         "prod.mirrorflow." + flow_id(RegexFilter(include="payments\\..*")), None),
     ]
     assert [m.is_flow for m in mirrors] == [False, False, False, True]
+    # a flow keeps its name and consumer group wherever it sits in the list
+    moved = resolve_mirrors(parse({**raw, "groups": [{**raw["groups"][0],
+                                                       "mirrors": raw["groups"][0]["mirrors"][::-1]}]}).groups[0])
+    assert (moved[0].name, moved[0].consumer_group) == (mirrors[3].name, mirrors[3].consumer_group)
+    assert mirrors[3].name.startswith("prod__flow-") and len(mirrors[3].name) == len("prod__flow-") + 8
+    assert flow_id(RegexFilter(include="a")) != flow_id(RegexFilter(include="a", exclude="b"))
     assert all((m.source_cluster, m.destination_cluster) == ("src", "dst") for m in mirrors)
 
 

@@ -320,3 +320,13 @@ def test_dead_letter_too_large_for_the_dlq_keeps_reason_and_coordinates(monkeypa
     assert hd["mirrorflow.error.reason"] == b"unknown_schema_id" and hd["mirrorflow.source.offset"] == b"9"
     assert b"value 2000005 B" in hd["mirrorflow.error.payload_omitted"] and "h" not in hd
     assert v2 == small.value and k2 == b"k" and "mirrorflow.error.payload_omitted" not in dict(h2)
+
+
+def test_batch_cap_defaults_to_the_driver_batch_on_local_masters() -> None:
+    from mirror_core.config import SparkConfig
+    from mirror_core.stream import effective_max_offsets
+
+    assert effective_max_offsets(SparkConfig(master="local[2]")) == 50000
+    assert effective_max_offsets(SparkConfig(master="local[2]", driver_batch_max_records=0)) is None
+    assert effective_max_offsets(SparkConfig(master="local[2]", max_offsets_per_trigger=7)) == 7
+    assert effective_max_offsets(SparkConfig(master="spark://m:7077")) is None
