@@ -8,6 +8,7 @@ own with ``mirror_core.local`` on free ports and stops them at the end.
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -65,6 +66,11 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
         src, dst = spec.sides
         yield Endpoints(src.bootstrap, dst.bootstrap, src.registry_url, dst.registry_url)
     finally:
+        # writers the tests ran in this process keep producers; let them go while the brokers still answer
+        from mirror_core import replicate
+
+        replicate.release_producers()
+        gc.collect()
         local.down(env)
 
 
