@@ -242,16 +242,26 @@ def syncs_for_batch(topic: str, partition: int, pairs: list[tuple[int, int]], up
     An empty batch yields no syncs (the writer's ``advance`` covers a batch of markers only).
     """
     kept: list[tuple[int, int]] = []
-    for pt in pairs:
-        while len(kept) >= 2 and _collinear(kept[-2], kept[-1], pt):
-            kept.pop()
-        kept.append(pt)
+    if pairs and _one_run(pairs):
+        kept = [pairs[0], pairs[-1]] if len(pairs) > 1 else [pairs[0]]  # the usual batch: no gaps at all
+    else:
+        for pt in pairs:
+            while len(kept) >= 2 and _collinear(kept[-2], kept[-1], pt):
+                kept.pop()
+            kept.append(pt)
     if pairs:
         # the batch end stays apart from the last record's point: the next batch's first sync shares
         # its upstream position (and supersedes it), and the last record's point must survive that
         last_u, last_d = pairs[-1]
         kept.append((max(upstream_end, last_u + 1), last_d + 1))
     return [OffsetSync(topic, partition, u, d) for u, d in kept]
+
+
+def _one_run(pairs: list[tuple[int, int]]) -> bool:
+    """Every step moves upstream and downstream alike (one collinear run): the loop below would keep only
+    the two ends. A cheap pass instead of the general one."""
+    c = pairs[0][1] - pairs[0][0]
+    return all(d - u == c for u, d in pairs)
 
 
 def _collinear(a: tuple[int, int], b: tuple[int, int], c: tuple[int, int]) -> bool:

@@ -118,6 +118,30 @@ def test_syncs_mark_every_gap() -> None:
     assert got == [(0, 0), (2, 2), (5, 3), (6, 4), (8, 5), (11, 6)]
 
 
+def test_syncs_shortcut_for_one_run_matches_the_general_rule() -> None:
+    """The one-run shortcut keeps exactly what the point-by-point rule keeps."""
+    import random
+
+    from mirror_core import offsets
+
+    rnd = random.Random(3)
+    for _ in range(300):
+        u, d, pairs = rnd.randrange(100), rnd.randrange(100), []
+        for _ in range(rnd.randrange(1, 30)):
+            pairs.append((u, d))
+            step = rnd.choice((1, 1, 1, 2))
+            u, d = u + step, d + (step if rnd.random() < 0.8 else 1)
+        general: list[tuple[int, int]] = []
+        for pt in pairs:
+            while len(general) >= 2 and offsets._collinear(general[-2], general[-1], pt):
+                general.pop()
+            general.append(pt)
+        end = pairs[-1][0] + 1 + rnd.randrange(3)
+        want = general + [(max(end, pairs[-1][0] + 1), pairs[-1][1] + 1)]
+        got = [(s.upstream_offset, s.downstream_offset) for s in syncs_for_batch("t", 0, pairs, end)]
+        assert got == want, pairs
+
+
 def test_syncs_for_single_record_and_empty_batch() -> None:
     assert syncs_for_batch("t", 1, [(7, 3)], 8) == [OffsetSync("t", 1, 7, 3), OffsetSync("t", 1, 8, 4)]
     assert syncs_for_batch("t", 1, [], 8) == []
