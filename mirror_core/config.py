@@ -271,6 +271,8 @@ class SparkConfig(_Frozen):
     #: micro-batches of at most this many records are written by the driver's long-lived writer (warm
     #: producers and positions); larger ones by one Spark task per Kafka partition. 0 = always by tasks
     driver_batch_max_records: int = Field(default=50000, ge=0)
+    #: ... and at most about this many bytes (key + value, estimated from the previous batches)
+    driver_batch_max_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
     metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus /metrics on the driver; 0 = off
     conf: dict[str, str] = Field(default_factory=dict)
 

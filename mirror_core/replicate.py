@@ -167,16 +167,30 @@ class SchemaIdTranslator:
     def __init__(self, id_map: dict[int, int], resolver: Callable[[int], int | None] | None = None):
         self.id_map = dict(id_map)
         self.resolver = resolver
-        self.misses = 0
+        self.misses = 0  # in all threads
+        self._lock = threading.Lock()  # the driver writes a topic's partitions from several threads
+        self._local = threading.local()
 
     def lookup(self, source_id: int) -> int | None:
         dst = self.id_map.get(source_id)
         if dst is None and self.resolver is not None:
-            self.misses += 1
-            dst = self.resolver(source_id)
-            if dst is not None:
-                self.id_map[source_id] = dst
+            with self._lock:
+                dst = self.id_map.get(source_id)
+                if dst is None:
+                    self.misses += 1
+                    self._local.misses = self.thread_misses() + 1
+                    dst = self.resolver(source_id)
+                    if dst is not None:
+                        self.id_map[source_id] = dst
         return dst
+
+    def thread_misses(self) -> int:
+        """Misses counted in the calling thread (what one partition's writer caused)."""
+        return int(getattr(self._local, "misses", 0))
+
+    def snapshot(self) -> list[tuple[int, int]]:
+        with self._lock:
+            return list(self.id_map.items())
 
 
 # --------------------------------------------------------------------------- pure record decisions
@@ -328,6 +342,11 @@ PositionLookup = Callable[[str, int], "OffsetSync | int | None"]
 
 _PRODUCERS: dict[str, Producer] = {}
 _POSITIONS: dict[str, Position] = {}
+#: the size limit (``destination_max_message_bytes``) each cached producer was built for
+_PRODUCER_LIMITS: dict[str, int | None] = {}
+#: destination topic -> ``max.message.bytes`` learned from a broker rejection in this process (later
+#: batches' writers start from it instead of learning it again)
+_LEARNED_LIMITS: dict[str, int] = {}
 
 
 _LOCKS: dict[str, threading.RLock] = {}
@@ -354,6 +373,8 @@ def _producer(s: WriterSettings, partition: int) -> tuple[Producer, str]:
         base["batch.size"] = max(1, min(1_000_000, s.destination_max_message_bytes - 100))
     if s.delivery == "exactly_once":
         txid = s.transactional_id_for(partition)
+        if txid in _PRODUCERS and _PRODUCER_LIMITS.get(txid) != s.destination_max_message_bytes:
+            _drop_producer(txid)  # built for another size limit: its batches would be rejected again
         if txid not in _PRODUCERS:
             p = Producer(s.producer_config | base | {"transactional.id": txid, "transaction.timeout.ms": 60000})
             # metadata first: librdkafka's coordinator lookup otherwise often races the swap of the
@@ -361,11 +382,18 @@ def _producer(s: WriterSettings, partition: int) -> tuple[Producer, str]:
             p.list_topics(s.destination_topic, timeout=30)
             p.init_transactions(60)  # fences any zombie with the same transactional.id
             _PRODUCERS[txid] = p
+            _PRODUCER_LIMITS[txid] = s.destination_max_message_bytes
             _POSITIONS.pop(txid, None)  # a zombie may have committed since: re-read
         return _PRODUCERS[txid], txid
     key = f"{s.transactional_id}.{partition}.alo"  # per partition too: flushes never wait for another's
+    if key in _PRODUCERS and _PRODUCER_LIMITS.get(key) != s.destination_max_message_bytes:
+        position = _POSITIONS.get(key)
+        _drop_producer(key)
+        if position is not None:
+            _POSITIONS[key] = position  # at-least-once positions do not depend on the producer
     if key not in _PRODUCERS:
         _PRODUCERS[key] = Producer(s.producer_config | base)
+        _PRODUCER_LIMITS[key] = s.destination_max_message_bytes
     return _PRODUCERS[key], key
 
 
@@ -373,11 +401,13 @@ def release_producers() -> None:
     """Forget this process's producers and positions: another process (the Spark tasks) takes the
     partitions over and fences them, so the next use would fail and start over anyway."""
     _PRODUCERS.clear()
+    _PRODUCER_LIMITS.clear()
     _POSITIONS.clear()
 
 
 def _drop_producer(key: str) -> None:
     _PRODUCERS.pop(key, None)
+    _PRODUCER_LIMITS.pop(key, None)
     _POSITIONS.pop(key, None)
 
 
@@ -503,7 +533,7 @@ class FastPath:
         self.refresh(translator)
 
     def refresh(self, translator: SchemaIdTranslator) -> None:
-        for src, dst in translator.id_map.items():
+        for src, dst in translator.snapshot():
             if _INT32_MIN <= src <= _INT32_MAX and _INT32_MIN <= dst <= _INT32_MAX:
                 self.prefixes[_ID_PREFIX.pack(0, src)] = _ID_PREFIX.pack(0, dst)
 
@@ -537,6 +567,9 @@ class PartitionWriter:
     def __init__(self, settings: WriterSettings, translator: SchemaIdTranslator,
                  position_lookup: PositionLookup,
                  downstream_end: Callable[[str, int], int] | None = None):
+        learned = _LEARNED_LIMITS.get(settings.destination_topic)
+        if learned is not None and learned != settings.destination_max_message_bytes:
+            settings = dataclasses.replace(settings, destination_max_message_bytes=learned)
         self.s = settings
         self.translator = translator
         self.fast = FastPath(settings, translator)
@@ -628,6 +661,10 @@ class PartitionWriter:
             t1 = time.monotonic()
             result.setup_ms += (t1 - t0) * 1000
             if not len(todo):
+                # all of it was committed before (a replay, or a commit that reported an error but went
+                # through): the downstream position is the committed one
+                if position is not None and position.downstream is not None:
+                    result.last_downstream = position.downstream - 1
                 return
             upstream_end = result.upstream_end or 0
             try:
@@ -683,6 +720,7 @@ class PartitionWriter:
         except (KafkaException, KeyError, ValueError, TypeError) as exc:
             log.warning("%s: cannot read max.message.bytes of %s: %s", self.s.mirror, self.s.destination_topic, exc)
             return False
+        _LEARNED_LIMITS[self.s.destination_topic] = limit
         if limit == self.s.destination_max_message_bytes:
             return False
         log.info("%s: %s accepts %d-byte batches; re-splitting", self.s.mirror, self.s.destination_topic, limit)
@@ -714,7 +752,7 @@ class PartitionWriter:
         fast_ok = fast.enabled and not forced_dead
         key_schema, value_schema = fast.key_schema, fast.value_schema
         mirrored = bytes_out = 0
-        misses_seen = misses_before = self.translator.misses
+        misses_seen = misses_before = self.translator.thread_misses()
         for i in range(len(offsets)):
             k, v = keys[i], values[i]
             hs = headers[i] if headers is not None else ()
@@ -752,9 +790,9 @@ class PartitionWriter:
                 self._dead_letter(producer, rec, decision, result)
                 continue
             assert isinstance(decision, OutRecord)
-            if self.translator.misses != misses_seen:  # a miss extended the id map
+            if self.translator.thread_misses() != misses_seen:  # a miss extended the id map
                 fast.refresh(self.translator)
-                misses_seen = self.translator.misses
+                misses_seen = self.translator.thread_misses()
             try:
                 self._produce(producer, topic, decision.partition, decision.key, decision.value,
                               list(decision.headers), decision.timestamp_ms, on_delivery(rec.offset))
@@ -771,7 +809,7 @@ class PartitionWriter:
         result.produce_ms += (time.monotonic() - t0) * 1000
         if remaining:
             raise WriterError(f"{self.s.mirror}: {remaining} records not acknowledged within 60 s")
-        result.cache_misses += self.translator.misses - misses_before
+        result.cache_misses += self.translator.thread_misses() - misses_before
         too_large = sorted(u for u, e in errors if _is_too_large(e))
         fatal = [e for _, e in errors if not _is_too_large(e)]
         if fatal:

@@ -72,6 +72,11 @@ class MirrorRuntime:
         self.consumer_groups: dict[str, str] = {}
         self._committers: dict[str, Any] = {}  # one long-lived consumer per mirror consumer group
         self.id_map: dict[int, int] = {}
+        #: key + value bytes per record of the batches so far (None before the first): sizes driver batches
+        self.bytes_per_record: float | None = None
+        #: set to stop the background warm-up (the tasks are taking over)
+        self._warm_stop = threading.Event()
+        self._warm_thread: threading.Thread | None = None
         #: source topics already looked at (mirrored or deliberately not); any other topic a batch
         #: brings (a regex flow's new match, a heartbeats topic created later) triggers provisioning
         self.known_topics: set[str] = set()
@@ -192,6 +197,8 @@ class MirrorRuntime:
 
         def one(item: tuple[WriterSettings, int]) -> None:
             s, part = item
+            if self._warm_stop.is_set():
+                return
             try:
                 PartitionWriter(s, translator_for(plan, s), lambda t, p: last_committed_sync(
                     plan.destination_consumer_config, s.offset_syncs_topic, t, p)).prepare(part)
@@ -207,13 +214,19 @@ class MirrorRuntime:
                 list(pool.map(one, items))
             log.info("%s: %d partition writers ready in %.1fs", self.group.name, len(items), time.monotonic() - t0)
 
-        t = threading.Thread(target=run, name="mirrorflow-warm-up", daemon=True)
+        t = self._warm_thread = threading.Thread(target=run, name="mirrorflow-warm-up", daemon=True)
         t.start()
         return t
 
+    def stop_warm_up(self, timeout: float = 60.0) -> None:
+        """Stop starting producers in the background (partitions being started finish first)."""
+        self._warm_stop.set()
+        if self._warm_thread is not None:
+            self._warm_thread.join(timeout)
+
     def batch_records(self, batch_id: int) -> int | None:
-        """How many offsets micro-batch ``batch_id`` spans (from Spark's offset log), or None when unknown
-        (the first batch of a checkpoint: it may hold the whole backlog)."""
+        """How many offsets micro-batch ``batch_id`` spans (from Spark's offset log; the first batch from the
+        source's initial offsets), or None when unknown (a new topic or partition, a symbolic offset)."""
         ends = read_batch_end_offsets(self.checkpoint_dir(), batch_id)
         if batch_id == 0:
             starts = read_initial_offsets(self.checkpoint_dir())
@@ -231,10 +244,13 @@ class MirrorRuntime:
         return total
 
     def on_driver(self, batch_id: int) -> bool:
-        """Write this micro-batch in the driver (see ``spark.driver_batch_max_records``)."""
+        """Write this micro-batch in the driver (see ``spark.driver_batch_max_records`` / ``_bytes``)."""
         limit = self.group.spark.driver_batch_max_records
         n = self.batch_records(batch_id) if limit else None
-        return n is not None and n <= limit
+        if n is None or n > limit:
+            return False
+        per_record = self.bytes_per_record if self.bytes_per_record is not None else 1024.0
+        return n * per_record <= self.group.spark.driver_batch_max_bytes
 
     def after_batch(self, batch_id: int, rows: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
         """Commit source offsets under each mirror's consumer group, update metrics, return a summary."""
@@ -267,6 +283,10 @@ class MirrorRuntime:
             for ph in phases:
                 phases[ph] += r[f"{ph}_ms"] or 0.0
         metrics.BATCH_SECONDS.labels(self.group.name).observe(seconds)
+        if totals["mirrored"]:
+            recent = totals["bytes"] / totals["mirrored"]
+            prev = self.bytes_per_record
+            self.bytes_per_record = recent if prev is None else max(recent, 0.7 * prev + 0.3 * recent)
         self.commit_source_offsets(commits)
         lats = [x for r in rows for x in (r["latency_ms"] or [])]
         totals["latency_p50_ms"] = round(statistics.median(lats), 1) if lats else None

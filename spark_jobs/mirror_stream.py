@@ -79,9 +79,18 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
         # moves costs a new producer, a fence and a position lookup; worth it only for large batches.
         on_driver = rt.on_driver(batch_id)
         t1 = time.monotonic()
+        table = None
         if on_driver:
-            rows = write_on_driver(plan, df.toArrow())
+            try:
+                table = df.toArrow()
+            except Exception as exc:  # noqa: BLE001 - nothing is written yet: the tasks can take it
+                log.warning("%s batch %d: collecting to the driver failed (%s); the tasks write it",
+                            group.name, batch_id, failure_reason(str(exc)))
+                on_driver = False
+        if table is not None:
+            rows = write_on_driver(plan, table)
         else:
+            rt.stop_warm_up()
             release_producers()  # the tasks' producers fence the driver's
             rows = [r.asDict() for r in df.mapInArrow(arrow_writer(plan), RESULT_DDL).collect()]
         t2 = time.monotonic()

@@ -330,3 +330,32 @@ def test_batch_cap_defaults_to_the_driver_batch_on_local_masters() -> None:
     assert effective_max_offsets(SparkConfig(master="local[2]", driver_batch_max_records=0)) is None
     assert effective_max_offsets(SparkConfig(master="local[2]", max_offsets_per_trigger=7)) == 7
     assert effective_max_offsets(SparkConfig(master="spark://m:7077")) is None
+
+
+def test_driver_or_tasks_decided_from_the_spark_checkpoint(tmp_path) -> None:
+    """Batch sizes come from Spark's offset log (the first batch from the source's initial offsets, in
+    the checkpoint's own format); small batches go to the driver unless their estimated bytes are too many."""
+    from mirror_core.stream import MirrorRuntime
+
+    cfg = parse_config(yaml.safe_load(f"""
+clusters: {{src: {{kafka: {{bootstrap.servers: "h1:9092"}}}}, dst: {{kafka: {{bootstrap.servers: "h2:9092"}}}}}}
+groups:
+  - {{name: g, source: src, destination: dst, serdes: {{key: bytes, value: bytes}},
+      spark: {{checkpoint_dir: "{tmp_path}", driver_batch_max_records: 1000, driver_batch_max_bytes: 1000000}},
+      mirrors: [{{source_topic: a}}]}}
+"""), env={})
+    rt = MirrorRuntime(cfg, cfg.groups[0])
+    ck = tmp_path / "g"
+    (ck / "sources" / "0").mkdir(parents=True)
+    (ck / "offsets").mkdir()
+    (ck / "sources" / "0" / "0").write_bytes(b'\x00v1\n{"a":{"0":100,"1":5}}')
+    meta = '{"batchWatermarkMs":0,"batchTimestampMs":1,"conf":{}}'
+    for batch, ends in ((0, '{"a":{"0":400,"1":305}}'), (1, '{"a":{"0":1400,"1":306}}'),
+                        (2, '{"a":{"0":1500,"1":306,"2":10}}')):
+        (ck / "offsets" / str(batch)).write_text(f"v1\n{meta}\n{ends}")
+    assert rt.batch_records(0) == 600 and rt.batch_records(1) == 1001
+    assert rt.batch_records(2) is None  # a new partition: read from its start, size unknown
+    assert rt.batch_records(3) is None  # not planned yet
+    assert rt.on_driver(0) and not rt.on_driver(1) and not rt.on_driver(2)
+    rt.bytes_per_record = 2000.0  # 600 records x 2000 B > 1000000 B (unknown: 1 KB each)
+    assert not rt.on_driver(0)
