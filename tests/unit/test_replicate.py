@@ -3,6 +3,7 @@ record size, position syncs, and the heartbeat mirror's selection."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import yaml
@@ -359,3 +360,35 @@ groups:
     assert rt.on_driver(0) and not rt.on_driver(1) and not rt.on_driver(2)
     rt.bytes_per_record = 2000.0  # 600 records x 2000 B > 1000000 B (unknown: 1 KB each)
     assert not rt.on_driver(0)
+
+
+def test_cached_producer_is_rebuilt_for_a_new_size_limit(monkeypatch) -> None:
+    """A partition's producer built before its topic's limit was learned would have its batches rejected
+    again (and valid records dead-lettered): the writer must get one built for the current limit."""
+    built: list[dict] = []
+
+    class _P:
+        def __init__(self, conf: dict) -> None:
+            built.append(conf)
+
+        def list_topics(self, *a, **k) -> None:
+            return None
+
+        def init_transactions(self, *a) -> None:
+            return None
+
+    monkeypatch.setattr(replicate, "Producer", _P)
+    for name in ("_PRODUCERS", "_POSITIONS", "_PRODUCER_LIMITS", "_LEARNED_LIMITS"):
+        monkeypatch.setattr(replicate, name, {})
+    for delivery in ("exactly_once", "at_least_once"):
+        built.clear()
+        old = settings(delivery=delivery)
+        p1, key = replicate._producer(old, 1)
+        assert replicate._producer(old, 1)[0] is p1  # cached while the limit is unchanged
+        new = dataclasses.replace(old, destination_max_message_bytes=50_000)
+        p2, key2 = replicate._producer(new, 1)
+        assert p2 is not p1 and key2 == key and built[-1]["batch.size"] == 49_900
+    # a limit learned in this process is where the next batch's writers start
+    replicate._LEARNED_LIMITS["t"] = 70_000
+    w = replicate.PartitionWriter(settings(), ids({}), lambda t, p: None, downstream_end=lambda t, p: 0)
+    assert w.s.destination_max_message_bytes == 70_000 and w.fast.limit == 70_000
