@@ -752,7 +752,8 @@ class PartitionWriter:
         fast_ok = fast.enabled and not forced_dead
         key_schema, value_schema = fast.key_schema, fast.value_schema
         mirrored = bytes_out = 0
-        misses_seen = misses_before = self.translator.thread_misses()
+        misses_before = self.translator.thread_misses()
+        known = len(self.translator.id_map)
         for i in range(len(offsets)):
             k, v = keys[i], values[i]
             hs = headers[i] if headers is not None else ()
@@ -790,9 +791,9 @@ class PartitionWriter:
                 self._dead_letter(producer, rec, decision, result)
                 continue
             assert isinstance(decision, OutRecord)
-            if self.translator.thread_misses() != misses_seen:  # a miss extended the id map
-                fast.refresh(self.translator)
-                misses_seen = self.translator.thread_misses()
+            if len(self.translator.id_map) != known:  # a miss (here or in another partition's thread)
+                fast.refresh(self.translator)     # extended the id map
+                known = len(self.translator.id_map)
             try:
                 self._produce(producer, topic, decision.partition, decision.key, decision.value,
                               list(decision.headers), decision.timestamp_ms, on_delivery(rec.offset))
