@@ -591,7 +591,7 @@ def columns_from_arrow(batch: Any) -> Iterator[tuple[str, int, Columns]]:
         # the usual case: Spark's Kafka source gives each task exactly one Kafka partition
         yield topic_col[0].as_py(), part_col[0].as_py(), _columns(batch, cols, pa, pc)
         return
-    # several partitions (a coalesced single-task batch): row indices per partition, in row order
+    # several partitions in one Arrow batch (possible in a collected table): row indices per partition, in order
     rows: dict[tuple[str, int], list[int]] = {}
     for i, tp in enumerate(zip(topic_col.to_pylist(), part_col.to_pylist(), strict=True)):
         rows.setdefault(tp, []).append(i)
