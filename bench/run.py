@@ -211,6 +211,23 @@ class Bench:
         self.current = None
         return run.mem.summary()
 
+    def measure(self, row: dict[str, Any], run: Any) -> None:
+        """Run one contender's measurement into ``row``; a failing contender is a result, not the end of
+        the run. Records the load around it, prints the row and saves the results."""
+        self.rows.append(row)
+        load0 = os.getloadavg()[0]
+        try:
+            run(row)
+        except Skip as exc:
+            row.update(status="skipped", error=str(exc))
+        except Exception as exc:  # noqa: BLE001
+            row.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+            if self.current:
+                row["memory"] = self.finish(self.current)
+        _note_load(row, load0, getattr(self, "_load_end", None))
+        self.say(_row_line(row))
+        self.save()
+
     # ------------------------------------------------------------------ phase 1: drain
 
     def drain_phase(self, size: int, records: int) -> None:
@@ -228,19 +245,7 @@ class Bench:
             row: dict[str, Any] = {"phase": "throughput", "contender": contender, "size": size,
                                    "records": records, "bytes": loaded.key_bytes + loaded.value_bytes,
                                    "avg_value_bytes": round(loaded.value_bytes / records, 1)}
-            self.rows.append(row)
-            load0 = os.getloadavg()[0]
-            try:
-                self.drain_one(contender, topic, f"s{size}", records, row)
-            except Skip as exc:
-                row.update(status="skipped", error=str(exc))
-            except Exception as exc:  # noqa: BLE001 - a failing contender is a result, not the end of the run
-                row.update(status="failed", error=f"{type(exc).__name__}: {exc}")
-                if self.current:
-                    row["memory"] = self.finish(self.current)
-            _note_load(row, load0, getattr(self, "_load_end", None))
-            self.say(_row_line(row))
-            self.save()
+            self.measure(row, lambda r, c=contender: self.drain_one(c, topic, f"s{size}", records, r))
 
     def drain_one(self, contender: str, topic: str, tag: str, records: int, row: dict[str, Any]) -> None:
         run, dest = self.launch(contender, topic, tag, drain=True)
@@ -304,19 +309,7 @@ class Bench:
                                    "seconds": self.args.seconds, "size": self.args.latency_size}
             if contender.startswith("mirrorflow-"):
                 row["trigger"] = self.args.trigger
-            self.rows.append(row)
-            load0 = os.getloadavg()[0]
-            try:
-                self.latency_one(contender, row)
-            except Skip as exc:
-                row.update(status="skipped", error=str(exc))
-            except Exception as exc:  # noqa: BLE001
-                row.update(status="failed", error=f"{type(exc).__name__}: {exc}")
-                if self.current:
-                    row["memory"] = self.finish(self.current)
-            _note_load(row, load0, getattr(self, "_load_end", None))
-            self.say(_row_line(row))
-            self.save()
+            self.measure(row, lambda r, c=contender: self.latency_one(c, r))
 
     def latency_one(self, contender: str, row: dict[str, Any]) -> None:
         topic = f"bench.lat.{contender}"

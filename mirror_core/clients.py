@@ -81,34 +81,42 @@ def read_partition(cluster: ClusterConfig, topic: str, partition: int, start: in
     ``end`` should come from :func:`end_offsets`; transaction markers and aborted records occupy offsets
     without being returned, so reading stops at the end position, not at a record count.
     """
-    from confluent_kafka import KafkaError, TopicPartition
-
     if end <= start:
         return
     c = consumer(cluster, f"mirrorflow-reader-{uuid.uuid4().hex[:8]}", **{
         "isolation.level": "read_committed", "enable.partition.eof": True})
     try:
-        c.assign([TopicPartition(topic, partition, start)])
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            msgs = c.consume(5000, 1.0)
-            for m in msgs:
-                err = m.error()
-                offset = m.offset() or 0
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        if offset >= end or (c.position([TopicPartition(topic, partition)])[0].offset or 0) >= end:
-                            return
-                        continue
-                    raise KafkaOperationError(f"reading {topic}[{partition}]: {err.str()}", err.name())
-                if offset >= end:
-                    return
-                yield m
-            if (c.position([TopicPartition(topic, partition)])[0].offset or 0) >= end:
-                return
-        raise KafkaOperationError(f"timed out reading {topic}[{partition}] up to offset {end}")
+        yield from scan(c, topic, partition, start, end, timeout)
     finally:
         c.close()
+
+
+def scan(c: Consumer, topic: str, partition: int, start: int, end: int, timeout: float = 60.0) -> Iterator[Any]:
+    """Records of ``topic``/``partition`` in [start, end), in order, read with the consumer ``c`` (which
+    must have ``enable.partition.eof``); stops at ``end`` whether or not a record sits there."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    if end <= start:
+        return
+    c.assign([TopicPartition(topic, partition, start)])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msgs = c.consume(5000, 1.0)
+        for m in msgs:
+            err = m.error()
+            offset = m.offset() or 0
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    if offset >= end or (c.position([TopicPartition(topic, partition)])[0].offset or 0) >= end:
+                        return
+                    continue
+                raise KafkaOperationError(f"reading {topic}[{partition}]: {err.str()}", err.name())
+            if offset >= end:
+                return
+            yield m
+        if (c.position([TopicPartition(topic, partition)])[0].offset or 0) >= end:
+            return
+    raise KafkaOperationError(f"timed out reading {topic}[{partition}] up to offset {end}")
 
 
 def end_offsets(cluster: ClusterConfig, topic: str, committed: bool = True,

@@ -38,8 +38,8 @@ from typing import Any, Literal
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from mirror_core import wire
-from mirror_core.errors import MirrorError
+from mirror_core import clients, wire
+from mirror_core.errors import KafkaOperationError, MirrorError
 from mirror_core.offsets import OffsetFormatError, OffsetSync, syncs_for_batch
 from mirror_core.partitioner import java_partition
 
@@ -454,33 +454,20 @@ def last_committed_position(consumer_config: dict[str, Any], syncs_topic: str, t
 
 def _scan(c: Consumer, syncs_topic: str, p: int, start: int, end: int, topic: str, partition: int,
           timeout: float) -> OffsetSync | None:
-    c.assign([TopicPartition(syncs_topic, p, start)])
+    """The last sync for ``topic``/``partition`` in [start, end) of the sync topic's partition ``p``."""
     found: OffsetSync | None = None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        msg = c.poll(1.0)
-        if msg is None:
-            continue
-        err = msg.error()
-        if err is not None:
-            if err.code() == KafkaError._PARTITION_EOF:
-                break
-            raise WriterError(f"reading {syncs_topic}: {err.str()}")
-        at = msg.offset()
-        if at is None or at >= end:
-            break
-        try:
-            sync = OffsetSync.from_record(msg.key(), msg.value())
-        except OffsetFormatError as exc:
-            # not ours to judge: something else wrote to the topic; it never stops the mirror
-            log.warning("%s[%d]@%d is not an offset sync, skipped: %s", syncs_topic, p, at, exc)
-            continue
-        if sync.topic == topic and sync.partition == partition:
-            found = sync  # later records in the log supersede earlier ones
-        if at >= end - 1:
-            break
-    else:
-        raise WriterError(f"timed out reading {syncs_topic} partition {p}")
+    try:
+        for msg in clients.scan(c, syncs_topic, p, start, end, timeout):
+            try:
+                sync = OffsetSync.from_record(msg.key(), msg.value())
+            except OffsetFormatError as exc:
+                # not ours to judge: something else wrote to the topic; it never stops the mirror
+                log.warning("%s[%d]@%d is not an offset sync, skipped: %s", syncs_topic, p, msg.offset(), exc)
+                continue
+            if sync.topic == topic and sync.partition == partition:
+                found = sync  # later records in the log supersede earlier ones
+    except KafkaOperationError as exc:
+        raise WriterError(str(exc)) from None
     return found
 
 
