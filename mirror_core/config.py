@@ -263,6 +263,44 @@ class HeartbeatsConfig(_Frozen):
         return v
 
 
+#: Spark Kafka source options mirrorflow sets itself, and why a user may not.
+RESERVED_SOURCE_OPTIONS: dict[str, str] = {
+    "subscribe": "the topics come from the group's mirrors",
+    "subscribepattern": "the topics come from the group's mirrors",
+    "assign": "the topics come from the group's mirrors",
+    "startingoffsets": "a mirror starts from the earliest offset, then from its checkpoint",
+    "startingoffsetsbytimestamp": "a mirror starts from the earliest offset, then from its checkpoint",
+    "startingtimestamp": "a mirror starts from the earliest offset, then from its checkpoint",
+    "startingoffsetsbytimestampstrategy": "a mirror starts from the earliest offset, then from its checkpoint",
+    "endingoffsets": "a stream has no end offsets",
+    "includeheaders": "headers are always mirrored",
+    "failondataloss": "records that expired on the source are reported by the mirror's own checks",
+    "minpartitions": "one Kafka partition must stay in one Spark task (order, one transactional writer)",
+    "maxrecordsperpartition": "one Kafka partition must stay in one Spark task (order, one transactional writer)",
+    "maxoffsetspertrigger": "use spark.max_offsets_per_trigger",
+    "kafka.isolation.level": "a mirror reads read_committed: aborted records are never mirrored",
+    "kafka.bootstrap.servers": "set by the source cluster's config",
+    "kafka.group.id": "Spark's consumers must not join the mirror's consumer group",
+    "groupidprefix": "Spark's consumers must not join the mirror's consumer group",
+    "kafka.enable.auto.commit": "the mirror commits source offsets itself, after each batch",
+    "kafka.auto.offset.reset": "a mirror starts from the earliest offset, then from its checkpoint",
+    "kafka.key.deserializer": "records are copied as bytes",
+    "kafka.value.deserializer": "records are copied as bytes",
+}
+
+
+def reserved_source_option(key: str) -> str | None:
+    """Why ``key`` cannot be a user's Spark Kafka source option (None: it can)."""
+    k = key.strip().lower()
+    if k in RESERVED_SOURCE_OPTIONS:
+        return RESERVED_SOURCE_OPTIONS[k]
+    if k.startswith(("kafka.security.", "kafka.sasl.", "kafka.ssl.")):
+        return "security settings come from the source cluster's config (secrets stay out of Spark options)"
+    if not k or k == "kafka.":
+        return "not an option name"
+    return None
+
+
 class SparkConfig(_Frozen):
     master: str = "local[2]"
     trigger: str = "1 second"
@@ -275,6 +313,18 @@ class SparkConfig(_Frozen):
     driver_batch_max_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
     metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus /metrics on the driver; 0 = off
     conf: dict[str, str] = Field(default_factory=dict)
+    #: extra options for Spark's Kafka source (``kafka.<consumer property>``, ``fetchOffset.*``, ...),
+    #: over mirrorflow's defaults; not the ones the mirror's guarantees rest on (see RESERVED_SOURCE_OPTIONS)
+    source_options: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("source_options")
+    @classmethod
+    def _source_options(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            why = reserved_source_option(key)
+            if why:
+                raise ValueError(f"{key!r} cannot be set here: {why}")
+        return v
 
     @field_validator("trigger")
     @classmethod

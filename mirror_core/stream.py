@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import re
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,11 @@ RESULT_FIELDS = (
 )
 RESULT_DDL = ", ".join(f"{n} {t}" for n, t in RESULT_FIELDS)
 CHUNK_RECORDS = 20000
+#: Spark Kafka source defaults (``spark.source_options`` overrides them). A Spark task reads its
+#: partition up to the batch end, which in a running mirror is the log end: with the consumer's default
+#: fetch.max.wait.ms (500) each task then waits out a broker long-poll, 0.5 s per task wave per batch.
+#: Larger polls cut the per-record overhead of Spark's fetch loop.
+SOURCE_DEFAULTS = {"kafka.fetch.max.wait.ms": "10", "kafka.max.poll.records": "5000"}
 DRIVER_THREADS = 8  # partitions written at once by the driver (their network waits overlap)
 
 
@@ -145,6 +151,7 @@ class MirrorRuntime:
     def source_options(self, once: bool) -> dict[str, str]:
         """Options for Spark's Kafka source (``spark.readStream.format("kafka")``)."""
         opts = {f"kafka.{k}": v for k, v in clients.java_kafka_options(self.src).items()}
+        opts |= SOURCE_DEFAULTS | self.group.spark.source_options
         opts |= {
             "kafka.isolation.level": "read_committed",
             "includeHeaders": "true",
@@ -527,33 +534,93 @@ def arrow_writer(plan: WriterPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
     return run
 
 
-def write_on_driver(plan: WriterPlan, table: Any) -> list[dict[str, Any]]:
-    """Write a collected micro-batch (an Arrow table of Spark Kafka rows) in this process, with its
-    long-lived producers and positions: one thread per partition, so their flushes and commits overlap
-    (each partition keeps its own order and its own transactions)."""
-    from concurrent.futures import ThreadPoolExecutor
+class CollectError(RuntimeError):
+    """Spark failed while handing a micro-batch to the driver. Partitions written before it stay
+    written: a rerun of the batch (the tasks, or a restart) skips them by their committed positions."""
 
-    t0 = time.monotonic()
-    grouped: dict[tuple[str, int], list[Columns]] = {}
-    for batch in table.to_batches():
-        if batch.num_rows:
-            for topic, part, cols in columns_from_arrow(batch):
-                grouped.setdefault((topic, part), []).append(cols)
-    input_ms = (time.monotonic() - t0) * 1000
+
+def write_on_driver(plan: WriterPlan, batches: Iterable[Any]) -> list[dict[str, Any]]:
+    """Write a micro-batch in this process, with its long-lived producers and positions, as its Arrow
+    batches arrive: a partition's writing starts while Spark still reads the partitions after it.
+
+    Each partition is written by one thread at a time, in offset order (its own transactions); up to
+    :data:`DRIVER_THREADS` partitions at once, so their flushes and commits overlap. A partition's
+    batches arrive together (one Spark task per Kafka partition), so when a batch holds none of a
+    partition's records, that partition's run is complete. An error while reading ``batches`` is
+    raised as :class:`CollectError`; a writer's error as it is, once every partition has stopped."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     bw = BatchWriter(plan)
+    failed: list[BaseException] = []
+    runs: dict[tuple[str, int], Future[None]] = {}  # the latest run of each partition
+    open_runs: dict[tuple[str, int], queue.SimpleQueue[Columns | None]] = {}
+    last_offset: dict[tuple[str, int], int] = {}
+    input_ms = 0.0  # waiting for Spark's batches and turning them into columns
 
-    def one(item: tuple[tuple[str, int], list[Columns]]) -> None:
-        (topic, part), pieces = item
-        for cols in pieces:
-            bw.feed(topic, part, cols)
-        bw.finish(topic, part)
+    def run(tp: tuple[str, int], q: queue.SimpleQueue[Columns | None], before: Future[None] | None) -> None:
+        if before is not None:
+            before.result()  # a partition seen again after a gap (not expected from Spark): after its earlier run
+        while (cols := q.get()) is not None:
+            if failed:
+                continue  # another partition failed: stop writing, only drain
+            try:
+                bw.feed(tp[0], tp[1], cols)
+            except BaseException as exc:
+                failed.append(exc)
 
-    if grouped:
-        with ThreadPoolExecutor(max_workers=min(DRIVER_THREADS, len(grouped)),
-                                thread_name_prefix="mirrorflow-writer") as pool:
-            for _ in pool.map(one, grouped.items()):
-                pass
+    def close_runs(keep: set[tuple[str, int]]) -> None:
+        for tp in [tp for tp in open_runs if tp not in keep]:
+            open_runs.pop(tp).put(None)
+
+    it = iter(batches)
+    complete = False
+    with ThreadPoolExecutor(max_workers=DRIVER_THREADS, thread_name_prefix="mirrorflow-writer") as pool:
+        try:
+            while not failed:
+                t_in = time.monotonic()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                except Exception as exc:
+                    raise CollectError(str(exc)) from exc
+                parts = list(columns_from_arrow(batch)) if batch.num_rows else []
+                input_ms += (time.monotonic() - t_in) * 1000
+                close_runs({(t, p) for t, p, _ in parts})
+                for topic, part, cols in parts:
+                    tp = (topic, part)
+                    if cols.offsets[0] <= last_offset.get(tp, -1):
+                        raise RuntimeError(f"{topic}[{part}]: Spark handed over offset {cols.offsets[0]} after "
+                                           f"{last_offset[tp]}; a partition's records must arrive once, in order")
+                    last_offset[tp] = cols.offsets[-1]
+                    q = open_runs.get(tp)
+                    if q is None:
+                        q = open_runs[tp] = queue.SimpleQueue()
+                        runs[tp] = pool.submit(run, tp, q, runs.get(tp))
+                    q.put(cols)
+            complete = not failed
+        finally:
+            close_runs(set())
+            for f in runs.values():
+                f.exception()  # wait: no partition is left mid-write when this returns or raises
+            if not complete:
+                _close_quietly(it)
+        if failed:
+            raise failed[0]
+        # trailing transaction markers / aborted records: each partition's position to the batch end
+        for _ in pool.map(lambda tp: bw.finish(*tp), list(bw.results)):
+            pass
     return bw.rows(input_ms)
+
+
+def _close_quietly(it: Iterator[Any]) -> None:
+    """Stop a batch stream that is abandoned (Spark's side then fails to write, which is expected)."""
+    close = getattr(it, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception as exc:  # noqa: BLE001 - the error that made us stop is the one reported
+            log.debug("closing the abandoned batch stream: %s", exc)
 
 
 def _merge(results: dict[tuple[str, int], BatchResult], r: BatchResult) -> None:

@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from pyspark.errors import StreamingQueryException
@@ -30,7 +31,7 @@ from pyspark.sql.streaming import StreamingQuery
 from mirror_core import artifacts
 from mirror_core.config import GroupConfig, MirrorsConfig, load_config
 from mirror_core.replicate import release_producers
-from mirror_core.stream import RESULT_DDL, MirrorRuntime, arrow_writer, write_on_driver
+from mirror_core.stream import RESULT_DDL, CollectError, MirrorRuntime, arrow_writer, write_on_driver
 
 log = logging.getLogger("mirrorflow.stream")
 
@@ -79,17 +80,17 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
         # moves costs a new producer, a fence and a position lookup; worth it only for large batches.
         on_driver = rt.on_driver(batch_id)
         t1 = time.monotonic()
-        table = None
+        rows = None
         if on_driver:
             try:
-                table = df.toArrow()
-            except Exception as exc:  # noqa: BLE001 - nothing is written yet: the tasks can take it
+                rows = write_on_driver(plan, arrow_batches(df))
+            except CollectError as exc:
+                # partitions written before the failure stay written; exactly_once tasks skip them by their
+                # committed positions (at_least_once may write them twice, as after any retry)
                 log.warning("%s batch %d: collecting to the driver failed (%s); the tasks write it",
                             group.name, batch_id, failure_reason(str(exc)))
                 on_driver = False
-        if table is not None:
-            rows = write_on_driver(plan, table)
-        else:
+        if rows is None:
             rt.stop_warm_up()
             release_producers()  # the tasks' producers fence the driver's
             rows = [r.asDict() for r in df.mapInArrow(arrow_writer(plan), RESULT_DDL).collect()]
@@ -109,6 +110,29 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
     else:
         writer = writer.trigger(processingTime=group.spark.trigger)
     return writer.start()
+
+
+def arrow_batches(df: DataFrame) -> Iterator[Any]:
+    """The micro-batch as Arrow record batches, yielded as Spark's tasks finish (``df.toArrow()`` returns
+    only when every partition is in). This is the stream ``toArrow`` reads; a Spark partition's batches
+    arrive together and in order, and the order across partitions, sent at the end, is not needed: the
+    writer keeps order per Kafka partition. A failure in Spark is raised when the stream reaches it."""
+    import pyarrow as pa
+    from pyspark.errors.exceptions.captured import unwrap_spark_exception
+    from pyspark.sql.pandas.serializers import ArrowCollectSerializer
+    from pyspark.traceback_utils import SCCallSiteSync
+    from pyspark.util import _load_from_socket
+
+    with SCCallSiteSync(df.sparkSession.sparkContext):
+        port, secret, server = df._jdf.collectAsArrowToPython()
+    try:
+        with _load_from_socket((port, secret), ArrowCollectSerializer()) as stream:
+            for item in stream:
+                if isinstance(item, pa.RecordBatch):
+                    yield item
+    finally:
+        with unwrap_spark_exception():
+            server.getResult()  # the serving thread's own failure, if any
 
 
 def main(argv: list[str] | None = None) -> int:

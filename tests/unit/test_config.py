@@ -719,6 +719,24 @@ MALFORMED: list[tuple[str, Mutation | str, str, str]] = [
         f"{G}.spark.max_offsets_per_trigger",
         "greater than 0",
     ),
+    (
+        "source-option-splits-partitions",
+        _set(f"{G}.spark", {"source_options": {"minPartitions": "12"}}),
+        f"{G}.spark.source_options",
+        "one Kafka partition must stay in one Spark task",
+    ),
+    (
+        "source-option-reads-uncommitted",
+        _set(f"{G}.spark", {"source_options": {"kafka.isolation.level": "read_uncommitted"}}),
+        f"{G}.spark.source_options",
+        "read_committed",
+    ),
+    (
+        "source-option-secret",
+        _set(f"{G}.spark", {"source_options": {"kafka.sasl.jaas.config": "x required password=hunter2-secret;"}}),
+        f"{G}.spark.source_options",
+        "source cluster's config",
+    ),
     # file level
     (
         "invalid-yaml",

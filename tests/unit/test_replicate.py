@@ -6,10 +6,12 @@ from __future__ import annotations
 import dataclasses
 import struct
 
+import pytest
 import yaml
 
 from mirror_core import replicate
 from mirror_core.config import parse_config
+from mirror_core.errors import ConfigError
 from mirror_core.offsets import OffsetSync, OffsetSyncStore
 from mirror_core.policy import build_replication_policy
 from mirror_core.replicate import (
@@ -392,3 +394,29 @@ def test_cached_producer_is_rebuilt_for_a_new_size_limit(monkeypatch) -> None:
     replicate._LEARNED_LIMITS["t"] = 70_000
     w = replicate.PartitionWriter(settings(), ids({}), lambda t, p: None, downstream_end=lambda t, p: 0)
     assert w.s.destination_max_message_bytes == 70_000 and w.fast.limit == 70_000
+
+
+def test_spark_source_options_defaults_user_options_and_fixed_ones() -> None:
+    """A user's source options win over mirrorflow's defaults; the options that the guarantees rest on
+    are always mirrorflow's."""
+    from mirror_core.stream import SOURCE_DEFAULTS, MirrorRuntime
+
+    def options(spark: str) -> dict[str, str]:
+        cfg = parse_config(yaml.safe_load(f"""
+clusters: {{src: {{kafka: {{bootstrap.servers: "h1:9092"}}}}, dst: {{kafka: {{bootstrap.servers: "h2:9092"}}}}}}
+groups:
+  - {{name: g, source: src, destination: dst, serdes: {{key: bytes, value: bytes}}, spark: {spark},
+      mirrors: [{{source_topic: a}}, {{source_topic: b}}]}}
+"""), env={})
+        return MirrorRuntime(cfg, cfg.groups[0]).source_options(once=False)
+
+    plain = options("{}")
+    assert {k: plain[k] for k in SOURCE_DEFAULTS} == SOURCE_DEFAULTS
+    assert plain["kafka.fetch.max.wait.ms"] == "10"
+    assert plain["kafka.isolation.level"] == "read_committed" and plain["includeHeaders"] == "true"
+    assert plain["subscribe"] == "a,b" and plain["kafka.bootstrap.servers"] == "h1:9092"
+    tuned = options('{source_options: {kafka.fetch.max.wait.ms: "100", kafka.max.partition.fetch.bytes: "2097152"}}')
+    assert tuned["kafka.fetch.max.wait.ms"] == "100" and tuned["kafka.max.partition.fetch.bytes"] == "2097152"
+    assert tuned["kafka.max.poll.records"] == SOURCE_DEFAULTS["kafka.max.poll.records"]
+    with pytest.raises(ConfigError, match="kafka.group.id"):
+        options('{source_options: {kafka.group.id: "mirror-group"}}')

@@ -1,0 +1,157 @@
+"""The driver's writing of a micro-batch as Spark hands it over (``stream.write_on_driver``).
+
+The partition writers are replaced by a recorder (``BatchWriter.feed`` / ``finish``): these tests are
+about what reaches them, in what order, and when, not about Kafka.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from mirror_core import stream
+from mirror_core.replicate import BatchResult, Columns
+
+HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
+def batch(topic: str, part: int, offsets: list[int]) -> pa.RecordBatch:
+    """Spark Kafka rows of one partition, the shape a Spark task's Arrow batch has."""
+    n = len(offsets)
+    return pa.RecordBatch.from_arrays([
+        pa.array([topic] * n), pa.array([part] * n, pa.int32()), pa.array(offsets, pa.int64()),
+        pa.array([b"k%d" % o for o in offsets], pa.binary()), pa.array([b"v%d" % o for o in offsets], pa.binary()),
+        pa.array([1_700_000_000_000_000 + o for o in offsets], pa.timestamp("us", tz="UTC")),
+        pa.array([None] * n, HEADERS),
+    ], names=["topic", "partition", "offset", "key", "value", "timestamp", "headers"])
+
+
+class Recorder:
+    """Stands in for the partition writers: records every feed and finish, optionally fails or waits."""
+
+    def __init__(self, fail_on: tuple[str, int] | None = None, delay: float = 0.0):
+        self.events: list[tuple[str, tuple[str, int], list[int]]] = []
+        self.fed = threading.Event()
+        self.fail_on = fail_on
+        self.delay = delay
+        self.active: dict[tuple[str, int], int] = {}
+        self.overlap = False
+        self.lock = threading.Lock()
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        rec = self
+
+        def feed(bw: Any, topic: str, part: int, cols: Columns) -> None:
+            tp = (topic, part)
+            with rec.lock:
+                rec.active[tp] = rec.active.get(tp, 0) + 1
+                rec.overlap |= rec.active[tp] > 1  # two threads writing one partition at once
+            try:
+                time.sleep(rec.delay)
+                if tp == rec.fail_on:
+                    raise RuntimeError(f"writer failed on {topic}[{part}]")
+                with rec.lock:
+                    rec.events.append(("feed", tp, list(cols.offsets)))
+                    r = bw.results.setdefault(tp, BatchResult(topic, part))
+                    r.records_in += len(cols)
+                rec.fed.set()
+            finally:
+                with rec.lock:
+                    rec.active[tp] -= 1
+
+        def finish(bw: Any, topic: str, part: int) -> None:
+            with rec.lock:
+                rec.events.append(("finish", (topic, part), []))
+
+        monkeypatch.setattr(stream.BatchWriter, "feed", feed)
+        monkeypatch.setattr(stream.BatchWriter, "finish", finish)
+
+
+PLAN = stream.WriterPlan(settings={}, id_map={}, end_offsets={}, destination_consumer_config={}, registries=None)
+
+
+def test_partitions_are_written_while_later_ones_are_still_arriving(monkeypatch) -> None:
+    """The first partition's records reach its writer before Spark has handed over the next partition."""
+    rec = Recorder()
+    rec.install(monkeypatch)
+    waited: list[bool] = []
+
+    def spark() -> Iterator[pa.RecordBatch]:
+        yield batch("a", 0, [0, 1, 2])
+        waited.append(rec.fed.wait(10))  # a collect-then-write would never feed before the stream ends
+        yield batch("a", 1, [5, 6])
+
+    rows = stream.write_on_driver(PLAN, spark())
+    assert waited == [True]
+    assert sorted((r["topic"], r["partition"], r["records_in"]) for r in rows) == [("a", 0, 3), ("a", 1, 2)]
+
+
+def test_each_partition_keeps_its_order_and_is_finished_after_its_last_records(monkeypatch) -> None:
+    rec = Recorder(delay=0.01)
+    rec.install(monkeypatch)
+    batches = [batch("a", 0, [0, 1]), batch("a", 0, [2, 3]), batch("b", 0, [10]), batch("a", 1, [4]),
+               batch("b", 0, [11, 12])]  # b[0] seen again after a gap: written after its first run
+    stream.write_on_driver(PLAN, iter(batches))
+    fed: dict[tuple[str, int], list[int]] = {}
+    for kind, tp, offsets in rec.events:
+        if kind == "feed":
+            assert ("finish", tp, []) not in rec.events[:rec.events.index((kind, tp, offsets))]
+            fed.setdefault(tp, []).extend(offsets)
+    assert fed == {("a", 0): [0, 1, 2, 3], ("b", 0): [10, 11, 12], ("a", 1): [4]}
+    assert sorted(tp for kind, tp, _ in rec.events if kind == "finish") == [("a", 0), ("a", 1), ("b", 0)]
+    assert not rec.overlap
+
+
+def test_a_failed_collect_is_a_collect_error_and_stops_the_writers(monkeypatch) -> None:
+    """What was handed over before the failure is written (positions make a rerun skip it); no
+    partition is finished, so no position moves past records that were never written."""
+    rec = Recorder()
+    rec.install(monkeypatch)
+
+    def spark() -> Iterator[pa.RecordBatch]:
+        yield batch("a", 0, [0, 1])
+        raise OSError("connection reset by the JVM")
+
+    with pytest.raises(stream.CollectError, match="connection reset"):
+        stream.write_on_driver(PLAN, spark())
+    assert rec.events == [("feed", ("a", 0), [0, 1])]
+
+
+def test_a_writer_error_is_raised_and_the_stream_abandoned(monkeypatch) -> None:
+    rec = Recorder(fail_on=("a", 1))
+    rec.install(monkeypatch)
+    closed = threading.Event()
+    handed: list[int] = []
+
+    def spark() -> Iterator[pa.RecordBatch]:
+        try:
+            for i in range(50):
+                handed.append(i)
+                yield batch("a", i, [i])
+                time.sleep(0.02)
+        finally:
+            closed.set()
+
+    with pytest.raises(RuntimeError, match=r"writer failed on a\[1\]"):
+        stream.write_on_driver(PLAN, spark())
+    assert closed.is_set()
+    assert len(handed) < 50  # it stopped reading once the writer failed
+    assert not any(kind == "finish" for kind, _, _ in rec.events)
+
+
+def test_records_handed_over_twice_are_refused(monkeypatch) -> None:
+    Recorder().install(monkeypatch)
+    with pytest.raises(RuntimeError, match=r"a\[0\]: Spark handed over offset 1 after 2"):
+        stream.write_on_driver(PLAN, iter([batch("a", 0, [0, 1, 2]), batch("a", 0, [1, 2])]))
+
+
+def test_an_empty_batch_writes_nothing(monkeypatch) -> None:
+    rec = Recorder()
+    rec.install(monkeypatch)
+    assert stream.write_on_driver(PLAN, iter([batch("a", 0, [])])) == []
+    assert rec.events == []
