@@ -619,6 +619,10 @@ class PartitionWriter:
                 _POSITIONS[key] = Position(found.upstream_offset, found.downstream_offset)
             elif found is not None:
                 _POSITIONS[key] = Position(int(found))
+            else:
+                # nothing committed yet: known too (a warm-up's lookup is not repeated by the first write);
+                # the producer fenced every zombie before this lookup, so only this writer can commit now
+                _POSITIONS[key] = Position(0)
         return _POSITIONS.get(key)
 
     def _syncs(self, partition: int, first_upstream: int, pairs: list[tuple[int, int]], upstream_end: int,

@@ -204,6 +204,22 @@ def test_position_sync_without_history_uses_the_destination_end(monkeypatch) -> 
     assert syncs == [OffsetSync("t", 1, 0, 17), OffsetSync("t", 1, 2, 17)]
 
 
+def test_a_partition_with_nothing_committed_is_looked_up_once(monkeypatch) -> None:
+    """The warm-up's lookup (no sync yet: a new mirror) holds for the first write; it is not repeated."""
+    fake = _FakeProducer()
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    lookups: list[tuple[str, int]] = []
+    writer = replicate.PartitionWriter(settings(value_serde="bytes"), ids({}),
+                                       lambda t, p: lookups.append((t, p)), downstream_end=lambda t, p: 0)
+    writer.prepare(1)
+    r = writer.write(1, [rec(b"v", offset=o) for o in (0, 1, 2)])
+    assert lookups == [("t", 1)]
+    assert r.mirrored == 3 and r.replayed_skipped == 0
+    again = writer.write(1, [rec(b"v", offset=o) for o in (0, 1, 2, 3)])  # a replay: only offset 3 is new
+    assert again.replayed_skipped == 3 and again.mirrored == 1 and lookups == [("t", 1)]
+
+
 def _group(policy: str, hb: str = "{enabled: true}", mirrors: str = "[{source_topic: a}]"):
     cfg = parse_config(yaml.safe_load(f"""
 clusters: {{src: {{kafka: {{bootstrap.servers: "h1:9092"}}}}, dst: {{kafka: {{bootstrap.servers: "h2:9092"}}}}}}
