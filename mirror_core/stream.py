@@ -77,6 +77,7 @@ class MirrorRuntime:
         self.settings: dict[str, WriterSettings] = {}
         self.consumer_groups: dict[str, str] = {}
         self._committers: dict[str, Any] = {}  # one long-lived consumer per mirror consumer group
+        self._committers_lock = threading.Lock()
         self.id_map: dict[int, int] = {}
         #: key + value bytes per record of the batches so far (None before the first): sizes driver batches
         self.bytes_per_record: float | None = None
@@ -218,7 +219,9 @@ class MirrorRuntime:
             items = [(s, p) for s in plan.settings.values() for p in range(s.source_partitions)]
             t0 = time.monotonic()
             with ThreadPoolExecutor(max_workers=DRIVER_THREADS, thread_name_prefix="mirrorflow-warm-up") as pool:
+                committers = pool.submit(self._warm_committers)
                 list(pool.map(one, items))
+                committers.result()
             log.info("%s: %d partition writers ready in %.1fs", self.group.name, len(items), time.monotonic() - t0)
 
         t = self._warm_thread = threading.Thread(target=run, name="mirrorflow-warm-up", daemon=True)
@@ -305,14 +308,31 @@ class MirrorRuntime:
             metrics.PHASE_SECONDS.labels(self.group.name, ph).inc(v / 1000)
         return totals
 
+    def _committer(self, cg: str) -> Any:
+        with self._committers_lock:
+            c = self._committers.get(cg)
+            if c is None:
+                c = self._committers[cg] = clients.consumer(self.src, cg)
+            return c
+
+    def _warm_committers(self) -> None:
+        """Find each consumer group's coordinator before the first commit (about 1 s on a cold client)."""
+        from confluent_kafka import TopicPartition
+
+        for cg, topic in {cg: t for t, cg in list(self.consumer_groups.items())}.items():
+            if self._warm_stop.is_set():
+                return
+            try:
+                self._committer(cg).committed([TopicPartition(topic, 0)], timeout=10)
+            except Exception as exc:  # noqa: BLE001 - only a head start: the first commit tries again
+                log.debug("%s: committer warm-up for %s: %s", self.group.name, cg, exc)
+
     def commit_source_offsets(self, commits: dict[str, list[tuple[str, int, int]]]) -> None:
         """So kafka-consumer-groups and lag exporters see the mirror's position on the source."""
         from confluent_kafka import KafkaException, TopicPartition
 
         for cg, tps in commits.items():
-            c = self._committers.get(cg)
-            if c is None:
-                c = self._committers[cg] = clients.consumer(self.src, cg)
+            c = self._committer(cg)
             try:
                 c.commit(offsets=[TopicPartition(t, p, off) for t, p, off in tps], asynchronous=False)
             except KafkaException as exc:

@@ -370,3 +370,31 @@ def _watermarks(bootstrap: str, topic: str) -> tuple[int, int]:
         return int(low), int(high)
     finally:
         c.close()
+
+
+def test_a_plan_that_cannot_be_carried_out_stops_the_job_before_it_mirrors(clusters, unique, tmp_path):
+    """Provisioning runs while Spark starts; its error still stops the job, in one line, before any record moves."""
+    g = unique("plan").replace("-", "")
+    topic = f"{g}.t"
+    create_topic(clusters.src_bootstrap, topic, 1)
+    produce(clusters.src_bootstrap, topic, [(0, b"k", b"v", [])])
+    path, _cfg = write_config(clusters, tmp_path, f"""
+groups:
+  - name: {g}
+    source: src
+    destination: dst
+    serdes: {{key: bytes, value: bytes}}
+    offset_syncs_topic: "{g}.syncs.internal"
+    heartbeats: {{enabled: false}}
+    topics_mirroring: {{replication_factor: {{type: fix, value: 3}}}}
+    spark: {{master: "local[2]", checkpoint_dir: "{tmp_path / 'ckpt'}"}}
+    mirrors:
+      - {{source_topic: {topic}, destination_topic: {topic}.m}}
+""")
+    proc = subprocess.run([sys.executable, "-m", "spark_jobs.mirror_stream", str(path), "--group", g, "--once"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    line = [x for x in proc.stderr.splitlines() if "cannot start the mirror" in x]
+    assert line and f"{topic}.m: replication factor 3 is above" in line[-1], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "ckpt" / g / "commits").exists()  # no micro-batch ran

@@ -34,3 +34,35 @@ def test_local_session_with_kafka_connector_starts():
         assert reader.load().columns[:2] == ["key", "value"]
     finally:
         spark.stop()
+
+
+def test_local_checkpoints_use_the_file_system_manager_and_the_user_can_override_it():
+    """Two checkpoint files are written per micro-batch: on a local disk the cheaper manager is used;
+    other stores (s3a://, hdfs://) keep Spark's default, and a user's spark.conf wins."""
+    from mirror_core.config import GroupConfig
+    from spark_jobs.mirror_stream import LOCAL_CHECKPOINT_MANAGER, build_session, is_local_path
+
+    assert is_local_path(".state/checkpoints") and is_local_path("/var/lib/x") and is_local_path("file:///x")
+    assert not is_local_path("s3a://bucket/ck") and not is_local_path("hdfs://nn/ck")
+
+    def group(spark: dict) -> GroupConfig:
+        return GroupConfig.model_validate({"name": "g", "source": "a", "destination": "b", "spark": spark,
+                                           "mirrors": [{"source_topic": "t"}]})
+
+    key = "spark.sql.streaming.checkpointFileManagerClass"
+    spark = build_session(group({"checkpoint_dir": "/tmp/ck"}), app_name="mirrorflow-ckpt")
+    try:
+        assert spark.conf.get(key) == LOCAL_CHECKPOINT_MANAGER
+    finally:
+        spark.stop()
+    spark = build_session(group({"checkpoint_dir": "s3a://b/ck"}), app_name="mirrorflow-ckpt")
+    try:
+        assert spark.conf.get(key, None) in (None, "")
+    finally:
+        spark.stop()
+    mine = "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"
+    spark = build_session(group({"checkpoint_dir": "/tmp/ck", "conf": {key: mine}}), app_name="mirrorflow-ckpt")
+    try:
+        assert spark.conf.get(key) == mine
+    finally:
+        spark.stop()
