@@ -349,6 +349,11 @@ def local_fetch() -> None:
     }
     for what, path in paths.items():
         out.print(f"{what}: {path}", markup=False, highlight=False)
+    # the Spark driver's class-data sharing archive (spark_jobs/jvm_archive.py): it only saves start
+    # time, so a failure to make it is reported and fetch goes on
+    import subprocess
+
+    subprocess.call([sys.executable, "-m", "spark_jobs.jvm_archive"])
 
 
 @local_app.command("down")

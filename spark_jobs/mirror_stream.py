@@ -34,6 +34,7 @@ from mirror_core.config import GroupConfig, MirrorsConfig, load_config
 from mirror_core.errors import MirrorError
 from mirror_core.replicate import release_producers
 from mirror_core.stream import RESULT_DDL, CollectError, MirrorRuntime, arrow_writer, write_on_driver
+from spark_jobs import jvm_archive
 
 log = logging.getLogger("mirrorflow.stream")
 
@@ -63,7 +64,8 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
         .config("spark.python.worker.reuse", "true")
         .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
-        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
+        .config("spark.driver.extraJavaOptions",
+                " ".join(["-Dlog4j2.level=WARN", *jvm_archive.java_options(artifacts.cache_dir())]))
     )
     if is_local_path(group.spark.checkpoint_dir):
         # Spark's default checkpoint manager (Hadoop FileContext) takes about 55 ms to close each small

@@ -290,6 +290,29 @@ def test_broker_size_rejection_is_retried_record_by_record(clusters, unique):
 # --------------------------------------------------------------------------- failures and loops
 
 
+def fail_once(clusters, tmp_path: Path, g: str, topic: str, value_serde: str, rf: int,
+              on_error: str = "dead_letter") -> subprocess.CompletedProcess:
+    """Run a one-mirror group (``topic`` -> ``topic.m``) with ``--once``; it must exit 1."""
+    path, _cfg = write_config(clusters, tmp_path, f"""
+groups:
+  - name: {g}
+    source: src
+    destination: dst
+    serdes: {{key: bytes, value: {value_serde}}}
+    on_error: {on_error}
+    offset_syncs_topic: "{g}.syncs.internal"
+    heartbeats: {{enabled: false}}
+    topics_mirroring: {{replication_factor: {{type: fix, value: {rf}}}}}
+    spark: {{master: "local[2]", checkpoint_dir: "{tmp_path / 'ckpt'}"}}
+    mirrors:
+      - {{source_topic: {topic}, destination_topic: {topic}.m}}
+""")
+    proc = subprocess.run([sys.executable, "-m", "spark_jobs.mirror_stream", str(path), "--group", g, "--once"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    return proc
+
+
 def test_on_error_fail_stops_the_job_naming_the_record(clusters, unique, tmp_path):
     g = unique("fail").replace("-", "")
     topic = f"{g}.t"
@@ -299,23 +322,7 @@ def test_on_error_fail_stops_the_job_naming_the_record(clusters, unique, tmp_pat
     ok = b"\x00" + struct.pack(">i", sid) + b"\x02"
     bad = b"\x00" + struct.pack(">i", 999_999) + b"\x02"  # an id the source registry does not know
     produce(clusters.src_bootstrap, topic, [(0, b"before", ok, []), (0, b"bad", bad, []), (0, b"after", ok, [])])
-    path, cfg = write_config(clusters, tmp_path, f"""
-groups:
-  - name: {g}
-    source: src
-    destination: dst
-    serdes: {{key: bytes, value: avro}}
-    on_error: fail
-    offset_syncs_topic: "{g}.syncs.internal"
-    heartbeats: {{enabled: false}}
-    topics_mirroring: {{replication_factor: {{type: fix, value: 1}}}}
-    spark: {{master: "local[2]", checkpoint_dir: "{tmp_path / 'ckpt'}"}}
-    mirrors:
-      - {{source_topic: {topic}, destination_topic: {topic}.m}}
-""")
-    proc = subprocess.run([sys.executable, "-m", "spark_jobs.mirror_stream", str(path), "--group", g, "--once"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    proc = fail_once(clusters, tmp_path, g, topic, "avro", rf=1, on_error="fail")
     line = [x for x in proc.stderr.splitlines() if "mirror failed" in x]
     assert line and f"{topic}[0]@1" in line[-1] and "unknown_schema_id" in line[-1], proc.stderr[-3000:]
     # the chunk's transaction was aborted: nothing after the bad record (nor before it in the chunk)
@@ -378,22 +385,7 @@ def test_a_plan_that_cannot_be_carried_out_stops_the_job_before_it_mirrors(clust
     topic = f"{g}.t"
     create_topic(clusters.src_bootstrap, topic, 1)
     produce(clusters.src_bootstrap, topic, [(0, b"k", b"v", [])])
-    path, _cfg = write_config(clusters, tmp_path, f"""
-groups:
-  - name: {g}
-    source: src
-    destination: dst
-    serdes: {{key: bytes, value: bytes}}
-    offset_syncs_topic: "{g}.syncs.internal"
-    heartbeats: {{enabled: false}}
-    topics_mirroring: {{replication_factor: {{type: fix, value: 3}}}}
-    spark: {{master: "local[2]", checkpoint_dir: "{tmp_path / 'ckpt'}"}}
-    mirrors:
-      - {{source_topic: {topic}, destination_topic: {topic}.m}}
-""")
-    proc = subprocess.run([sys.executable, "-m", "spark_jobs.mirror_stream", str(path), "--group", g, "--once"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    proc = fail_once(clusters, tmp_path, g, topic, "bytes", rf=3)
     line = [x for x in proc.stderr.splitlines() if "cannot start the mirror" in x]
     assert line and f"{topic}.m: replication factor 3 is above" in line[-1], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,28 @@ def test_local_checkpoints_use_the_file_system_manager_and_the_user_can_override
         assert spark.conf.get(key) == mine
     finally:
         spark.stop()
+
+
+def test_driver_jvm_archive_is_used_when_present_and_a_bad_one_does_not_stop_spark(tmp_path):
+    """The archive only saves start time: none means no option; one the JVM cannot use (another JDK,
+    another class path, a damaged file) is ignored by the JVM and the session starts as before."""
+    from spark_jobs import jvm_archive
+
+    assert jvm_archive.java_options(tmp_path) == []
+    path = jvm_archive.archive_path(tmp_path)
+    assert path is not None and path.parent == tmp_path / "jvm"
+    path.parent.mkdir()
+    path.write_bytes(b"not a class-data sharing archive" * 100)
+    opts = jvm_archive.java_options(tmp_path)
+    assert opts == [f"-XX:SharedArchiveFile={path}"]
+    assert jvm_archive.build(tmp_path) == path  # there already: not made again
+    # a JVM of its own (this process's JVM was started by an earlier test, with other options)
+    code = ("import sys; from pyspark.sql import SparkSession; "
+            "s = SparkSession.builder.master('local[1]').config('spark.ui.enabled', 'false')"
+            ".config('spark.driver.extraJavaOptions', sys.argv[1]).getOrCreate(); "
+            "args = [str(a) for a in s._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()"
+            ".getInputArguments()]; "
+            "print('archive option passed' if sys.argv[1] in args else 'archive option missing', s.range(5).count())")
+    proc = subprocess.run([sys.executable, "-c", code, opts[0]], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "archive option passed 5" in proc.stdout
