@@ -387,10 +387,7 @@ def _producer(s: WriterSettings, partition: int) -> tuple[Producer, str]:
         return _PRODUCERS[txid], txid
     key = f"{s.transactional_id}.{partition}.alo"  # per partition too: flushes never wait for another's
     if key in _PRODUCERS and _PRODUCER_LIMITS.get(key) != s.destination_max_message_bytes:
-        position = _POSITIONS.get(key)
-        _drop_producer(key)
-        if position is not None:
-            _POSITIONS[key] = position  # at-least-once positions do not depend on the producer
+        _drop_producer(key, keep_position=True)
     if key not in _PRODUCERS:
         _PRODUCERS[key] = Producer(s.producer_config | base)
         _PRODUCER_LIMITS[key] = s.destination_max_message_bytes
@@ -405,10 +402,13 @@ def release_producers() -> None:
     _POSITIONS.clear()
 
 
-def _drop_producer(key: str) -> None:
+def _drop_producer(key: str, keep_position: bool = False) -> None:
+    """Forget a producer (and, unless ``keep_position``, the position read with it: a new transactional
+    producer fences zombies that may have committed since; at-least-once positions do not depend on it)."""
     _PRODUCERS.pop(key, None)
     _PRODUCER_LIMITS.pop(key, None)
-    _POSITIONS.pop(key, None)
+    if not keep_position:
+        _POSITIONS.pop(key, None)
 
 
 def last_committed_sync(consumer_config: dict[str, Any], syncs_topic: str, topic: str, partition: int,
@@ -847,10 +847,7 @@ class PartitionWriter:
             first = too_large[0]
             result.mirrored -= len(too_large) + sum(1 for u, _ in acks if u >= first)
             acks = [(u, d) for u, d in acks if u < first]
-            position = _POSITIONS.get(key)
-            _drop_producer(key)
-            if position is not None:
-                _POSITIONS[key] = position
+            _drop_producer(key, keep_position=True)
             producer, key = _producer(self.s, partition)
             rest = chunk.slice(bisect.bisect_left(chunk.offsets, first), len(chunk))
             more, too_large = self._produce_all(producer, partition, rest, result, {})

@@ -202,14 +202,14 @@ class MirrorRuntime:
         if not self.group.spark.driver_batch_max_records:
             return None  # the tasks write: their producers live in the Python workers
         plan = self.writer_plan(-1)
+        bw = BatchWriter(plan)
 
         def one(item: tuple[WriterSettings, int]) -> None:
             s, part = item
             if self._warm_stop.is_set():
                 return
             try:
-                PartitionWriter(s, translator_for(plan, s), lambda t, p: last_committed_sync(
-                    plan.destination_consumer_config, s.offset_syncs_topic, t, p)).prepare(part)
+                bw.prepare(s.source_topic, part)
             except Exception as exc:  # noqa: BLE001 - only a head start: the first write tries again
                 log.warning("%s: warm-up of %s[%d] failed: %s", self.group.name, s.source_topic, part, exc)
 
@@ -407,34 +407,28 @@ def raise_plan_errors(plan: Any) -> None:
 def read_initial_offsets(checkpoint_dir: str) -> dict[str, dict[int, int]]:
     """Where the query's first micro-batch starts, per partition (the Kafka source's initial offsets,
     kept in the checkpoint), or {} when not known."""
-    path = Path(checkpoint_dir) / "sources" / "0" / "0"
-    if not path.exists():
+    try:
+        return _offsets_json(Path(checkpoint_dir) / "sources" / "0" / "0", skip=0)
+    except (ValueError, AttributeError):
         return {}
-    out: dict[str, dict[int, int]] = {}
-    for line in path.read_text(errors="replace").splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                for topic, parts in json.loads(line).items():
-                    out[topic] = {int(p): int(o) for p, o in parts.items()}
-            except (ValueError, AttributeError):
-                return {}
-    return out
 
 
 def read_batch_end_offsets(checkpoint_dir: str, batch_id: int) -> dict[str, dict[int, int]]:
     """End offsets of micro-batch ``batch_id`` from Spark's offset log (written before the batch runs)."""
-    path = Path(checkpoint_dir) / "offsets" / str(batch_id)
+    return _offsets_json(Path(checkpoint_dir) / "offsets" / str(batch_id), skip=2)
+
+
+def _offsets_json(path: Path, skip: int) -> dict[str, dict[int, int]]:
+    """``{topic: {partition: offset}}`` from the JSON lines of a Spark checkpoint file, after its first
+    ``skip`` lines (version, batch metadata); {} when the file is not there."""
     if not path.exists():
         return {}
-    lines = path.read_text().splitlines()
     out: dict[str, dict[int, int]] = {}
-    for line in lines[2:]:
+    for line in path.read_text(errors="replace").splitlines()[skip:]:
         line = line.strip()
-        if not line.startswith("{"):
-            continue
-        for topic, parts in json.loads(line).items():
-            out[topic] = {int(p): int(o) for p, o in parts.items()}
+        if line.startswith("{"):
+            for topic, parts in json.loads(line).items():
+                out[topic] = {int(p): int(o) for p, o in parts.items()}
     return out
 
 
@@ -479,7 +473,7 @@ def translator_for(plan: WriterPlan, s: WriterSettings) -> SchemaIdTranslator:
 class BatchWriter:
     """One micro-batch's writing, partition by partition: chunks to each partition's writer, then the
     position moved past trailing transaction markers. Used by the tasks (:func:`arrow_writer`) and by
-    the driver (:func:`write_on_driver`, one thread per partition)."""
+    the driver (both through :func:`write_batches`, one thread per partition)."""
 
     def __init__(self, plan: WriterPlan):
         self.plan = plan
@@ -498,6 +492,12 @@ class BatchWriter:
 
                 w = self._writers[topic] = PartitionWriter(s, translator_for(self.plan, s), lookup)
             return w
+
+    def prepare(self, topic: str, part: int) -> None:
+        """Start the partition's producer and read its position ahead of its first records."""
+        s = self.plan.settings.get(topic)
+        if s is not None:
+            self._writer(topic, s).prepare(part)
 
     def feed(self, topic: str, part: int, cols: Columns) -> None:
         """Write the next records of ``topic``/``part`` (in offset order)."""
@@ -533,21 +533,7 @@ def arrow_writer(plan: WriterPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        bw = BatchWriter(plan)
-        input_ms = 0.0  # waiting for Spark's Arrow batches and turning them into columns
-        t_in = time.monotonic()
-        for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            parts = list(columns_from_arrow(batch))
-            input_ms += (time.monotonic() - t_in) * 1000
-            for topic, part, cols in parts:
-                bw.feed(topic, part, cols)
-            t_in = time.monotonic()
-        input_ms += (time.monotonic() - t_in) * 1000
-        for topic, part in list(bw.results):
-            bw.finish(topic, part)
-        rows = bw.rows(input_ms)
+        rows = write_batches(plan, batches)
         if rows:
             yield pa.RecordBatch.from_pylist(rows, schema=_result_schema())
 
@@ -559,9 +545,10 @@ class CollectError(RuntimeError):
     written: a rerun of the batch (the tasks, or a restart) skips them by their committed positions."""
 
 
-def write_on_driver(plan: WriterPlan, batches: Iterable[Any]) -> list[dict[str, Any]]:
-    """Write a micro-batch in this process, with its long-lived producers and positions, as its Arrow
-    batches arrive: a partition's writing starts while Spark still reads the partitions after it.
+def write_batches(plan: WriterPlan, batches: Iterable[Any]) -> list[dict[str, Any]]:
+    """Write a micro-batch's Arrow batches as they arrive, with this process's long-lived producers and
+    positions: a partition's writing starts while Spark still reads the partitions after it. The driver
+    feeds it Spark's collect stream; a Spark task (:func:`arrow_writer`), its one partition's batches.
 
     Each partition is written by one thread at a time, in offset order (its own transactions); up to
     :data:`DRIVER_THREADS` partitions at once, so their flushes and commits overlap. A partition's
@@ -676,17 +663,21 @@ def columns_from_arrow(batch: Any) -> Iterator[tuple[str, int, Columns]]:
     topic_col, part_col = batch.column(cols.index("topic")), batch.column(cols.index("partition"))
     if len(pc.unique(topic_col)) == 1 and len(pc.unique(part_col)) == 1:
         # the usual case: Spark's Kafka source gives each task exactly one Kafka partition
-        yield topic_col[0].as_py(), part_col[0].as_py(), _columns(batch, cols, pa, pc)
+        yield topic_col[0].as_py(), part_col[0].as_py(), _columns(batch)
         return
     # several partitions in one Arrow batch (possible in a collected table): row indices per partition, in order
     rows: dict[tuple[str, int], list[int]] = {}
     for i, tp in enumerate(zip(topic_col.to_pylist(), part_col.to_pylist(), strict=True)):
         rows.setdefault(tp, []).append(i)
     for (t, p), idx in rows.items():
-        yield t, p, _columns(batch.take(pa.array(idx, pa.int64())), cols, pa, pc)
+        yield t, p, _columns(batch.take(pa.array(idx, pa.int64())))
 
 
-def _columns(batch: Any, cols: list[str], pa: Any, pc: Any) -> Columns:
+def _columns(batch: Any) -> Columns:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    cols = batch.schema.names
     ts_col = batch.column(cols.index("timestamp"))
     unit = getattr(ts_col.type, "unit", "us")
     ts_int = ts_col.cast(pa.int64())

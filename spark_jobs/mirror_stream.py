@@ -33,7 +33,7 @@ from mirror_core import artifacts
 from mirror_core.config import GroupConfig, MirrorsConfig, load_config
 from mirror_core.errors import MirrorError
 from mirror_core.replicate import release_producers
-from mirror_core.stream import RESULT_DDL, CollectError, MirrorRuntime, arrow_writer, write_on_driver
+from mirror_core.stream import RESULT_DDL, CollectError, MirrorRuntime, arrow_writer, write_batches
 from spark_jobs import jvm_archive
 
 log = logging.getLogger("mirrorflow.stream")
@@ -109,7 +109,7 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
         rows = None
         if on_driver:
             try:
-                rows = write_on_driver(plan, arrow_batches(df))
+                rows = write_batches(plan, arrow_batches(df))
             except CollectError as exc:
                 # partitions written before the failure stay written; exactly_once tasks skip them by their
                 # committed positions (at_least_once may write them twice, as after any retry)

@@ -1,4 +1,4 @@
-"""The driver's writing of a micro-batch as Spark hands it over (``stream.write_on_driver``).
+"""The driver's writing of a micro-batch as Spark hands it over (``stream.write_batches``).
 
 The partition writers are replaced by a recorder (``BatchWriter.feed`` / ``finish``): these tests are
 about what reaches them, in what order, and when, not about Kafka.
@@ -86,7 +86,7 @@ def test_partitions_are_written_while_later_ones_are_still_arriving(monkeypatch)
         waited.append(rec.fed.wait(10))  # a collect-then-write would never feed before the stream ends
         yield batch("a", 1, [5, 6])
 
-    rows = stream.write_on_driver(PLAN, spark())
+    rows = stream.write_batches(PLAN, spark())
     assert waited == [True]
     assert sorted((r["topic"], r["partition"], r["records_in"]) for r in rows) == [("a", 0, 3), ("a", 1, 2)]
 
@@ -96,7 +96,7 @@ def test_each_partition_keeps_its_order_and_is_finished_after_its_last_records(m
     rec.install(monkeypatch)
     batches = [batch("a", 0, [0, 1]), batch("a", 0, [2, 3]), batch("b", 0, [10]), batch("a", 1, [4]),
                batch("b", 0, [11, 12])]  # b[0] seen again after a gap: written after its first run
-    stream.write_on_driver(PLAN, iter(batches))
+    stream.write_batches(PLAN, iter(batches))
     fed: dict[tuple[str, int], list[int]] = {}
     for kind, tp, offsets in rec.events:
         if kind == "feed":
@@ -118,7 +118,7 @@ def test_a_failed_collect_is_a_collect_error_and_stops_the_writers(monkeypatch) 
         raise OSError("connection reset by the JVM")
 
     with pytest.raises(stream.CollectError, match="connection reset"):
-        stream.write_on_driver(PLAN, spark())
+        stream.write_batches(PLAN, spark())
     assert rec.events == [("feed", ("a", 0), [0, 1])]
 
 
@@ -138,7 +138,7 @@ def test_a_writer_error_is_raised_and_the_stream_abandoned(monkeypatch) -> None:
             closed.set()
 
     with pytest.raises(RuntimeError, match=r"writer failed on a\[1\]"):
-        stream.write_on_driver(PLAN, spark())
+        stream.write_batches(PLAN, spark())
     assert closed.is_set()
     assert len(handed) < 50  # it stopped reading once the writer failed
     assert not any(kind == "finish" for kind, _, _ in rec.events)
@@ -147,11 +147,11 @@ def test_a_writer_error_is_raised_and_the_stream_abandoned(monkeypatch) -> None:
 def test_records_handed_over_twice_are_refused(monkeypatch) -> None:
     Recorder().install(monkeypatch)
     with pytest.raises(RuntimeError, match=r"a\[0\]: Spark handed over offset 1 after 2"):
-        stream.write_on_driver(PLAN, iter([batch("a", 0, [0, 1, 2]), batch("a", 0, [1, 2])]))
+        stream.write_batches(PLAN, iter([batch("a", 0, [0, 1, 2]), batch("a", 0, [1, 2])]))
 
 
 def test_an_empty_batch_writes_nothing(monkeypatch) -> None:
     rec = Recorder()
     rec.install(monkeypatch)
-    assert stream.write_on_driver(PLAN, iter([batch("a", 0, [])])) == []
+    assert stream.write_batches(PLAN, iter([batch("a", 0, [])])) == []
     assert rec.events == []
