@@ -38,14 +38,19 @@ class Arrivals:
     last_at: float | None = None
     measured: dict[int, float] = field(default_factory=dict)  # seq -> latency ms (first delivery)
     duplicates: int = 0
+    # epoch seconds at which the count first reached 10 % / 90 % of the expected records (drains only):
+    # the window the throughput figure is taken over, free of start-up and of the last straggling batch
+    at_10: float | None = None
+    at_90: float | None = None
 
 
 class DstWatcher:
     """Tails one destination topic (waiting for it to exist) and counts what becomes visible."""
 
-    def __init__(self, bootstrap: str, topic: str, *, latency: bool = False):
+    def __init__(self, bootstrap: str, topic: str, *, latency: bool = False, expected: int | None = None):
         self.topic = topic
         self.latency = latency
+        self.expected = expected
         self.c = Consumer({
             "bootstrap.servers": bootstrap, "group.id": f"bench-watch-{time.time_ns()}",
             "isolation.level": "read_committed", "enable.auto.commit": False, "auto.offset.reset": "earliest",
@@ -91,6 +96,11 @@ class DstWatcher:
             self.seen.count += got
             self.seen.first_at = self.seen.first_at or now
             self.seen.last_at = now
+            if self.expected:
+                if self.seen.at_10 is None and self.seen.count >= 0.1 * self.expected:
+                    self.seen.at_10 = now
+                if self.seen.at_90 is None and self.seen.count >= 0.9 * self.expected:
+                    self.seen.at_90 = now
         return got
 
     def wait_for(self, done: Callable[[Arrivals], bool], deadline: float, alive: Callable[[], bool | None],

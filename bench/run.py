@@ -48,9 +48,12 @@ from mirror_core import artifacts, local  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mm2", "raw-python", "kcat")
+# mirrorflow-* mirror with the avro value serde (schema ids rewritten); the *-bytes variants copy values as
+# bytes. mm2 is MirrorMaker 2 as shipped, mm2-tuned as a performance-minded operator runs it.
+CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
+              "mm2", "mm2-tuned", "raw-python", "kcat")
 FLOOR = "floor"  # no mirror: the watcher reads the source topic itself (what the measurement adds)
-LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mm2", "raw-python", "kcat")
+LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mm2", "mm2-tuned", "raw-python", "kcat")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -88,11 +91,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.records = recs
     args.rate = args.rate or (1000.0 if quick else 2000.0)
     args.seconds = args.seconds or (5.0 if quick else 20.0)
-    default = [c for c in CONTENDERS if not (quick and c == "mirrorflow-alo")]
+    quick_set = ("mirrorflow-eos", "mm2", "mm2-tuned", "raw-python", "kcat")
+    default = [c for c in CONTENDERS if not quick or c in quick_set]
     args.contenders = [c for c in args.contenders.split(",") if c] if args.contenders else default
     if args.no_drain:
         args.contenders = []
-    lat_default = ["mirrorflow-eos", "mm2", "raw-python"] if quick else list(LATENCY_CONTENDERS)
+    lat_default = ["mirrorflow-eos", "mm2-tuned", "raw-python"] if quick else list(LATENCY_CONTENDERS)
     lat = [c for c in args.latency_contenders.split(",") if c] if args.latency_contenders else lat_default
     args.latency_contenders = [] if args.no_latency else lat
     args.warmup = args.warmup if args.warmup is not None else (1.0 if quick else 10.0)
@@ -175,19 +179,22 @@ class Bench:
         cfgs = self.out / "configs"
         cfgs.mkdir(parents=True, exist_ok=True)
         if contender.startswith("mirrorflow-"):
-            delivery = "exactly_once" if contender.endswith("eos") else "at_least_once"
-            group = f"bench-{contender.split('-')[1]}-{tag}"
+            parts = contender.split("-")
+            delivery = "exactly_once" if parts[1] == "eos" else "at_least_once"
+            serde = "bytes" if contender.endswith("-bytes") else "avro"
+            group = f"bench-{'-'.join(parts[1:])}-{tag}"
             dest = f"{source}.{contender}"
             path = cfgs / f"{group}.yaml"
             path.write_text(mirrorflow_yaml(
                 self.ep, group=group, source_topic=source, destination_topic=dest, delivery=delivery,
-                value_serde="avro", trigger=self.args.trigger, checkpoint_dir=self.out / "checkpoints",
+                value_serde=serde, trigger=self.args.trigger, checkpoint_dir=self.out / "checkpoints",
                 driver_batch_max_records=self.args.driver_max))
             cmd = mirrorflow_cmd(path, group, once=drain)
-        elif contender == "mm2":
-            dest = mm2_remote_topic(source)
-            path = cfgs / f"mm2-{tag}.properties"
-            path.write_text(mm2_properties(self.ep, source, tasks=self.args.mm2_tasks))
+        elif contender in ("mm2", "mm2-tuned"):
+            tuned = contender == "mm2-tuned"
+            dest = mm2_remote_topic(source, tuned=tuned)
+            path = cfgs / f"{contender}-{tag}.properties"
+            path.write_text(mm2_properties(self.ep, source, tasks=self.args.mm2_tasks, tuned=tuned))
             cmd = java_cmd(local.find_java(17), artifacts.fetch_kafka(self.env.cache), MM2_MAIN, str(path))
         elif contender == "raw-python":
             dest = f"{source}.raw"
@@ -250,7 +257,7 @@ class Bench:
     def drain_one(self, contender: str, topic: str, tag: str, records: int, row: dict[str, Any]) -> None:
         run, dest = self.launch(contender, topic, tag, drain=True)
         row.update(destination_topic=dest, log=str(run.log))
-        watcher = DstWatcher(self.ep.dst_bootstrap, dest)
+        watcher = DstWatcher(self.ep.dst_bootstrap, dest, expected=records)
         try:
             with self.console.status(f"{contender}: draining {records:,} records into {dest}") as st:
                 def tick(a: Arrivals) -> None:
@@ -300,6 +307,9 @@ class Bench:
             records_per_s=round(records / steady), mb_per_s=round(row["bytes"] / steady / 1e6, 2),
             records_per_s_wall=round(records / wall),
         )
+        if seen.at_10 is not None and seen.at_90 is not None and seen.at_90 > seen.at_10:
+            window = seen.at_90 - seen.at_10
+            row.update(window_s=round(window, 2), records_per_s_window=round(0.8 * records / window))
 
     # ------------------------------------------------------------------ phase 2: latency
 

@@ -115,3 +115,62 @@ def test_ratios_compare_with_mm2_and_the_raw_pipe_of_the_same_size():
     assert rows[2]["x_mm2"] == 0.5 and rows[2]["x_raw-python"] == 0.1
     assert rows[5]["p50_x_mm2"] == 10.0 and rows[5]["p99_x_mm2"] == 5.0 and rows[5]["p50_x_raw-python"] is None
     assert "x_mm2" not in rows[6]
+
+
+def test_tuned_mm2_batches_more_and_mirrors_data_only_while_the_default_one_is_as_shipped():
+    shipped = dict(line.split(" = ", 1) for line in mm2_properties(EP, "bench.s100").splitlines())
+    tuned = dict(line.split(" = ", 1) for line in mm2_properties(EP, "bench.s100", tuned=True).splitlines())
+    assert "dst.producer.linger.ms" not in shipped and "replication.policy.class" not in shipped
+    assert tuned["dst.producer.linger.ms"] == "20" and tuned["dst.producer.batch.size"] == "262144"
+    assert tuned["replication.policy.class"].endswith("IdentityReplicationPolicy")
+    for flag in ("emit.checkpoints.enabled", "emit.heartbeats.enabled", "sync.group.offsets.enabled",
+                 "sync.topic.configs.enabled"):
+        assert tuned[f"src->dst.{flag}"] == "false", flag
+    assert mm2_remote_topic("bench.s100", tuned=True) == "bench.s100"
+
+
+def test_ratios_use_the_10_to_90_percent_window_and_compare_with_both_mm2_contenders():
+    rows = [
+        {"phase": "throughput", "contender": "mm2", "size": 100, "status": "ok", "records_per_s": 900,
+         "records_per_s_window": 1000},
+        {"phase": "throughput", "contender": "mm2-tuned", "size": 100, "status": "ok", "records_per_s": 2000},
+        {"phase": "throughput", "contender": "mirrorflow-eos-bytes", "size": 100, "status": "ok",
+         "records_per_s": 100, "records_per_s_window": 3000},
+        {"phase": "latency", "contender": "mm2-tuned", "status": "ok", "p50_ms": 10.0, "p99_ms": 50.0},
+        {"phase": "latency", "contender": "mirrorflow-eos", "status": "ok", "p50_ms": 100.0, "p99_ms": 100.0},
+    ]
+    add_ratios(rows)
+    assert rows[2]["x_mm2"] == 3.0 and rows[2]["x_mm2-tuned"] == 1.5 and rows[2]["x_raw-python"] is None
+    assert rows[4]["p99_x_mm2-tuned"] == 2.0
+
+
+def test_the_watcher_marks_when_10_and_90_percent_of_the_expected_records_arrived():
+    from bench.observe import DstWatcher
+
+    class Msg:
+        def error(self) -> None:
+            return None
+
+        def key(self) -> bytes:
+            return b"k"
+
+    class FakeConsumer:
+        def __init__(self) -> None:
+            self.batches = [[Msg()] * 5, [Msg()] * 4, [Msg()]]
+
+        def poll(self, timeout: float) -> Msg | None:
+            batch = self.batches[0] if self.batches else []
+            return batch[0] if batch else None
+
+        def consume(self, n: int, timeout: float) -> list[Msg]:
+            return self.batches.pop(0)[1:]
+
+    w = DstWatcher.__new__(DstWatcher)
+    w.topic, w.latency, w.expected, w.assigned = "t", False, 10, True
+    from bench.observe import Arrivals
+    w.seen = Arrivals()
+    w.c = FakeConsumer()  # type: ignore[assignment]
+    w.poll()
+    assert w.seen.at_10 is not None and w.seen.at_90 is None
+    w.poll()
+    assert w.seen.at_90 is not None and w.seen.count == 9
