@@ -59,7 +59,8 @@ def throughput_table(rows: list[dict[str, Any]]) -> Table:
                     "visible on the destination, ratios use it; steady = data path start -> last record visible)")
     for col in ("value B", "contender", "records", "rec/s 10-90%", "rec/s steady", "MB/s steady", "rec/s wall",
                 "wall s", "startup s", "peak RSS MB", "x MM2", "x MM2 tuned", "x raw", "load 1m", "status"):
-        t.add_column(col, justify="left" if col in ("contender", "status") else "right")
+        t.add_column(col, justify="left" if col in ("contender", "status") else "right",
+                     no_wrap=col == "contender", min_width=20 if col == "contender" else None)
     for r in rows:
         if r["phase"] != "throughput":
             continue
@@ -76,7 +77,8 @@ def latency_table(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="Continuous replication latency (dst consume time - src produce call, fixed rate)")
     for col in ("contender", "rate/s", "received", "p50 ms", "p99 ms", "max ms", "ready s", "peak RSS MB",
                 "p50 x MM2", "p99 x MM2", "p99 x MM2 tuned", "p50 x raw", "load 1m", "status"):
-        t.add_column(col, justify="left" if col in ("contender", "status") else "right")
+        t.add_column(col, justify="left" if col in ("contender", "status") else "right",
+                     no_wrap=col == "contender", min_width=20 if col == "contender" else None)
     for r in rows:
         if r["phase"] != "latency":
             continue
