@@ -197,7 +197,7 @@ class GroupFilter:
         return not (self.exclude and re.fullmatch(self.exclude, group_id))
 
 
-#: MM2's DefaultConfigPropertyFilter exclusions.
+#: MM2's DefaultConfigPropertyFilter exclusions, plus Kafka 4's timestamp limits.
 DEFAULT_CONFIG_EXCLUDES = (
     r"follower\.replication\.throttled\.replicas",
     r"leader\.replication\.throttled\.replicas",
@@ -205,6 +205,10 @@ DEFAULT_CONFIG_EXCLUDES = (
     r"message\.timestamp\.type",
     r"unclean\.leader\.election\.enable",
     r"min\.insync\.replicas",
+    # Kafka 4's replacements of message.timestamp.difference.max.ms: copied, they would make the
+    # destination reject back-filled (old) or clock-skewed records
+    r"message\.timestamp\.before\.max\.ms",
+    r"message\.timestamp\.after\.max\.ms",
 )
 
 

@@ -159,6 +159,15 @@ class BatchResult:
     produce_ms: float = 0.0
     commit_ms: float = 0.0
 
+    def absorb(self, later: BatchResult) -> None:
+        """Add the result of the same partition's next piece (written after this one's records)."""
+        for name in ("mirrored", "bytes_out", "replayed_skipped", "provenance_skipped", "dead_lettered",
+                     "cache_misses", "setup_ms", "produce_ms", "commit_ms"):
+            setattr(self, name, getattr(self, name) + getattr(later, name))
+        if later.last_downstream is not None:
+            self.last_downstream = later.last_downstream
+        self.latency_ms = (self.latency_ms + later.latency_ms)[-400:]
+
 
 class SchemaIdTranslator:
     """Source schema id -> destination id; a miss asks ``resolver`` (which registers under the mapped
@@ -568,8 +577,9 @@ class PartitionWriter:
               upstream_end: int | None = None) -> BatchResult:
         """Mirror one chunk of records of ``partition`` (in offset order).
 
-        ``result.last_downstream + 1`` is the partition's downstream position after the chunk (set also
-        when nothing was written to the destination topic but a position sync was).
+        A chunk larger than :data:`CHUNK_BYTES` is written as several transactions (or flushes), each
+        under the cap, in order. ``result.last_downstream + 1`` is the partition's downstream position
+        after the chunk (set also when nothing was written to the destination topic but a position sync was).
         """
         cols = records if isinstance(records, Columns) else Columns.from_records(records)
         result = BatchResult(self.s.source_topic, partition, records_in=len(cols))
@@ -577,12 +587,25 @@ class PartitionWriter:
             return result
         result.first_offset, result.last_offset = cols.offsets[0], cols.offsets[-1]
         result.upstream_end = upstream_end if upstream_end is not None else cols.offsets[-1] + 1
-        with partition_lock(self.s, partition):
-            if self.s.delivery == "exactly_once":
-                self._write_transactional(partition, cols, result)
-            else:
-                self._write_at_least_once(partition, cols, result)
+        pieces = byte_bounded(cols, CHUNK_BYTES)
+        if len(pieces) == 1:
+            with partition_lock(self.s, partition):
+                self._write_piece(partition, cols, result)
+            return result
+        for i, piece in enumerate(pieces):
+            part = BatchResult(self.s.source_topic, partition, records_in=len(piece),
+                               first_offset=piece.offsets[0], last_offset=piece.offsets[-1],
+                               upstream_end=result.upstream_end if i == len(pieces) - 1 else piece.offsets[-1] + 1)
+            with partition_lock(self.s, partition):
+                self._write_piece(partition, piece, part)
+            result.absorb(part)
         return result
+
+    def _write_piece(self, partition: int, cols: Columns, result: BatchResult) -> None:
+        if self.s.delivery == "exactly_once":
+            self._write_transactional(partition, cols, result)
+        else:
+            self._write_at_least_once(partition, cols, result)
 
     def prepare(self, partition: int) -> None:
         """Start the partition's producer and read its position now, so the first write finds them."""
@@ -662,9 +685,14 @@ class PartitionWriter:
                 producer.begin_transaction()
                 try:
                     acks, too_large = self._produce_all(producer, partition, todo, result, forced_dead)
-                except WriterError:
-                    # on_error=fail (or unacknowledged records): nothing of this chunk may commit
-                    _abort_quietly(producer)
+                except KafkaException:
+                    raise  # handled below: the producer is dropped and its successor fences the transaction
+                except BaseException:
+                    # on_error=fail, unacknowledged records or undelivered dead letters, a registry failure
+                    # on an id miss: nothing of this chunk may commit, and the transaction must not stay
+                    # open (it would hold the sync partition's LSO and wedge this cached producer)
+                    if not _abort_quietly(producer):
+                        _drop_producer(key)
                     raise
                 if too_large:
                     # the broker rejected whole batches: learn the topic's limit, then the records above
@@ -727,6 +755,7 @@ class PartitionWriter:
         t0 = time.monotonic()
         acks: list[tuple[int, int | None]] = []
         errors: list[tuple[int, KafkaError]] = []
+        failed: list[str] = []  # dead letters the broker refused
 
         def on_delivery(upstream: int) -> Callable[[KafkaError | None, Any], None]:
             def cb(err: KafkaError | None, msg: Any) -> None:
@@ -767,7 +796,7 @@ class PartitionWriter:
                         if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
                             raise
                         self._dead_letter(producer, cols.record(s.source_topic, partition, i),
-                                          DeadLetter("record_too_large", exc.args[0].str()), result)
+                                          DeadLetter("record_too_large", exc.args[0].str()), result, failed)
                         continue
                     mirrored += 1
                     bytes_out += (len(nv) if nv else 0) + (len(nk) if nk else 0)
@@ -779,7 +808,7 @@ class PartitionWriter:
                 result.provenance_skipped += 1
                 continue
             if isinstance(decision, DeadLetter):
-                self._dead_letter(producer, rec, decision, result)
+                self._dead_letter(producer, rec, decision, result, failed)
                 continue
             assert isinstance(decision, OutRecord)
             if len(self.translator.id_map) != known:  # a miss (here or in another partition's thread)
@@ -790,7 +819,8 @@ class PartitionWriter:
                               list(decision.headers), decision.timestamp_ms, on_delivery(rec.offset))
             except KafkaException as exc:
                 if exc.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                    self._dead_letter(producer, rec, DeadLetter("record_too_large", exc.args[0].str()), result)
+                    self._dead_letter(producer, rec, DeadLetter("record_too_large", exc.args[0].str()), result,
+                                      failed)
                     continue
                 raise
             mirrored += 1
@@ -801,6 +831,7 @@ class PartitionWriter:
         result.produce_ms += (time.monotonic() - t0) * 1000
         if remaining:
             raise WriterError(f"{self.s.mirror}: {remaining} records not acknowledged within 60 s")
+        self._check_dead_letters(failed)
         result.cache_misses += self.translator.thread_misses() - misses_before
         too_large = sorted(u for u, e in errors if _is_too_large(e))
         fatal = [e for _, e in errors if not _is_too_large(e)]
@@ -809,9 +840,17 @@ class PartitionWriter:
         if too_large and self.s.on_error == "fail":
             i = bisect.bisect_left(cols.offsets, too_large[0])
             self._dead_letter(producer, cols.record(s.source_topic, partition, i),
-                              DeadLetter("record_too_large", "the destination rejected the record size"), result)
+                              DeadLetter("record_too_large", "the destination rejected the record size"), result,
+                              failed)
         acks.sort()
         return acks, too_large
+
+    def _check_dead_letters(self, failed: list[str]) -> None:
+        """A record whose dead letter was not delivered is neither mirrored nor set aside: the chunk fails
+        (the exactly-once caller aborts it), so no offset sync moves past the record and Spark retries it."""
+        if failed:
+            more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+            raise WriterError(f"{self.s.mirror}: {failed[0]}{more}")
 
     def _produce(self, producer: Producer, topic: str, partition: int, key: bytes | None, value: bytes | None,
                  headers: list[Header], ts: int, cb: Callable[..., None] | None) -> None:
@@ -824,13 +863,21 @@ class PartitionWriter:
             except BufferError:
                 producer.poll(0.1)
 
-    def _dead_letter(self, producer: Producer, rec: SourceRecord, dl: DeadLetter, result: BatchResult) -> None:
+    def _dead_letter(self, producer: Producer, rec: SourceRecord, dl: DeadLetter, result: BatchResult,
+                     failed: list[str]) -> None:
+        """Produce ``rec``'s dead letter; a delivery failure lands in ``failed`` (see :meth:`_check_dead_letters`)."""
         if self.s.on_error == "fail":
             raise WriterError(
                 f"{self.s.mirror}: cannot mirror {rec.topic}[{rec.partition}]@{rec.offset}: {dl.reason}: {dl.detail}"
             )
         key, value, headers = dead_letter_record(rec, dl, self.s.mirror)
-        self._produce(producer, self.s.dlq_topic, 0, key, value, headers, rec.timestamp_ms, None)
+        where = f"{rec.topic}[{rec.partition}]@{rec.offset}"
+
+        def delivered(err: KafkaError | None, _msg: Any) -> None:
+            if err is not None:
+                failed.append(f"dead letter of {where} ({dl.reason}) not delivered to {self.s.dlq_topic}: {err.str()}")
+
+        self._produce(producer, self.s.dlq_topic, 0, key, value, headers, rec.timestamp_ms, delivered)
         result.dead_lettered += 1
         log.warning("%s: dead-lettered %s[%d]@%d: %s", self.s.mirror, rec.topic, rec.partition, rec.offset, dl.reason)
 
@@ -853,13 +900,15 @@ class PartitionWriter:
             more, too_large = self._produce_all(producer, partition, rest, result, {})
             acks += more
         if too_large:
+            failed: list[str] = []
             for off in too_large:
                 i = bisect.bisect_left(chunk.offsets, off)
                 self._dead_letter(producer, chunk.record(self.s.source_topic, partition, i),
-                                  DeadLetter("record_too_large", "rejected by broker"), result)
+                                  DeadLetter("record_too_large", "rejected by broker"), result, failed)
                 result.mirrored -= 1
             if producer.flush(60):
                 raise WriterError(f"{self.s.mirror}: dead letters not acknowledged within 60 s")
+            self._check_dead_letters(failed)
         pairs = [(u, d) for u, d in acks if d is not None]
         upstream_end = result.upstream_end or 0
         syncs, downstream = self._syncs(partition, chunk.offsets[0], pairs, upstream_end, _POSITIONS.get(key))
@@ -889,15 +938,41 @@ def _is_too_large(err: KafkaError) -> bool:
     return bool(err.code() == KafkaError.MSG_SIZE_TOO_LARGE)
 
 
-def _abort_quietly(producer: Producer) -> None:
+def _abort_quietly(producer: Producer) -> bool:
+    """Abort the open transaction; False (logged) when that failed and the producer must be dropped."""
     try:
         producer.abort_transaction(30)
-    except KafkaException as exc:  # the producer is dropped by the caller's retry or failure anyway
+    except KafkaException as exc:
         log.warning("abort after a failed chunk: %s", exc.args[0].str())
+        return False
+    return True
 
 
 def _reset_counts(result: BatchResult) -> None:
     result.mirrored = result.bytes_out = result.dead_lettered = result.provenance_skipped = 0
+
+
+#: at most this many key + value bytes in one transaction (exactly_once) or flush (at_least_once), next to
+#: the Spark job's 20,000-record chunks: a chunk of large records must commit well within the 60 s
+#: transaction timeout and flush deadline, even on a slow link (32 MiB at 1 MB/s is ~34 s)
+CHUNK_BYTES = 32 * 1024 * 1024
+
+
+def byte_bounded(cols: Columns, limit: int) -> list[Columns]:
+    """``cols`` cut into consecutive pieces of at most ``limit`` key + value bytes each (a single larger
+    record is a piece of its own). One piece, ``cols`` itself, in the usual case."""
+    sizes = [(len(k) if k else 0) + (len(v) if v else 0) for k, v in zip(cols.keys, cols.values, strict=True)]
+    if sum(sizes) <= limit:
+        return [cols]
+    pieces: list[Columns] = []
+    start, acc = 0, 0
+    for i, n in enumerate(sizes):
+        if acc + n > limit and i > start:
+            pieces.append(cols.slice(start, i))
+            start, acc = i, 0
+        acc += n
+    pieces.append(cols.slice(start, len(cols)))
+    return pieces
 
 
 def chunks(records: Iterable[SourceRecord], size: int) -> Iterator[list[SourceRecord]]:

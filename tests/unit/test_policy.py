@@ -347,4 +347,4 @@ def test_config_property_filter_from_config() -> None:
     f = ConfigPropertyFilter(cfg.groups[0].topics_mirroring.config_exclude)
     assert not f.should_replicate("segment.bytes")
     assert f.should_replicate("retention.ms")
-    assert len(DEFAULT_CONFIG_EXCLUDES) == 6
+    assert len(DEFAULT_CONFIG_EXCLUDES) == 8  # MM2's six + Kafka 4's message.timestamp.before/after.max.ms

@@ -436,3 +436,119 @@ groups:
     assert tuned["kafka.max.poll.records"] == SOURCE_DEFAULTS["kafka.max.poll.records"]
     with pytest.raises(ConfigError, match="kafka.group.id"):
         options('{source_options: {kafka.group.id: "mirror-group"}}')
+
+
+# --------------------------------------------------------------------------- issue 11 (writer correctness)
+
+
+class _FailingProducer(_FakeProducer):
+    """A fake producer whose deliveries to ``failing`` topics fail (ACL denied, topic deleted, too small
+    a ``max.message.bytes``): reported only to a delivery callback, as librdkafka does."""
+
+    def __init__(self, failing: set[str]) -> None:
+        super().__init__()
+        self.failing = failing
+        self.aborts = 0
+        self.open = False
+
+    def begin_transaction(self) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        if self.open:
+            raise KafkaException(KafkaError(KafkaError._STATE, "a transaction is already in progress"))
+        self.open = True
+        super().begin_transaction()
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.open = False
+        super().commit_transaction(timeout)
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.open = False
+        self.aborts += 1
+        super().abort_transaction(timeout)
+
+    def produce(self, topic, value=None, key=None, partition=0, on_delivery=None, timestamp=0, headers=None):
+        if topic not in self.failing:
+            return super().produce(topic, value, key, partition, on_delivery, timestamp, headers)
+        from confluent_kafka import KafkaError
+
+        self.full.append((topic, partition, key, value, tuple(headers or ()), timestamp))
+        if on_delivery:
+            self._cbs.append((lambda err, msg, _cb=on_delivery: _cb(KafkaError(
+                KafkaError.TOPIC_AUTHORIZATION_FAILED, "Topic authorization failed"), msg), _Msg(-1)))
+
+
+@pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
+def test_item4_undelivered_dead_letter_fails_the_chunk(monkeypatch, delivery) -> None:
+    """A record whose dead letter the broker refused is neither mirrored nor set aside: the chunk must
+    fail (Spark retries it) and no offset sync may move past it."""
+    fake = _FailingProducer({"g.dlq"})
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    writer = replicate.PartitionWriter(settings(delivery=delivery), ids({7: 70}), lambda t, p: None,
+                                       downstream_end=lambda t, p: 0)
+    good = b"\x00" + struct.pack(">i", 7) + b"ok"
+    bad = b"\x00" + struct.pack(">i", 99) + b"unknown id"
+    with pytest.raises(replicate.WriterError, match=r"dead letter of t\[1\]@1 .*g\.dlq.*authorization"):
+        writer.write(1, [rec(good, offset=0), rec(bad, offset=1), rec(good, offset=2)])
+    synced = [f for f in fake.full if f[0] == "syncs"]
+    assert synced == [] and fake.committed == []
+    if delivery == "exactly_once":
+        assert fake.aborts == 1 and not fake.open
+
+
+def test_item12_registry_error_on_id_miss_aborts_the_open_transaction(monkeypatch) -> None:
+    """A registry failure (or 409) while resolving a missed id must not leave the transaction open: it
+    would hold the sync partition's LSO for the transaction timeout and wedge the cached producer."""
+    from mirror_core.errors import MirrorError
+
+    fake = _FailingProducer(set())
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    calls: list[int] = []
+
+    def resolver(source_id: int) -> int | None:
+        calls.append(source_id)
+        if len(calls) == 1:
+            raise MirrorError("registry answered 409 Conflict registering t-value")
+        return 70
+
+    writer = replicate.PartitionWriter(settings(), SchemaIdTranslator({}, resolver), lambda t, p: None,
+                                       downstream_end=lambda t, p: 0)
+    framed = [rec(b"\x00" + struct.pack(">i", 7) + b"v", offset=o) for o in (0, 1)]
+    with pytest.raises(MirrorError, match="409"):
+        writer.write(1, framed)
+    assert fake.aborts == 1 and not fake.open and fake.committed == []
+    r = writer.write(1, framed)  # the retried task: the same cached producer works again
+    assert r.mirrored == 2 and len(fake.committed) == 1
+
+
+def test_item12_chunks_capped_by_bytes_not_only_records(monkeypatch) -> None:
+    """A chunk of large records is split so one transaction never carries more than CHUNK_BYTES (the
+    transaction and its flush must finish well within the 60 s transaction timeout)."""
+    fake = _FakeProducer()
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "CHUNK_BYTES", 10_000, raising=False)
+    writer = replicate.PartitionWriter(settings(value_serde="bytes"), ids({}), lambda t, p: None,
+                                       downstream_end=lambda t, p: 0)
+    records = [rec(b"x" * 3000, key=b"k%d" % o, offset=o) for o in range(10)]
+    r = writer.write(1, records, upstream_end=12)
+    assert r.mirrored == 10 and r.records_in == 10 and r.upstream_end == 12 and r.last_downstream == 9
+    data = [[(k, v) for t, k, v in txn if t == "t"] for txn in fake.committed]
+    assert len(data) == 4 and all(sum(len(v) for _, v in txn) <= 10_000 for txn in data)
+    assert [k for txn in data for k, _ in txn] == [b"k%d" % o for o in range(10)]
+    last = [OffsetSync.from_record(k, v) for t, k, v in fake.committed[-1] if t == "syncs"][-1]
+    assert last == OffsetSync("t", 1, 12, 10)
+
+
+def test_item12_kafka4_timestamp_limits_are_not_copied() -> None:
+    """Kafka 4's message.timestamp.before/after.max.ms on the destination would reject back-filled old
+    records; like MM2's default exclusions they stay the destination's own."""
+    from mirror_core.policy import ConfigPropertyFilter
+
+    f = ConfigPropertyFilter()
+    assert not f.should_replicate("message.timestamp.before.max.ms")
+    assert not f.should_replicate("message.timestamp.after.max.ms")
+    assert f.should_replicate("retention.ms")
