@@ -350,6 +350,11 @@ class OffsetSyncStore:
         ps = self._parts.get((topic, partition))
         return len(ps.us) if ps else 0
 
+    def syncs(self, topic: str, partition: int) -> list[OffsetSync]:
+        """The retained syncs of a partition, oldest first (what translation reads)."""
+        ps = self._parts.get((topic, partition))
+        return [OffsetSync(topic, partition, u, d) for u, d in zip(ps.us, ps.ds, strict=True)] if ps else []
+
     def partitions(self) -> list[tuple[str, int]]:
         return sorted(self._parts)
 

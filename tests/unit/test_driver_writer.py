@@ -7,8 +7,7 @@ about what reaches them, in what order, and when, not about Kafka.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -32,13 +31,17 @@ def batch(topic: str, part: int, offsets: list[int]) -> pa.RecordBatch:
 
 
 class Recorder:
-    """Stands in for the partition writers: records every feed and finish, optionally fails or waits."""
+    """Stands in for the partition writers: records every feed and finish, optionally fails; ``on_feed``
+    (called with the partition and its feed count, inside the feed) lets a test hold a feed on an event."""
 
-    def __init__(self, fail_on: tuple[str, int] | None = None, delay: float = 0.0):
+    def __init__(self, fail_on: tuple[str, int] | None = None,
+                 on_feed: Callable[[tuple[str, int], int], None] | None = None):
         self.events: list[tuple[str, tuple[str, int], list[int]]] = []
         self.fed = threading.Event()
+        self.failed = threading.Event()
         self.fail_on = fail_on
-        self.delay = delay
+        self.on_feed = on_feed
+        self.feeds: dict[tuple[str, int], int] = {}
         self.active: dict[tuple[str, int], int] = {}
         self.overlap = False
         self.lock = threading.Lock()
@@ -51,9 +54,12 @@ class Recorder:
             with rec.lock:
                 rec.active[tp] = rec.active.get(tp, 0) + 1
                 rec.overlap |= rec.active[tp] > 1  # two threads writing one partition at once
+                rec.feeds[tp] = n = rec.feeds.get(tp, 0) + 1
             try:
-                time.sleep(rec.delay)
+                if rec.on_feed is not None:
+                    rec.on_feed(tp, n)
                 if tp == rec.fail_on:
+                    rec.failed.set()
                     raise RuntimeError(f"writer failed on {topic}[{part}]")
                 with rec.lock:
                     rec.events.append(("feed", tp, list(cols.offsets)))
@@ -92,11 +98,28 @@ def test_partitions_are_written_while_later_ones_are_still_arriving(monkeypatch)
 
 
 def test_each_partition_keeps_its_order_and_is_finished_after_its_last_records(monkeypatch) -> None:
-    rec = Recorder(delay=0.01)
+    handed_all = threading.Event()
+    second_b0 = threading.Event()
+
+    def on_feed(tp: tuple[str, int], n: int) -> None:
+        if tp == ("b", 0) and n == 1:
+            # b[0]'s first run holds its partition until every batch was handed over, then gives a wrongly
+            # started second run time to show up (it must not: the second run waits for this one)
+            assert handed_all.wait(10)
+            second_b0.wait(0.3)
+        elif tp == ("b", 0):
+            second_b0.set()
+
+    rec = Recorder(on_feed=on_feed)
     rec.install(monkeypatch)
     batches = [batch("a", 0, [0, 1]), batch("a", 0, [2, 3]), batch("b", 0, [10]), batch("a", 1, [4]),
                batch("b", 0, [11, 12])]  # b[0] seen again after a gap: written after its first run
-    stream.write_batches(PLAN, iter(batches))
+
+    def spark() -> Iterator[pa.RecordBatch]:
+        yield from batches
+        handed_all.set()
+
+    stream.write_batches(PLAN, spark())
     fed: dict[tuple[str, int], list[int]] = {}
     for kind, tp, offsets in rec.events:
         if kind == "feed":
@@ -133,7 +156,8 @@ def test_a_writer_error_is_raised_and_the_stream_abandoned(monkeypatch) -> None:
             for i in range(50):
                 handed.append(i)
                 yield batch("a", i, [i])
-                time.sleep(0.02)
+                if i == 1:
+                    assert rec.failed.wait(10)  # a[1]'s writer has failed before Spark hands over more
         finally:
             closed.set()
 

@@ -10,6 +10,9 @@ import pytest
 
 from mirror_core.offsets import (
     AHEAD,
+    EXACT_SYNC,
+    IN_GAP,
+    INTERPOLATED,
     TOO_OLD,
     Checkpoint,
     Heartbeat,
@@ -157,9 +160,9 @@ def pairs_of(store: OffsetSyncStore, us: list[int]) -> list[int | None]:
 def test_contiguous_run_translates_exactly() -> None:
     store = OffsetSyncStore()
     store.add_all(syncs_for_batch("t", 0, [(u, u + 5) for u in range(100, 200)], 200))
-    for u in (100, 150, 199, 200):
-        t = store.translate("t", 0, u)
-        assert t == Translation(u + 5, True, t.reason) and t.exact
+    # the run's ends and the batch end are syncs; a position inside the run is interpolated
+    for u, reason in ((100, EXACT_SYNC), (150, INTERPOLATED), (199, EXACT_SYNC), (200, EXACT_SYNC)):
+        assert store.translate("t", 0, u) == Translation(u + 5, True, reason), u
 
 
 def test_compaction_gaps_map_to_the_next_mirrored_record() -> None:
@@ -168,6 +171,9 @@ def test_compaction_gaps_map_to_the_next_mirrored_record() -> None:
     store.add_all(syncs_for_batch("t", 0, [(0, 0), (1, 1), (10, 2), (11, 3)], 12))
     assert pairs_of(store, [0, 1, 2, 5, 9, 10, 11, 12]) == [0, 1, 2, 2, 2, 2, 3, 4]
     assert all(store.translate("t", 0, u).exact for u in range(0, 13))
+    # inside the gap a position maps to the next mirrored record, and says so
+    assert [store.translate("t", 0, u).reason for u in (2, 5, 9)] == [IN_GAP] * 3
+    assert [store.translate("t", 0, u).reason for u in (0, 1, 10, 12)] == [EXACT_SYNC] * 4
 
 
 def test_upstream_aborted_transaction_and_markers() -> None:
@@ -201,6 +207,29 @@ def test_restart_replay_supersedes_history() -> None:
     store.add_all(syncs_for_batch("t", 0, [(u, u + 50) for u in range(50, 120)], 120))
     assert pairs_of(store, [0, 30, 49, 50, 99, 100, 119, 120]) == [0, 30, 49, 100, 149, 150, 169, 170]
     assert all(store.translate("t", 0, u).exact for u in range(0, 121))
+
+
+def test_a_replayed_sync_supersedes_the_stored_ones_from_its_upstream_offset() -> None:
+    """The documented history rule, checked on what the store keeps: a sync whose upstream offset equals
+    a retained one replaces it and everything after it; a cut inside a linear run keeps the run up to
+    just before the cut."""
+    def stored(store: OffsetSyncStore) -> list[tuple[int, int]]:
+        return [(s.upstream_offset, s.downstream_offset) for s in store.syncs("t", 0)]
+
+    store = OffsetSyncStore()
+    store.add_all(syncs_for_batch("t", 0, [(u, u) for u in range(100)], 100))
+    assert stored(store) == [(0, 0), (99, 99), (100, 100)]
+    # the next batch starts where the last one ended: its first sync supersedes the batch end
+    store.add(OffsetSync("t", 0, 100, 101))
+    assert stored(store) == [(0, 0), (99, 99), (100, 101)]
+    # a replay from 99 (equal to a retained sync): 99 and 100 go, the run 0..98 stays exact
+    store.add(OffsetSync("t", 0, 99, 300))
+    assert stored(store) == [(0, 0), (98, 98), (99, 300)]
+    assert store.translate("t", 0, 50) == Translation(50, True, INTERPOLATED)
+    # a replay from the oldest retained offset replaces the whole history
+    store.add(OffsetSync("t", 0, 0, 500))
+    assert stored(store) == [(0, 500)]
+    assert store.syncs("t", 1) == []
 
 
 def test_rewind_before_all_history_replaces_it() -> None:
@@ -238,7 +267,7 @@ def test_group_far_behind_the_head_is_exact_with_sparse_syncs() -> None:
 def test_ahead_of_mirror_is_conservative() -> None:
     store = OffsetSyncStore()
     store.add_all(syncs_for_batch("t", 0, [(10, 0), (11, 1)], 12))
-    assert store.translate("t", 0, 12) == Translation(2, True, store.translate("t", 0, 12).reason)
+    assert store.translate("t", 0, 12) == Translation(2, True, EXACT_SYNC)  # the batch end is a sync
     assert store.translate("t", 0, 500) == Translation(2, False, "ahead of mirror")
 
 
@@ -260,7 +289,7 @@ def test_bounded_memory_drops_the_oldest() -> None:
     oldest = store.oldest("t", 0)
     assert oldest is not None and oldest.upstream_offset > 900
     assert store.translate("t", 0, 5).reason == TOO_OLD
-    assert store.translate("t", 0, 995) == Translation(995 + 99, True, store.translate("t", 0, 995).reason)
+    assert store.translate("t", 0, 995) == Translation(995 + 99, True, INTERPOLATED)
     with pytest.raises(ValueError):
         OffsetSyncStore(max_per_partition=1)
 

@@ -274,7 +274,8 @@ def test_fast_path_produces_exactly_what_decide_decides(monkeypatch) -> None:
     records = [SourceRecord("t", 1, 100 + i, rnd.choice((None, b"k", framed(1, b"key"), framed(42, b"k"))),
                             payload(), headers(), 1_700_000_000_000 + i) for i in range(3000)]
     for over in ({}, {"key_serde": "avro"}, {"destination_max_message_bytes": 1000},
-                 {"value_serde": "bytes", "key_serde": "protobuf", "destination_max_message_bytes": 1200}):
+                 {"value_serde": "bytes", "key_serde": "protobuf", "destination_max_message_bytes": 1200},
+                 {"delivery": "at_least_once"}, {"delivery": "at_least_once", "destination_max_message_bytes": 1000}):
         s = settings(**over)
         expected = []
         for r in records:
@@ -552,3 +553,176 @@ def test_item12_kafka4_timestamp_limits_are_not_copied() -> None:
     assert not f.should_replicate("message.timestamp.before.max.ms")
     assert not f.should_replicate("message.timestamp.after.max.ms")
     assert f.should_replicate("retention.ms")
+
+
+# --------------------------------------------------------------------------- fewer destination partitions
+
+
+def test_fewer_destination_partitions_place_keyed_records_by_the_java_key_hash(monkeypatch) -> None:
+    """With 4 destination partitions for 6 source partitions the writer hashes keys like a Java producer
+    (``toPositive(murmur2(key)) % 4``); records without a key keep ``source partition % 4``."""
+    fake = _FakeProducer()
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    s = settings(source_partitions=6, destination_partitions=4, value_serde="bytes")
+    writer = replicate.PartitionWriter(s, ids({}), lambda t, p: None, downstream_end=lambda t, p: 0)
+    keys = [b"21", b"foobar", None, b"abc"]
+    recs = [SourceRecord("t", 5, o, k, b"v", (), 1_700_000_000_000) for o, k in enumerate(keys)]
+    r = writer.write(5, recs)
+    assert r.mirrored == 4
+    placed = [(k, part) for topic, part, k, *_ in fake.full if topic == "t"]
+    # murmur2(b"21") = -973932308 -> toPositive 1173551340 % 4 = 0; b"foobar": -790332482 -> 1357151166 % 4
+    # = 2; b"abc": 479470107 % 4 = 3; the key-less record: 5 % 4 = 1
+    assert placed == [(b"21", 0), (b"foobar", 2), (None, 1), (b"abc", 3)]
+    assert not writer.fast.enabled  # partition numbers are not kept: every record takes decide()
+
+
+# --------------------------------------------------------------------------- schema ids outside int32
+
+
+def test_a_mapped_schema_id_outside_int32_is_refused_not_written(monkeypatch) -> None:
+    framed = b"\x00" + struct.pack(">i", 7) + b"body"
+    for mapped in (2**31, -(2**31) - 1):
+        out = decide(rec(framed), settings(), ids({7: mapped}))
+        assert isinstance(out, DeadLetter) and out.reason == "unknown_schema_id" and str(mapped) in out.detail
+        hdr = decide(rec(b"body", (("__value_schema_id", framed[:5]),)), settings(), ids({7: mapped}))
+        assert isinstance(hdr, DeadLetter) and hdr.reason == "unknown_schema_id"
+    fake = _FakeProducer()
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    writer = replicate.PartitionWriter(settings(), ids({7: 2**31, 8: 80}), lambda t, p: None,
+                                       downstream_end=lambda t, p: 0)
+    ok = b"\x00" + struct.pack(">i", 8) + b"body"
+    r = writer.write(1, [rec(framed, offset=0), rec(ok, offset=1)])
+    assert (r.mirrored, r.dead_lettered) == (1, 1)
+    assert [v for t, _, _, v, _, _ in fake.full if t == "t"] == [b"\x00" + struct.pack(">i", 80) + b"body"]
+    assert [v for t, _, _, v, _, _ in fake.full if t == "g.dlq"] == [framed]  # the source bytes, unchanged
+
+
+# --------------------------------------------------------------------------- dead-letter headers
+
+
+def test_dead_letters_carry_every_documented_header(monkeypatch) -> None:
+    fake = _FakeProducer()
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    writer = replicate.PartitionWriter(settings(), ids({}), lambda t, p: None, downstream_end=lambda t, p: 0)
+    bad = rec(b"\x00" + struct.pack(">i", 77) + b"x", (("app", b"1"),), offset=12)
+    writer.write(1, [bad])
+    ((topic, part, key, value, headers, ts),) = [f for f in fake.full if f[0] == "g.dlq"]
+    assert (part, key, value, ts) == (0, b"k", bad.value, bad.timestamp_ms)
+    assert headers[0] == ("app", b"1")  # the record's own headers first, as they were
+    ours = dict(headers[1:])
+    assert set(ours) == set(replicate.DLQ_HEADERS) - {"mirrorflow.error.payload_omitted"}
+    assert ours == {
+        "mirrorflow.error.reason": b"unknown_schema_id",
+        "mirrorflow.error.detail": b"value: schema id 77 has no destination id",
+        "mirrorflow.source.topic": b"t",
+        "mirrorflow.source.partition": b"1",
+        "mirrorflow.source.offset": b"12",
+        "mirrorflow.mirror": b"g__t__t",
+    }
+
+
+# --------------------------------------------------------------------------- at least once
+
+
+class _AckingProducer(_FakeProducer):
+    """An idempotent (non-transactional) producer: any transaction call is a bug; ``fail`` makes the
+    delivery of records with those keys fail; ``log`` keeps the order of produces and flushes."""
+
+    def __init__(self, fail: tuple[bytes, ...] = ()) -> None:
+        super().__init__()
+        self.fail = fail
+        self.log: list[tuple[str, str]] = []
+
+    def begin_transaction(self) -> None:
+        raise AssertionError("at_least_once must not use transactions")
+
+    commit_transaction = abort_transaction = begin_transaction  # type: ignore[assignment]
+
+    def produce(self, topic, value=None, key=None, partition=0, on_delivery=None, timestamp=0, headers=None):
+        self.log.append(("produce", topic))
+        super().produce(topic, value, key, partition, on_delivery, timestamp, headers)
+        if key in self.fail and on_delivery:
+            cb, msg = self._cbs.pop()
+            from confluent_kafka import KafkaError
+
+            self._cbs.append((lambda err, m, _cb=cb: _cb(KafkaError(KafkaError._MSG_TIMED_OUT), m), msg))
+
+    def flush(self, timeout: float) -> int:
+        self.log.append(("flush", ""))
+        return super().flush(timeout)
+
+
+def test_at_least_once_producer_is_idempotent_with_acks_all(monkeypatch) -> None:
+    built: list[dict] = []
+
+    class _P:
+        def __init__(self, conf: dict) -> None:
+            built.append(conf)
+
+    monkeypatch.setattr(replicate, "Producer", _P)
+    for name in ("_PRODUCERS", "_POSITIONS", "_PRODUCER_LIMITS", "_LEARNED_LIMITS"):
+        monkeypatch.setattr(replicate, name, {})
+    replicate._producer(settings(delivery="at_least_once", producer_config={"bootstrap.servers": "d:1"}), 2)
+    (conf,) = built
+    assert conf["enable.idempotence"] is True and conf["acks"] == "all"
+    assert "transactional.id" not in conf and conf["bootstrap.servers"] == "d:1"
+
+
+def test_at_least_once_writes_records_then_syncs_after_their_acknowledgement(monkeypatch) -> None:
+    fake = _AckingProducer()
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "alo"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    s = settings(delivery="at_least_once")
+    writer = replicate.PartitionWriter(s, ids({7: 70}), lambda t, p: None, downstream_end=lambda t, p: 0)
+    framed = b"\x00" + struct.pack(">i", 7) + b"body"
+    r = writer.write(1, [rec(framed, offset=o) for o in (10, 11, 12)], upstream_end=14)
+    assert (r.mirrored, r.dead_lettered, r.last_downstream) == (3, 0, 2)
+    assert [(t, p, v) for t, p, _, v, _, _ in fake.full if t == "t"] == \
+        [("t", 1, b"\x00" + struct.pack(">i", 70) + b"body")] * 3
+    syncs = [OffsetSync.from_record(k, v) for t, _, k, v, _, _ in fake.full if t == "syncs"]
+    assert syncs == [OffsetSync("t", 1, 10, 0), OffsetSync("t", 1, 12, 2), OffsetSync("t", 1, 14, 3)]
+    first_sync = fake.log.index(("produce", "syncs"))
+    assert ("flush", "") in fake.log[:first_sync]  # the records were acknowledged before any sync
+    assert fake.log[-1] == ("flush", "")  # and the syncs were waited for too
+    # the next chunk continues from the acknowledged position (no lookup, nothing skipped)
+    r2 = writer.write(1, [rec(framed, offset=14)])
+    assert r2.replayed_skipped == 0 and r2.last_downstream == 3
+
+
+def test_at_least_once_writes_no_sync_when_a_record_is_not_acknowledged(monkeypatch) -> None:
+    fake = _AckingProducer(fail=(b"lost",))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "alo"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    writer = replicate.PartitionWriter(settings(delivery="at_least_once", value_serde="bytes"), ids({}),
+                                       lambda t, p: None, downstream_end=lambda t, p: 0)
+    with pytest.raises(Exception, match="timed out|TIMED_OUT"):
+        writer.write(1, [rec(b"v", key=b"ok", offset=0), rec(b"v", key=b"lost", offset=1)])
+    assert not [f for f in fake.full if f[0] == "syncs"]  # the position never moves past a lost record
+
+
+def test_at_least_once_fully_dead_lettered_chunk_writes_a_position_sync(monkeypatch) -> None:
+    fake = _AckingProducer()
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "alo"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    writer = replicate.PartitionWriter(settings(delivery="at_least_once"), ids({}), lambda t, p: None,
+                                       downstream_end=lambda t, p: 17)
+    bad = [rec(b"\x00" + struct.pack(">i", 77) + b"x", offset=o) for o in (5, 6, 7)]
+    r = writer.write(1, bad, upstream_end=8)
+    assert r.dead_lettered == 3 and r.mirrored == 0 and r.last_downstream == 16
+    assert len([f for f in fake.full if f[0] == "g.dlq"]) == 3
+    syncs = [OffsetSync.from_record(k, v) for t, _, k, v, _, _ in fake.full if t == "syncs"]
+    assert syncs == [OffsetSync("t", 1, 5, 17), OffsetSync("t", 1, 8, 17)]
+
+
+def test_at_least_once_on_error_fail_stops_before_any_sync(monkeypatch) -> None:
+    fake = _AckingProducer()
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "alo"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    writer = replicate.PartitionWriter(settings(delivery="at_least_once", on_error="fail"), ids({}),
+                                       lambda t, p: None, downstream_end=lambda t, p: 0)
+    with pytest.raises(replicate.WriterError, match=r"cannot mirror t\[1\]@6: unknown_schema_id"):
+        writer.write(1, [rec(b"\x00" + struct.pack(">i", 77) + b"x", offset=6)])
+    assert not [f for f in fake.full if f[0] in ("syncs", "g.dlq")]

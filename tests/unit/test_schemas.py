@@ -477,3 +477,34 @@ def test_secrets_never_in_repr_or_url():
     assert client2.subjects() == []
     assert seen[0].headers["authorization"].startswith("Basic ")
     assert "pw@" not in client2.url and "s3cret" not in repr(client2)
+
+
+def _import_mode_registry(assign) -> tuple[RegistryClient, list[httpx.Request]]:
+    """A registry that accepts IMPORT mode; ``assign(requested_id)`` is the id it answers a register with."""
+    def handler(r: httpx.Request) -> httpx.Response:
+        if r.method == "POST" and r.url.path.endswith("/versions"):
+            return httpx.Response(200, json={"id": assign(json.loads(r.content)["id"])})
+        if r.method == "DELETE" and "/subjects/" in r.url.path:
+            return httpx.Response(200, json=[1])
+        return httpx.Response(200, json={"mode": "IMPORT"})
+
+    return _client(handler)
+
+
+@pytest.mark.parametrize("assign,honoured", [
+    (lambda wanted: wanted, True),  # keeps the requested id (Confluent in IMPORT mode)
+    (lambda wanted: 7, False),  # assigns its own (Apicurio)
+    (lambda wanted: wanted + 1, False),  # close is not the same id
+])
+def test_id_preservation_probe_compares_the_id_it_got_back(assign, honoured):
+    client, seen = _import_mode_registry(assign)
+    assert client.probe_id_preservation() is honoured
+    (mode, register, *cleanup) = seen
+    assert mode.method == "PUT" and json.loads(mode.content) == {"mode": "IMPORT"}
+    subject = mode.url.path.rsplit("/", 1)[1]
+    assert subject.startswith("_mirrorflow-id-probe-") and register.url.path.endswith(f"/subjects/{subject}/versions")
+    body = json.loads(register.content)
+    assert body["version"] == 1 and body["id"] >= 1_000_000_000  # an explicit id, far from ones in use
+    assert [(r.method, r.url.path.rsplit("/", 1)[1]) for r in cleanup] == [("DELETE", subject)] * 3
+    n = len(seen)
+    assert client.probe_id_preservation() is honoured and len(seen) == n  # cached: no second probe

@@ -132,3 +132,23 @@ def test_acl_sync_creates_missing_acls_only_when_enabled():
     on = plan_topics(group('[{source_topic: orders, topics_mirroring: {sync_acls: true}}]'), src, EMPTY)
     acls = [a for a in on.actions if a.kind == "create_acls"]
     assert len(acls) == 1 and acls[0].acls == (AclEntry("User:x", "*", "READ", "ALLOW"),)
+
+
+@pytest.mark.parametrize("brokers,rf", [(1, 1), (2, 2), (3, 3), (5, 3)])
+def test_internal_topics_replication_factor_is_clamped_to_the_destination_brokers(brokers, rf):
+    """Internal topics want RF 3, but never more than the destination has brokers (a 1-broker dev cluster)."""
+    plan = by_topic(plan_topics(group('[{source_topic: orders}]'), SRC, ClusterState({}, broker_count=brokers)))
+    internal = [a for a in plan.values() if a.mirror == "g (internal)"]
+    assert len(internal) == 3 and all(a.kind == "create" for a in internal)
+    assert {a.replication_factor for a in internal} == {rf}
+
+
+def test_acls_already_on_the_destination_are_not_planned_again():
+    x_read, z_read = AclEntry("User:x", "*", "READ", "ALLOW"), AclEntry("User:z", "*", "DESCRIBE", "ALLOW")
+    src = ClusterState({"orders": TopicInfo("orders", 6, 1, {}, (AclEntry("User:x", "*", "ALL", "ALLOW"), z_read))}, 1)
+    g = group('[{source_topic: orders, topics_mirroring: {sync_acls: true}}]')
+    both = ClusterState({"orders": TopicInfo("orders", 6, 1, {}, (x_read, z_read))}, 1)
+    assert by_topic(plan_topics(g, src, both))["orders"].kind == "unchanged"
+    one = ClusterState({"orders": TopicInfo("orders", 6, 1, {}, (x_read,))}, 1)
+    (acls,) = [a for a in plan_topics(g, src, one).actions if a.kind == "create_acls"]
+    assert acls.acls == (z_read,) and "1 literal topic ACL(s) missing" in acls.reason
