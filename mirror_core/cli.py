@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -57,11 +56,9 @@ def handle_errors(fn: F) -> F:
 
 @app.callback()
 def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    from mirror_core.logs import setup_logging
+
+    setup_logging(verbose, stream=sys.stderr)
 
 
 @app.command()

@@ -18,8 +18,10 @@ from confluent_kafka.admin import AdminClient
 
 from mirror_core.config import ClusterConfig
 from mirror_core.errors import KafkaOperationError
+from mirror_core.logs import LIBRDKAFKA_LOG
 
-_QUIET = {"log_level": 3}
+#: librdkafka logs through ``logging`` (``librdkafka`` logger; connection failures at DEBUG)
+_QUIET: dict[str, Any] = {"log_level": 3, "logger": LIBRDKAFKA_LOG}
 
 
 def kafka_config(cluster: ClusterConfig, **extra: Any) -> dict[str, Any]:

@@ -34,14 +34,16 @@ from pydantic import (
     model_validator,
 )
 
+from mirror_core import redaction
 from mirror_core.errors import ConfigError, ConfigIssue
+from mirror_core.redaction import SecretUrl
 
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 ALIAS_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
 TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 #: Kafka client property names whose values are secrets (kept as SecretStr).
-SECRET_KEY_RE = re.compile(r"(password|secret|sasl\.jaas\.config|basic\.auth\.user\.info|token)", re.I)
+SECRET_KEY_RE = redaction.SECRET_KEY_RE
 
 Serde = Literal["bytes", "string", "avro", "protobuf", "json_schema"]
 BUILTIN_POLICIES = ("identity", "prefix")
@@ -103,21 +105,29 @@ class _Frozen(BaseModel):
 
 
 class SchemaRegistryConfig(_Frozen):
-    """How to reach one schema registry (Confluent REST API; Apicurio's ccompat path works)."""
+    """How to reach one schema registry (Confluent REST API; Apicurio's ccompat path works).
 
-    url: str
+    ``url`` may carry credentials (``https://user:password@host/...``): it is a
+    :class:`~mirror_core.redaction.SecretUrl`, shown everywhere without them.
+    """
+
+    url: SecretUrl
     basic_auth_user_info: SecretStr | None = Field(default=None, alias="basic.auth.user.info")
     timeout: Duration = 10.0
     retries: int = Field(default=3, ge=0, le=20)
     breaker_failures: int = Field(default=5, ge=1)
     breaker_reset: Duration = 30.0
 
-    @field_validator("url")
+    @field_validator("url", mode="before")
     @classmethod
-    def _url(cls, v: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", v):
-            raise ValueError(f"not an http(s) URL: {v!r}")
-        return v.rstrip("/")
+    def _url(cls, v: Any) -> Any:
+        if isinstance(v, SecretStr):
+            v = v.get_secret_value()
+        if isinstance(v, str):
+            if not re.match(r"^https?://[^/\s]+", v):
+                raise ValueError(f"not an http(s) URL: {redaction.redact_url(v)!r}")
+            return v.rstrip("/")
+        return v
 
     @field_validator("timeout", "breaker_reset", mode="before")
     @classmethod

@@ -9,28 +9,31 @@ breaker (pybreaker), so a dead registry fails fast instead of costing
 neither retried nor counted by the breaker.
 
 Errors are :class:`RegistryError` and keep the HTTP status and the registry's
-``error_code``. The basic-auth credentials are handed to httpx only; they
-never appear in an error, a log line or a ``repr``.
+``error_code``. The basic-auth credentials (``basic.auth.user.info``, or the
+``user:password@`` part of the URL, which is taken out of the URL) are handed to
+httpx as an auth object only; they never appear in a request URL, an error, a
+log line or a ``repr``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import httpx
 import pybreaker
+from pydantic import SecretStr
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from mirror_core.config import SchemaRegistryConfig
 from mirror_core.errors import SchemaMirrorError
+from mirror_core.redaction import redact_url, reveal
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +43,6 @@ T = TypeVar("T")
 NOT_FOUND_CODES = frozenset({40401, 40402, 40403, 40408})
 
 _CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
-_USERINFO_RE = re.compile(r"^(https?://)[^/@]*@")
 
 
 # --------------------------------------------------------------------------- values
@@ -115,9 +117,14 @@ def is_not_found(err: BaseException) -> bool:
     return isinstance(err, SchemaMirrorError) and err.error_code in NOT_FOUND_CODES
 
 
-def redact_url(url: str) -> str:
-    """``url`` without any ``user:password@`` part, for messages."""
-    return _USERINFO_RE.sub(r"\1", url)
+def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``url`` without its ``user:password@`` part, and that part as (user, password) or None."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    return urlunsplit(parts._replace(netloc=host)), (unquote(user), unquote(password))
 
 
 # --------------------------------------------------------------------------- breakers
@@ -164,7 +171,7 @@ class RegistryClient:
 
     def __init__(
         self,
-        url: str,
+        url: str | SecretStr,
         *,
         auth: tuple[str, str] | None = None,
         timeout: float = 10.0,
@@ -174,8 +181,11 @@ class RegistryClient:
         backoff_max: float = 5.0,
         http: httpx.Client | None = None,
     ):
-        self._url = url.rstrip("/")
-        self._display_url = redact_url(self._url)
+        # credentials in the URL become basic auth: httpx (and its request logs) never see them
+        plain, userinfo = split_userinfo(reveal(url).rstrip("/"))
+        self._url = plain
+        self._display_url = redact_url(plain)
+        auth = auth or userinfo
         self._timeout = timeout
         self._retries = retries
         self._breaker = breaker or breaker_for(self._url)
@@ -199,7 +209,7 @@ class RegistryClient:
             auth=auth,
             timeout=cfg.timeout,
             retries=cfg.retries,
-            breaker=breaker_for(cfg.url, cfg.breaker_failures, cfg.breaker_reset),
+            breaker=breaker_for(cfg.url.display, cfg.breaker_failures, cfg.breaker_reset),
             backoff=backoff,
             http=http,
         )

@@ -32,6 +32,7 @@ from pyspark.sql.streaming import StreamingQuery
 from mirror_core import artifacts
 from mirror_core.config import GroupConfig, MirrorsConfig, load_config
 from mirror_core.errors import MirrorError
+from mirror_core.logs import setup_logging
 from mirror_core.replicate import release_producers
 from mirror_core.stream import RESULT_DDL, CollectError, MirrorRuntime, arrow_writer, write_batches
 from spark_jobs import jvm_archive
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group", required=True)
     ap.add_argument("--once", action="store_true", help="drain what is there now, then stop")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    setup_logging()
     cfg = load_config(args.config)
     group = cfg.group(args.group)
     from mirror_core import metrics

@@ -121,7 +121,7 @@ def test_compose_mirrors_config_validates_against_in_network_names(services: dic
         cluster = cfg.cluster(alias)
         assert cluster.bootstrap_servers == f"{svc_name}:9092"
         assert cluster.schema_registry is not None
-        assert cluster.schema_registry.url == f"http://registry-{alias}:8080/apis/ccompat/v7"
+        assert cluster.schema_registry.url.get_secret_value() == f"http://registry-{alias}:8080/apis/ccompat/v7"
     group = cfg.groups[0]
     assert group.spark.master == "spark://spark-master:7077"
     assert group.spark.checkpoint_dir.startswith("/state/")

@@ -1,0 +1,67 @@
+"""Logging set-up shared by the CLI and the Spark job, and librdkafka's log routed into ``logging``.
+
+By default a person sees mirrorflow's own INFO lines and the warnings of everything else: HTTP
+clients (httpx logs every request URL at INFO), py4j, urllib3 and librdkafka stay at WARNING even
+with ``--verbose``, which only turns mirrorflow's own loggers to DEBUG
+(``MIRRORFLOW_LIBRARY_LOG_LEVEL=DEBUG`` opens the libraries up too). Every line goes through
+:class:`~mirror_core.redaction.RedactingFormatter`, so URL credentials never reach the output.
+
+librdkafka's connection failures are logged at DEBUG: a client that cannot reach its cluster keeps
+retrying (one line per attempt and client), and the operation that needed the cluster reports it
+once, naming the cluster (see :func:`mirror_core.clients.check_reachable`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+from mirror_core.redaction import RedactingFormatter
+
+#: chatty libraries kept at WARNING by default
+QUIET_LIBRARIES = ("httpx", "httpcore", "py4j", "urllib3", "hpack", "librdkafka", "kazoo", "asyncio")
+FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+#: librdkafka log facilities that report a failed connection (retried by the client itself)
+_CONNECTION_FACILITIES = frozenset({"FAIL", "ERROR", "BROKERFAIL", "CONNECT"})
+
+
+def setup_logging(verbose: bool = False, stream: Any = None, fmt: str = FORMAT) -> None:
+    """Root logging for a mirrorflow process: one handler on ``stream`` (stderr), redacting formatter,
+    mirrorflow at INFO (DEBUG when ``verbose``), chatty libraries at WARNING. Idempotent."""
+    root = logging.getLogger()
+    handler = next((h for h in root.handlers if getattr(h, "_mirrorflow", False)), None)
+    if handler is None:
+        handler = logging.StreamHandler(stream or sys.stderr)
+        handler._mirrorflow = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    handler.setFormatter(RedactingFormatter(fmt))
+    root.setLevel(logging.INFO)
+    for name in ("mirror_core", "mirrorflow", "spark_jobs", "mirrorflow_airflow"):
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)
+    library_level = os.environ.get("MIRRORFLOW_LIBRARY_LOG_LEVEL", "WARNING").upper()
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(library_level)
+
+
+class LibrdkafkaLog:
+    """The ``logger`` object given to confluent-kafka clients: librdkafka's lines go to the
+    ``librdkafka`` logger; connection failures at DEBUG (see the module notes).
+
+    Picklable (it holds no state), so it may travel in a client config.
+    """
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        logger = logging.getLogger("librdkafka")
+        facility = str(args[0]) if args else ""
+        if facility in _CONNECTION_FACILITIES:
+            level = logging.DEBUG
+        if logger.isEnabledFor(level):
+            logger.log(level, fmt, *args)
+
+    def __reduce__(self) -> tuple[type[LibrdkafkaLog], tuple[()]]:
+        return (LibrdkafkaLog, ())
+
+
+LIBRDKAFKA_LOG = LibrdkafkaLog()

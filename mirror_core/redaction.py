@@ -1,0 +1,91 @@
+"""Keeping secrets out of everything a person or a log can read.
+
+* :class:`SecretUrl` holds a URL that may carry credentials (``https://user:password@host/...``): its
+  ``str``/``repr`` (and pydantic's dumps) show the URL without the ``user:password@`` part, and only
+  :meth:`SecretUrl.get_secret_value` returns it whole. Configs hold registry URLs as this type.
+* :func:`redact_url` / :func:`redact_text` drop URL userinfo from one URL / from free text (log lines,
+  error messages, tracebacks).
+* :func:`is_secret_key` / :func:`redact_config` tell which client properties are secrets and give a copy
+  of a librdkafka-style config that is safe to print (for reprs of values that carry client configs).
+* :class:`RedactingFormatter` is the last line of defence for logs: whatever a library puts in a log
+  line or a traceback, URL userinfo never reaches the output.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import SecretStr
+
+#: Kafka / registry client property names whose values are secrets.
+SECRET_KEY_RE = re.compile(r"(password|secret|sasl\.jaas\.config|basic\.auth\.user\.info|token)", re.I)
+
+#: ``scheme://userinfo@`` anywhere in a text; userinfo cannot contain ``/``, whitespace or ``@``
+_USERINFO_IN_TEXT = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"]+@")
+
+MASK = "**********"
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its ``user:password@`` part (the rest unchanged)."""
+    return _USERINFO_IN_TEXT.sub(r"\g<scheme>", url, count=1)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with the userinfo of every URL in it removed."""
+    return _USERINFO_IN_TEXT.sub(r"\g<scheme>", text)
+
+
+def is_secret_key(name: str) -> bool:
+    """True for property names whose values are secrets (passwords, JAAS configs, tokens...)."""
+    return bool(SECRET_KEY_RE.search(name))
+
+
+def redact_config(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a client config that is safe to print: secret values masked, URLs without userinfo."""
+    out: dict[str, Any] = {}
+    for key, value in conf.items():
+        if is_secret_key(key):
+            out[key] = MASK
+        elif isinstance(value, str):
+            out[key] = redact_text(value)
+        else:
+            out[key] = value
+    return out
+
+
+class SecretUrl(SecretStr):
+    """A URL that may carry credentials: shown (``str``, ``repr``, pydantic dumps) without them.
+
+    Works as a pydantic field type like ``SecretStr``; :meth:`get_secret_value` is the full URL for
+    the one place that connects with it. Two ``SecretUrl`` are equal when their full URLs are.
+    """
+
+    def _display(self) -> str:
+        return redact_url(self.get_secret_value())
+
+    @property
+    def display(self) -> str:
+        """The URL without credentials (same as ``str(self)``)."""
+        return self._display()
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, SecretUrl) and self.get_secret_value() == other.get_secret_value()
+
+    def __hash__(self) -> int:
+        return hash(self.get_secret_value())
+
+
+def reveal(value: str | SecretStr) -> str:
+    """The plain value of a ``str`` or a pydantic secret (for the code that hands it to a client)."""
+    return value.get_secret_value() if isinstance(value, SecretStr) else value
+
+
+class RedactingFormatter(logging.Formatter):
+    """A formatter whose output never contains URL userinfo, whatever the message or traceback holds."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record))

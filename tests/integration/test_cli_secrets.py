@@ -1,0 +1,88 @@
+"""Item 14 of issue 11: registry credentials carried in a URL never reach a log, an error or a repr."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+from mirror_core.config import load_config
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+PASSWORD = "s3cr3t-pw"
+
+
+def with_userinfo(url: str) -> str:
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://alice:{PASSWORD}@{rest}"
+
+
+def mirrorflow(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it: a separate process, its own logging set-up."""
+    return subprocess.run([sys.executable, "-m", "mirror_core.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=os.environ.copy())
+
+
+def test_item14_registry_password_never_logged(clusters, unique, tmp_path):
+    topic, group = unique("item14"), unique("g14").replace("-", "_")
+    admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    schema = json.dumps({"type": "record", "name": "R", "namespace": "item14", "fields": [
+        {"name": "x", "type": "long"}]})
+    sid = SchemaRegistryClient({"url": clusters.src_registry}).register_schema(f"{topic}-value", Schema(schema, "AVRO"))
+    p = Producer({"bootstrap.servers": clusters.src_bootstrap})
+    for i in range(3):
+        p.produce(topic, b"\x00" + struct.pack(">I", sid) + bytes([i * 2]))
+    assert p.flush(30) == 0
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text(f"""
+clusters:
+  src:
+    kafka: {{bootstrap.servers: "{clusters.src_bootstrap}"}}
+    schema_registry: {{url: "{with_userinfo(clusters.src_registry)}"}}
+  dst:
+    kafka: {{bootstrap.servers: "{clusters.dst_bootstrap}"}}
+    schema_registry: {{url: "{with_userinfo(clusters.dst_registry)}"}}
+groups:
+  - name: {group}
+    source: src
+    destination: dst
+    serdes: {{key: bytes, value: avro}}
+    offset_syncs_topic: "{topic}.syncs.internal"
+    dead_letter_topic: "{topic}.dlq"
+    topics_mirroring:
+      replication_factor: {{type: fix, value: 1}}
+    spark: {{master: "local[1]", checkpoint_dir: "{tmp_path / 'ckpt'}"}}
+    mirrors:
+      - {{source_topic: {topic}, destination_topic: {topic}.mirror}}
+""")
+    loaded = load_config(cfg)
+    reg = loaded.cluster("src").schema_registry
+    assert reg is not None
+    for shown in (repr(loaded), str(loaded), repr(reg), str(reg.url), reg.model_dump_json(), f"{reg.url}"):
+        assert PASSWORD not in shown and "alice" not in shown, shown
+    assert reg.url.get_secret_value() == with_userinfo(clusters.src_registry).rstrip("/")
+
+    outputs = {}
+    for args in (["validate", str(cfg)], ["plan", str(cfg)], ["provision", str(cfg)],
+                 ["run", str(cfg), "--group", group, "--once"], ["checkpoint", str(cfg)], ["lag", str(cfg)],
+                 ["verify", str(cfg)], ["-v", "plan", str(cfg), "--json"]):
+        res = mirrorflow(*args)
+        outputs[" ".join(args[:2])] = res
+        assert PASSWORD not in res.stdout + res.stderr, (args, res.stderr[-3000:])
+    # the commands did talk to the registries through those URLs (the credentials were usable)
+    assert outputs["provision " + str(cfg)].returncode == 0, outputs["provision " + str(cfg)].stderr[-3000:]
+    assert outputs["run " + str(cfg)].returncode == 0, outputs["run " + str(cfg)].stderr[-3000:]
+    assert outputs["verify " + str(cfg)].returncode == 0, outputs["verify " + str(cfg)].stdout[-3000:]
+    # and no request log line reached the output by default, even with -v
+    assert "HTTP Request" not in "".join(r.stderr for r in outputs.values())
