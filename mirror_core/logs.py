@@ -31,12 +31,12 @@ def setup_logging(verbose: bool = False, stream: Any = None, fmt: str = FORMAT) 
     """Root logging for a mirrorflow process: one handler on ``stream`` (stderr), redacting formatter,
     mirrorflow at INFO (DEBUG when ``verbose``), chatty libraries at WARNING. Idempotent."""
     root = logging.getLogger()
-    handler = next((h for h in root.handlers if getattr(h, "_mirrorflow", False)), None)
-    if handler is None:
-        handler = logging.StreamHandler(stream or sys.stderr)
-        handler._mirrorflow = True  # type: ignore[attr-defined]
-        root.addHandler(handler)
+    for old in [h for h in root.handlers if getattr(h, "_mirrorflow", False)]:
+        root.removeHandler(old)  # an earlier set-up in this process (its stream may be gone)
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler._mirrorflow = True  # type: ignore[attr-defined]
     handler.setFormatter(RedactingFormatter(fmt))
+    root.addHandler(handler)
     root.setLevel(logging.INFO)
     for name in ("mirror_core", "mirrorflow", "spark_jobs", "mirrorflow_airflow"):
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)

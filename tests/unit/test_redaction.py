@@ -90,3 +90,4 @@ def test_item14_logging_keeps_libraries_quiet_and_redacts():
         for h in list(root.handlers):
             if h not in before:
                 root.removeHandler(h)
+
