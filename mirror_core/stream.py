@@ -23,6 +23,7 @@ from typing import Any
 
 from mirror_core import clients
 from mirror_core.config import GroupConfig, MirrorsConfig, default_consumer_group, mirror_name, resolve_mirrors
+from mirror_core.errors import MirrorError
 from mirror_core.policy import ReplicationPolicy, TopicFilter, TopicSelection, build_replication_policy
 from mirror_core.replicate import (
     BatchResult,
@@ -62,13 +63,53 @@ class WriterPlan:
     end_offsets: dict[str, dict[int, int]]
     destination_consumer_config: dict[str, Any]
     registries: tuple[Any, Any] | None  # (source SchemaRegistryConfig, destination SchemaRegistryConfig)
+    #: source topics this group looked at and deliberately does not mirror (not selected by its mirrors):
+    #: their records are passed over. A record of any other topic without settings fails the batch.
+    ignored: frozenset[str] = frozenset()
+    group: str = ""
+
+
+#: reads one file of a Spark checkpoint (a plain path or a URI such as ``s3a://...``): its text, or None when
+#: it does not exist. The Spark job passes one that goes through Hadoop's file system.
+CheckpointReader = Callable[[str], "str | None"]
+
+
+def local_checkpoint_reader(location: str) -> str | None:
+    """A :data:`CheckpointReader` for checkpoints on this machine (a plain path or a ``file:`` URI).
+
+    Any other scheme raises: reading it as a local path would find nothing, and the batch's end offsets
+    (which tell the mirror about new topics) would silently be empty."""
+    from urllib.parse import unquote, urlparse
+
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", location)
+    if scheme is not None and len(scheme.group(1)) > 1:
+        if scheme.group(1).lower() != "file":
+            raise MirrorError(f"cannot read the Spark checkpoint {location!r} without Spark's file system "
+                              f"(scheme {scheme.group(1)!r}); the Spark job reads it through Hadoop")
+        location = unquote(urlparse(location).path)
+    path = Path(location)
+    try:
+        return path.read_bytes().decode(errors="replace")
+    except FileNotFoundError:
+        return None
+
+
+def join_location(base: str, *parts: str) -> str:
+    """``base`` joined with ``parts`` by ``/``, keeping a URI's ``//`` (``Path`` would fold ``s3a://b`` to
+    ``s3a:/b``)."""
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", base)
+    if scheme is None or len(scheme.group(1)) == 1:
+        return str(Path(base).joinpath(*parts))
+    return "/".join([base.rstrip("/"), *parts])
 
 
 class MirrorRuntime:
     """Driver-side state of one group's streaming mirror."""
 
-    def __init__(self, cfg: MirrorsConfig, group: GroupConfig):
+    def __init__(self, cfg: MirrorsConfig, group: GroupConfig, read_checkpoint: CheckpointReader | None = None):
         self.cfg = cfg
+        #: how Spark's offset log is read (the Spark job sets one that goes through Hadoop's file system)
+        self.read_checkpoint: CheckpointReader = read_checkpoint or local_checkpoint_reader
         self.group = group
         self.src = cfg.cluster(group.source)
         self.dst = cfg.cluster(group.destination)
@@ -179,13 +220,13 @@ class MirrorRuntime:
         return opts
 
     def checkpoint_dir(self) -> str:
-        return str(Path(self.group.spark.checkpoint_dir) / self.group.name)
+        return join_location(self.group.spark.checkpoint_dir, self.group.name)
 
     # -- per batch
 
     def writer_plan(self, batch_id: int) -> WriterPlan:
         """Settings for this batch; provisions topics a flow has just discovered."""
-        ends = read_batch_end_offsets(self.checkpoint_dir(), batch_id)
+        ends = read_batch_end_offsets(self.checkpoint_dir(), batch_id, self.read_checkpoint)
         unknown = [t for t in ends if t not in self.settings and t not in self.known_topics]
         if unknown:
             log.info("%s: new source topics %s; provisioning", self.group.name, unknown)
@@ -194,7 +235,8 @@ class MirrorRuntime:
         if self.src.schema_registry and self.dst.schema_registry:
             regs = (self.src.schema_registry, self.dst.schema_registry)
         return WriterPlan(dict(self.settings), dict(self.id_map), ends,
-                          clients.kafka_config(self.dst), regs)
+                          clients.kafka_config(self.dst), regs,
+                          ignored=frozenset(self.known_topics - set(self.settings)), group=self.group.name)
 
     def warm_up(self) -> threading.Thread | None:
         """In the background: start every mirrored partition's producer and read its position, so the
@@ -237,11 +279,11 @@ class MirrorRuntime:
     def batch_records(self, batch_id: int) -> int | None:
         """How many offsets micro-batch ``batch_id`` spans (from Spark's offset log; the first batch from the
         source's initial offsets), or None when unknown (a new topic or partition, a symbolic offset)."""
-        ends = read_batch_end_offsets(self.checkpoint_dir(), batch_id)
+        ends = read_batch_end_offsets(self.checkpoint_dir(), batch_id, self.read_checkpoint)
         if batch_id == 0:
-            starts = read_initial_offsets(self.checkpoint_dir())
+            starts = read_initial_offsets(self.checkpoint_dir(), self.read_checkpoint)
         else:
-            starts = read_batch_end_offsets(self.checkpoint_dir(), batch_id - 1)
+            starts = read_batch_end_offsets(self.checkpoint_dir(), batch_id - 1, self.read_checkpoint)
         if not ends or not starts:
             return None
         total = 0
@@ -404,27 +446,31 @@ def raise_plan_errors(plan: Any) -> None:
     raise PlanError("; ".join(f"{a.topic}: {a.reason}" for a in plan.topics.errors))
 
 
-def read_initial_offsets(checkpoint_dir: str) -> dict[str, dict[int, int]]:
+def read_initial_offsets(checkpoint_dir: str, read: CheckpointReader = local_checkpoint_reader
+                         ) -> dict[str, dict[int, int]]:
     """Where the query's first micro-batch starts, per partition (the Kafka source's initial offsets,
     kept in the checkpoint), or {} when not known."""
     try:
-        return _offsets_json(Path(checkpoint_dir) / "sources" / "0" / "0", skip=0)
+        return _offsets_json(read(join_location(checkpoint_dir, "sources", "0", "0")), skip=0)
     except (ValueError, AttributeError):
         return {}
 
 
-def read_batch_end_offsets(checkpoint_dir: str, batch_id: int) -> dict[str, dict[int, int]]:
+def read_batch_end_offsets(checkpoint_dir: str, batch_id: int, read: CheckpointReader = local_checkpoint_reader
+                           ) -> dict[str, dict[int, int]]:
     """End offsets of micro-batch ``batch_id`` from Spark's offset log (written before the batch runs)."""
-    return _offsets_json(Path(checkpoint_dir) / "offsets" / str(batch_id), skip=2)
+    if batch_id < 0:
+        return {}
+    return _offsets_json(read(join_location(checkpoint_dir, "offsets", str(batch_id))), skip=2)
 
 
-def _offsets_json(path: Path, skip: int) -> dict[str, dict[int, int]]:
+def _offsets_json(text: str | None, skip: int) -> dict[str, dict[int, int]]:
     """``{topic: {partition: offset}}`` from the JSON lines of a Spark checkpoint file, after its first
-    ``skip`` lines (version, batch metadata); {} when the file is not there."""
-    if not path.exists():
+    ``skip`` lines (version, batch metadata); {} when the file is not there (``text`` None)."""
+    if text is None:
         return {}
     out: dict[str, dict[int, int]] = {}
-    for line in path.read_text(errors="replace").splitlines()[skip:]:
+    for line in text.splitlines()[skip:]:
         line = line.strip()
         if line.startswith("{"):
             for topic, parts in json.loads(line).items():
@@ -470,6 +516,11 @@ def translator_for(plan: WriterPlan, s: WriterSettings) -> SchemaIdTranslator:
     return t
 
 
+class UnknownTopicError(MirrorError):
+    """A micro-batch brought records of a topic the plan has no settings for and did not rule out: passing
+    them over would lose them (Spark commits the batch), so the batch fails."""
+
+
 class BatchWriter:
     """One micro-batch's writing, partition by partition: chunks to each partition's writer, then the
     position moved past trailing transaction markers. Used by the tasks (:func:`arrow_writer`) and by
@@ -503,7 +554,12 @@ class BatchWriter:
         """Write the next records of ``topic``/``part`` (in offset order)."""
         s = self.plan.settings.get(topic)
         if s is None:
-            return  # not selected by this group's mirrors (e.g. excluded by a flow)
+            if topic in self.plan.ignored:
+                return  # looked at and not selected by this group's mirrors (e.g. excluded by a flow)
+            raise UnknownTopicError(
+                f"{self.plan.group or 'mirror'}: the batch holds records of source topic {topic!r} "
+                f"[{part}]@{cols.offsets[0]}, which no mirror of the group was set up for (a new topic "
+                f"not provisioned?); failing the batch instead of passing them over")
         w = self._writer(topic, s)
         end = self.plan.end_offsets.get(topic, {}).get(part)
         for start in range(0, len(cols), CHUNK_RECORDS):

@@ -80,6 +80,27 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
     return spark
 
 
+def hadoop_checkpoint_reader(spark: SparkSession) -> Any:
+    """A checkpoint reader (``mirror_core.stream.CheckpointReader``) that goes through Hadoop's file
+    system, as Spark itself writes the checkpoint: ``s3a://``, ``hdfs://``, ``file:`` and the rest."""
+    jvm = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+
+    def read(location: str) -> str | None:
+        path = jvm.org.apache.hadoop.fs.Path(location)  # type: ignore[union-attr]
+        fs = path.getFileSystem(conf)
+        if not fs.exists(path):
+            return None
+        stream = fs.open(path)
+        try:
+            data = jvm.org.apache.commons.io.IOUtils.toByteArray(stream)  # type: ignore[union-attr]
+        finally:
+            stream.close()
+        return bytes(data).decode(errors="replace")
+
+    return read
+
+
 def prepare(rt: MirrorRuntime) -> None:
     """Provision the group's topics and schemas, then warm its writers up in the background."""
     for line in rt.prepare():
@@ -92,6 +113,10 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
     """Provision the group (unless ``prepared``), then start its streaming query (``once``: drain what is
     there and stop)."""
     rt = runtime or MirrorRuntime(cfg, group)
+    if not is_local_path(group.spark.checkpoint_dir) or group.spark.checkpoint_dir.lower().startswith("file:"):
+        # the offset log tells the mirror each batch's end offsets (new topics, batch sizes): read it as
+        # Spark wrote it; a plain local path is read directly (faster, and the same bytes)
+        rt.read_checkpoint = hadoop_checkpoint_reader(spark)
     if not prepared:
         prepare(rt)
     reader = spark.readStream.format("kafka")
