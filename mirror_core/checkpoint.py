@@ -15,6 +15,7 @@ Everything decided here is reported (written / skipped and why), nothing is sile
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,18 +64,52 @@ def topic_mappings(cfg: MirrorsConfig, group: GroupConfig) -> list[TopicMapping]
             for m in selected_mirrors(cfg, group)]
 
 
+@dataclass
+class _SyncTail:
+    """What has been read of one offset-sync topic: the store, and per partition of the topic where the
+    next read starts and where the first read started (retention moving past it triggers a fresh read)."""
+
+    store: OffsetSyncStore
+    next_offset: dict[int, int] = field(default_factory=dict)
+    first_offset: dict[int, int] = field(default_factory=dict)
+
+
+#: (destination bootstrap servers, offset-sync topic) -> what this process has read of it
+_SYNC_TAILS: dict[tuple[str, str], _SyncTail] = {}
+_SYNC_TAILS_LOCK = threading.Lock()
+
+
 def load_sync_store(cfg: MirrorsConfig, group: GroupConfig) -> OffsetSyncStore:
-    """The offset-sync history of the group, read from the destination (read_committed)."""
-    store = OffsetSyncStore()
+    """The offset-sync history of the group, read from the destination (read_committed).
+
+    Incremental: a process that asks again (``checkpoint --loop``, lag samples) reads only the syncs
+    written since, so a round's cost does not grow with the topic's retention. The history is read afresh
+    when the topic was re-created (its end moved back) or retention removed records from where the kept
+    history starts (so memory stays bounded by what the topic retains)."""
     dst = cfg.cluster(group.destination)
-    try:
-        for m in clients.read_topic(dst, group.offset_syncs):
-            store.add(OffsetSync.from_record(m.key(), m.value()))
-    except KafkaOperationError as exc:
-        if exc.code == "UNKNOWN_TOPIC_OR_PART":
-            return store
-        raise
-    return store
+    key = (str(dst.kafka_properties().get("bootstrap.servers", "")), group.offset_syncs)
+    with _SYNC_TAILS_LOCK:
+        try:
+            ends = clients.end_offsets(dst, group.offset_syncs)
+        except KafkaOperationError as exc:
+            if exc.code == "UNKNOWN_TOPIC_OR_PART":
+                _SYNC_TAILS.pop(key, None)
+                return OffsetSyncStore()
+            raise
+        tail = _SYNC_TAILS.get(key)
+        if tail is None or set(ends) != set(tail.next_offset) or any(
+                high < tail.next_offset[p] or low > tail.first_offset[p] for p, (low, high) in ends.items()):
+            tail = _SYNC_TAILS[key] = _SyncTail(OffsetSyncStore(), {p: low for p, (low, _) in ends.items()},
+                                                {p: low for p, (low, _) in ends.items()})
+        try:
+            for p, (_low, high) in ends.items():
+                for m in clients.read_partition(dst, group.offset_syncs, p, tail.next_offset[p], high):
+                    tail.store.add(OffsetSync.from_record(m.key(), m.value()))
+                tail.next_offset[p] = high
+        except BaseException:
+            _SYNC_TAILS.pop(key, None)  # half read: the next call starts over
+            raise
+        return tail.store
 
 
 def load_checkpoints(cfg: MirrorsConfig, group: GroupConfig) -> dict[tuple[str, str, int], Checkpoint]:
@@ -116,6 +151,7 @@ def emit_checkpoints(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncSt
     current = dict(previous)
     offsets = source_group_offsets(cfg, group, set(by_src))
     producer = clients.producer(cfg.cluster(group.destination), **{"enable.idempotence": True, "acks": "all"})
+    failed: list[str] = []
     for gid, offs in offsets.items():
         rep = GroupReport(gid)
         report.groups.append(rep)
@@ -132,12 +168,24 @@ def emit_checkpoints(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncSt
                 if prev is not None and prev.downstream_offset > tr.downstream_offset:
                     rep.skipped.append((dst_topic, part, "checkpoint would move backwards"))
                 continue
-            producer.produce(group.checkpoints_topic, key=cp.key_bytes(), value=cp.value_bytes(), partition=0)
+            producer.produce(group.checkpoints_topic, key=cp.key_bytes(), value=cp.value_bytes(), partition=0,
+                             on_delivery=_note_failure(failed))
             current[(gid, dst_topic, part)] = cp
             rep.checkpoints += 1
     if producer.flush(30):
-        raise KafkaOperationError("checkpoints not acknowledged within 30 s")
+        raise KafkaOperationError(f"checkpoints to {group.checkpoints_topic} not acknowledged within 30 s")
+    if failed:
+        # the checkpoints (and the group offsets that would follow from them) are not written: say so
+        raise KafkaOperationError(f"{len(failed)} checkpoint(s) to {group.checkpoints_topic} not written: {failed[0]}")
     return current
+
+
+def _note_failure(failed: list[str]) -> Any:
+    """A delivery callback that keeps the broker's reason of every record it failed to write."""
+    def cb(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failed.append(err.str())
+    return cb
 
 
 def sync_group_offsets(cfg: MirrorsConfig, group: GroupConfig, checkpoints: dict[tuple[str, str, int], Checkpoint],
@@ -196,8 +244,13 @@ def emit_heartbeat(cfg: MirrorsConfig, group: GroupConfig) -> bool:
                 raise KafkaOperationError(f"cannot create {topic}: {exc.args[0].str()}", exc.args[0].name()) from None
     hb = Heartbeat(group.source, group.destination, int(time.time() * 1000))
     p = clients.producer(src, **{"enable.idempotence": True, "acks": "all"})
-    p.produce(topic, key=hb.key_bytes(), value=hb.value_bytes(), partition=0)
-    return p.flush(30) == 0
+    failed: list[str] = []
+    p.produce(topic, key=hb.key_bytes(), value=hb.value_bytes(), partition=0, on_delivery=_note_failure(failed))
+    if p.flush(30):
+        raise KafkaOperationError(f"heartbeat to {topic} on {group.source} not acknowledged within 30 s")
+    if failed:
+        raise KafkaOperationError(f"heartbeat to {topic} on {group.source} not written: {failed[0]}")
+    return True
 
 
 def run_round(cfg: MirrorsConfig, group: GroupConfig, force: bool = False) -> RoundReport:

@@ -652,7 +652,13 @@ class PartitionWriter:
                position: Position | None) -> tuple[list[OffsetSync], int | None]:
         """The chunk's offset syncs and the downstream position after it (None: nothing to record)."""
         if pairs:
-            return syncs_for_batch(self.s.source_topic, partition, pairs, upstream_end), pairs[-1][1] + 1
+            syncs = syncs_for_batch(self.s.source_topic, partition, pairs, upstream_end)
+            if first_upstream < pairs[0][0]:
+                # the chunk starts with records that reached no destination partition (dead-lettered, loop-
+                # skipped): positions from its start map to its first mirrored record (the invariant's
+                # case 2), so they stay translatable even when nothing was synced before them
+                syncs.insert(0, OffsetSync(self.s.source_topic, partition, first_upstream, pairs[0][1]))
+            return syncs, pairs[-1][1] + 1
         if position is not None and position.downstream is not None:
             downstream = position.downstream
         else:
