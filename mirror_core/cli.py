@@ -47,6 +47,14 @@ def handle_errors(fn: F) -> F:
         except MirrorError as exc:
             err.print(f"error: {exc}", markup=False, highlight=False)
             raise typer.Exit(exc.exit_code) from None
+        except Exception as exc:
+            from confluent_kafka import KafkaException
+
+            if not isinstance(exc, KafkaException):
+                raise
+            # a Kafka failure the core did not attribute (e.g. a cluster lost mid-command): one line
+            err.print(f"error: kafka: {exc.args[0].str() if exc.args else exc}", markup=False, highlight=False)
+            raise typer.Exit(1) from None
         except KeyboardInterrupt:
             err.print("interrupted")
             raise typer.Exit(130) from None
@@ -55,10 +63,28 @@ def handle_errors(fn: F) -> F:
 
 
 @app.callback()
-def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False) -> None:
+def _main(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+    connect_timeout: Annotated[float | None, typer.Option(
+        "--connect-timeout", envvar="MIRRORFLOW_CONNECT_TIMEOUT", min=0.1,
+        help="Seconds to wait for a cluster or registry before giving up (default 10).")] = None,
+) -> None:
+    import os
+
     from mirror_core.logs import setup_logging
 
     setup_logging(verbose, stream=sys.stderr)
+    if connect_timeout is not None:
+        os.environ["MIRRORFLOW_CONNECT_TIMEOUT"] = str(connect_timeout)  # the Spark job reads it too
+
+
+def _reachable(cfg: Any, groups: list[Any], registries: bool = False) -> list[Any]:
+    """``groups``, once every cluster (and, with ``registries``, registry) they use has answered;
+    else one line naming what did not (exit 1)."""
+    from mirror_core.reach import require_reachable
+
+    require_reachable(cfg, groups, registries=registries)
+    return groups
 
 
 @app.command()
@@ -89,7 +115,7 @@ def plan(config: ConfigArg, group: GroupOpt = None, as_json: JsonOpt = False) ->
     from mirror_core.provision import plan_group
 
     cfg = load_config(config)
-    plans = [plan_group(cfg, g) for g in cfg.enabled_groups(group)]
+    plans = [plan_group(cfg, g) for g in _reachable(cfg, cfg.enabled_groups(group), registries=True)]
     if as_json:
         print(json.dumps([p.as_dict() for p in plans], indent=2, default=str))
     else:
@@ -108,7 +134,7 @@ def provision(config: ConfigArg, group: GroupOpt = None) -> None:
 
     cfg = load_config(config)
     failed = False
-    for g in cfg.enabled_groups(group):
+    for g in _reachable(cfg, cfg.enabled_groups(group), registries=True):
         p = plan_group(cfg, g)
         if p.topics.errors:
             _print_plan(p)
@@ -174,10 +200,11 @@ def checkpoint(
     from mirror_core.config import load_config
 
     cfg = load_config(config)
+    groups = _reachable(cfg, cfg.enabled_groups(group))
     if loop:
-        run_forever(cfg, cfg.enabled_groups(group), force=force, on_report=_print_round)
+        run_forever(cfg, groups, force=force, on_report=_print_round)
         return
-    for g in cfg.enabled_groups(group):
+    for g in groups:
         _print_round(run_round(cfg, g, force=force))
 
 
@@ -207,7 +234,7 @@ def lag(config: ConfigArg, group: GroupOpt = None, as_json: JsonOpt = False) -> 
 
     cfg = load_config(config)
     result = []
-    for g in cfg.enabled_groups(group):
+    for g in _reachable(cfg, cfg.enabled_groups(group)):
         store, maps = load_sync_store(cfg, g), topic_mappings(cfg, g)
         rep = replication_lag(cfg, g, store, maps)
         glag = consumer_group_lag(cfg, g, store, maps)
@@ -256,7 +283,7 @@ def verify(config: ConfigArg, group: GroupOpt = None, as_json: JsonOpt = False) 
     cfg = load_config(config)
     bad = False
     rows = []
-    for g in cfg.enabled_groups(group):
+    for g in _reachable(cfg, cfg.enabled_groups(group)):
         res = verify_parity(cfg, g)
         rows += [asdict(r) | {"group": g.name} for r in res]
         bad |= any(not r.ok for r in res)
@@ -292,7 +319,9 @@ def run(
 
     from mirror_core.config import load_config
 
-    load_config(config).group(group)  # reject a bad config or group before Spark starts
+    cfg = load_config(config)
+    # reject a bad config or group, or an unreachable cluster or registry, before Spark starts
+    _reachable(cfg, [cfg.group(group)], registries=True)
     cmd = [sys.executable, "-m", "spark_jobs.mirror_stream", str(config), "--group", group]
     if once:
         cmd.append("--once")

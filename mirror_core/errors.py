@@ -86,3 +86,11 @@ class SchemaMirrorError(MirrorError):
             detail.append(f"error code {error_code}")
         suffix = f" [{', '.join(detail)}]" if detail else ""
         super().__init__(message + suffix)
+
+
+class UnreachableError(MirrorError):
+    """A Kafka cluster or schema registry a command needs did not answer within the connect timeout.
+
+    The message names each one (cluster alias and bootstrap servers, or registry URL without
+    credentials) and what the client saw.
+    """

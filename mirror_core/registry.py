@@ -33,7 +33,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 
 from mirror_core.config import SchemaRegistryConfig
 from mirror_core.errors import SchemaMirrorError
-from mirror_core.redaction import redact_url, reveal
+from mirror_core.redaction import redact_text, redact_url, reveal
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,11 @@ class RegistryError(SchemaMirrorError):
         http_status: int | None = None,
         error_code: int | None = None,
         transient: bool = False,
+        reason: str | None = None,
     ):
         self.transient = transient
+        #: for a transport failure, what the HTTP client saw (e.g. ``ConnectError: ... Connection refused``)
+        self.reason = reason or message
         super().__init__(message, subject=subject, http_status=http_status, error_code=error_code)
 
 
@@ -238,7 +241,8 @@ class RegistryClient:
 
     # ----------------------------------------------------------------- transport
 
-    def _send(self, method: str, path: str, params: dict[str, Any] | None, body: Any, subject: str | None) -> Any:
+    def _send(self, method: str, path: str, params: dict[str, Any] | None, body: Any, subject: str | None,
+              timeout: float | None = None) -> Any:
         what = f"{method} {path}"
         try:
             resp = self._http.request(
@@ -248,12 +252,14 @@ class RegistryClient:
                 content=json.dumps(body).encode() if body is not None else None,
                 headers={"Content-Type": _CONTENT_TYPE, "Accept": _CONTENT_TYPE},
                 auth=self._auth if self._auth is not None else httpx.USE_CLIENT_DEFAULT,
-                timeout=self._timeout,
+                timeout=self._timeout if timeout is None else timeout,
             )
         except httpx.TransportError as exc:
+            why = redact_text(str(exc)).strip()
             raise RegistryError(
-                f"schema registry {self._display_url} unreachable ({what}): {type(exc).__name__}",
-                subject=subject, transient=True,
+                f"schema registry {self._display_url} unreachable ({what}): {type(exc).__name__}"
+                + (f" ({why})" if why else ""),
+                subject=subject, transient=True, reason=f"{type(exc).__name__}" + (f": {why}" if why else ""),
             ) from None
         if resp.status_code < 400:
             try:
@@ -309,6 +315,11 @@ class RegistryClient:
             if is_not_found(exc):
                 return None
             raise
+
+    def ping(self, timeout: float | None = None) -> None:
+        """One ``GET /subjects`` without retries or the circuit breaker: does the registry answer?
+        Raises RegistryError (``transient`` when it could not be reached)."""
+        self._send("GET", "/subjects", None, None, None, timeout)
 
     # ----------------------------------------------------------------- subjects and versions
 
