@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from mirror_core.errors import ConfigError, MirrorError
+from mirror_core.errors import ConfigError, ConfigIssue, MirrorError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Mirror Kafka topics and their schemas.")
 local_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Embedded local clusters (demo, tests).")
@@ -102,6 +102,43 @@ def validate(config: ConfigArg) -> None:
         f"{len(mirrors) - flows} topic pairs, {flows} regex flows",
         markup=False, highlight=False,
     )
+
+
+@app.command("import")
+@handle_errors
+def import_(
+    fmt: Annotated[str, typer.Argument(metavar="FORMAT", help="viooh | mm2 | strimzi | mm1", show_default=False)],
+    source: Annotated[Path, typer.Argument(metavar="INPUT", help="The config to import (mm1: consumer.properties).",
+                                           show_default=False)],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")] = None,
+    producer: Annotated[Path | None, typer.Option(help="mm1: the producer.properties.")] = None,
+    include: Annotated[str | None, typer.Option(
+        help="mm1: the --include / whitelist regex (MIRROR_MAKER_TOPIC_WHITELIST).")] = None,
+    env: Annotated[str, typer.Option("--env", help="viooh: the ENV its consumer group names were made with.")] = "local",
+) -> None:
+    """Translate a viooh-mirror, MirrorMaker 2, Strimzi or MirrorMaker 1 config into a mirrors YAML.
+
+    What has no equivalent is a comment in the YAML and one line here (stderr) each."""
+    from mirror_core.importers import import_config
+
+    def read(p: Path) -> str:
+        try:
+            return p.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(ConfigIssue("", f"cannot read: {getattr(exc, 'strerror', None) or exc}"), str(p)) from None
+
+    res = import_config(fmt, read(source), str(source), producer_text=read(producer) if producer else None,
+                        producer_source=str(producer) if producer else None, include=include, viooh_env=env)
+    for f in res.findings:
+        err.print(f"{f.file or source}: {f}", markup=False, highlight=False)
+    for var, what in res.env_vars:
+        err.print(f"note: set {var} before running ({what})", markup=False, highlight=False)
+    if output is None:
+        sys.stdout.write(res.yaml_text)
+    else:
+        output.write_text(res.yaml_text)
+        err.print(f"wrote {output}: check it with `mirrorflow validate {output}` and `mirrorflow plan {output}`",
+                  markup=False, highlight=False)
 
 
 # --------------------------------------------------------------------------- provisioning

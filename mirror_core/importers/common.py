@@ -1,0 +1,116 @@
+"""Pieces every importer shares: clusters from Java client settings, regex lists, booleans, durations."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from mirror_core.importers.draft import Draft, safe_alias
+from mirror_core.importers.javaclient import ClientMapping
+
+#: MM2's defaults (MirrorSourceConfig / MirrorCheckpointConfig), written out so the import keeps them.
+MM2_TOPICS_EXCLUDE = [r".*[\-\.]internal", r".*\.replica", r"__.*"]
+MM2_GROUPS_EXCLUDE = [r"console-consumer-.*", r"connect-.*", r"__.*"]
+#: mirrorflow's own consumer groups are never checkpointed (added to any groups exclude).
+OWN_GROUPS = r".*\.mirrorflow\..*"
+
+#: Kafka Connect worker settings: MM2 runs on a Connect worker, mirrorflow runs none.
+CONNECT_WORKER_RE = re.compile(
+    r"^(config\.storage\.|offset\.storage\.|status\.storage\.|key\.converter|value\.converter|"
+    r"header\.converter|offset\.flush\.|group\.id$|plugin\.path$|rest\.|listeners$|"
+    r"dedicated\.mode\.|scheduled\.rebalance|connector\.client\.config\.override\.policy$|"
+    r"task\.shutdown\.graceful\.timeout\.ms$|worker\.)"
+)
+
+
+def put_cluster(draft: Draft, alias: str, m: ClientMapping, registry: dict[str, Any] | None = None) -> None:
+    """``clusters.<alias>``: the mapped librdkafka settings, secrets as placeholders, notes beside them."""
+    kafka: dict[str, str] = {}
+    if "bootstrap.servers" in m.cluster:
+        kafka["bootstrap.servers"] = m.cluster["bootstrap.servers"]
+    for k in sorted(m.cluster):
+        kafka.setdefault(k, m.cluster[k])
+    base = ("clusters", alias, "kafka")
+    for rd_key, (var, what) in sorted(m.secrets.items()):
+        kafka[rd_key] = draft.secret(var, f"{what}, cluster {alias}")
+        draft.note(base + (rd_key,), f"set {var} before running: {what}")
+    for key, text in m.notes:
+        draft.note(base + (key,) if key in kafka else base, text)
+    entry: dict[str, Any] = {"kafka": kafka}
+    if registry:
+        entry["schema_registry"] = registry
+    draft.tree.setdefault("clusters", {})[alias] = entry
+
+
+def report(draft: Draft, m: ClientMapping, anchor: tuple[str | int, ...], file: str | None = None) -> None:
+    """The client settings that did not map, as findings beside ``anchor``."""
+    for where, message in m.findings:
+        draft.unmapped(where, message, anchor, file)
+
+
+def host_alias(bootstrap: str, taken: set[str] | list[str], fallback: str) -> str:
+    """A readable cluster alias from the first broker's host name (``kafka-1.dc1:9092`` -> ``kafka-1``)."""
+    host = bootstrap.split(",")[0].strip().rsplit(":", 1)[0].split(".")[0]
+    alias = base = safe_alias(host) if host else fallback
+    n = 2
+    while alias in taken:
+        alias, n = f"{base}-{n}", n + 1
+    return alias
+
+
+def first_run(tool: str, where: str) -> list[str]:
+    """What the first run of an imported mirror does, for tools that kept no offset syncs (viooh, MM1)."""
+    return [
+        f"First run: {tool} committed its progress under the consumer group(s) kept below ({where}), on the",
+        f"source cluster. mirrorflow keeps the names but has no offset syncs for what {tool} copied, so a mirror",
+        f"starts at each source partition's earliest offset and copies again what {tool} already wrote (duplicates",
+        f"on the destination). To start where {tool} stopped: stop it, wait until its groups' lag is 0",
+        "(kafka-consumer-groups --describe --group <consumer_group>), then mirror into destination topics that",
+        "hold nothing yet (a new destination topic, or the old one deleted and re-created) and move the",
+        f"destination's consumers to them from the beginning. {tool} did not preserve partitions (its producer",
+        "chose them again from the key), mirrorflow does: a key may now sit in another partition than before,",
+        "so per-key order holds only within each side of the switch, and destination group offsets from",
+        "before cannot be translated.",
+    ]
+
+
+def regex_list(value: str) -> list[str]:
+    """MM2's comma-separated list of regexes (``topics = a.*, b``); empty items dropped."""
+    return [x.strip() for x in value.split(",") if x.strip()]
+
+
+def check_regex(draft: Draft, where: str, pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise draft.error(where, f"invalid regex {pattern!r}: {exc}") from None
+    return pattern
+
+
+def alternation(draft: Draft, where: str, patterns: list[str]) -> str:
+    """One full-match regex for a list (each checked on its own, so the error names the bad one)."""
+    for p in patterns:
+        check_regex(draft, where, p)
+    return patterns[0] if len(patterns) == 1 else "|".join(f"(?:{p})" for p in patterns)
+
+
+def parse_bool(draft: Draft, where: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "false"):
+        return v == "true"
+    raise draft.error(where, f"expected true or false, got {value!r}")
+
+
+def parse_int(draft: Draft, where: str, value: str, minimum: int | None = None) -> int:
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        raise draft.error(where, f"expected a whole number, got {value!r}") from None
+    if minimum is not None and n < minimum:
+        raise draft.error(where, f"expected a number >= {minimum}, got {n}")
+    return n
+
+
+def seconds(n: int | float) -> str:
+    """A duration as the YAML writes it (``60s``, ``500ms``)."""
+    return f"{int(n * 1000)}ms" if n < 1 else f"{n:g}s"

@@ -1,0 +1,152 @@
+"""mm2.properties -> mirrorflow: what maps, what is reported, and that secrets never reach the output."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from importer_samples import fixture_text, load, run_import
+
+from mirror_core.config import resolve_mirrors
+from mirror_core.importers import import_config
+
+SECRET = "s3cr3t-Cloud-Passw0rd"
+
+
+def _imp(text: str):
+    return import_config("mm2", text, "mm2.properties")
+
+
+BASE = """clusters = A, B
+A.bootstrap.servers = a:9092
+B.bootstrap.servers = b:9092
+A->B.enabled = true
+"""
+
+
+def test_sample_maps_two_flows_with_security():
+    res = run_import("mm2", "mm2.properties")
+    cfg = load(res)
+    assert sorted(g.name for g in cfg.groups) == ["cloud-to-onprem", "onprem-to-cloud"]
+    cloud = cfg.clusters["cloud"].kafka_properties()
+    assert cloud["security.protocol"] == "SASL_SSL" and cloud["sasl.mechanism"] == "PLAIN"
+    assert cloud["sasl.username"] == "mm2-service"
+    assert cloud["sasl.password"] == "value-of-CLOUD_SASL_PASSWORD"
+    assert cloud["linger.ms"] == "20" and cloud["compression.type"] == "zstd"
+    onprem = cfg.clusters["onprem"].kafka_properties()
+    assert onprem["ssl.ca.location"] == "/etc/mm2/onprem-ca.pem"
+    assert onprem["ssl.endpoint.identification.algorithm"] == "none"
+    g = cfg.group("onprem-to-cloud")
+    assert g.replication_policy == "prefix" and g.delivery == "exactly_once"
+    assert g.spark.source_options == {"kafka.max.poll.records": "2000"}
+    assert g.topics_mirroring.replication_factor.value == 3 and g.topics_mirroring.sync_acls is False
+    flow = resolve_mirrors(g)[0].topics
+    assert flow is not None
+    assert flow.matches("orders-eu") and flow.matches("payments.card")
+    assert not flow.matches("payments.card.tmp") and not flow.matches("returns")
+    assert g.offsets.sync_group_offsets is False and g.offsets.interval == 10.0
+    assert g.offsets.groups.matches("billing") and not g.offsets.groups.matches("test-1")
+    assert not g.offsets.groups.matches("x.mirrorflow.y")  # mirrorflow's own groups
+    assert g.checkpoints_topic == "onprem.checkpoints.internal"  # the topic MM2 wrote
+    back = cfg.group("cloud-to-onprem")
+    assert back.offsets.sync_group_offsets is True  # the per-flow override wins
+    assert resolve_mirrors(back)[0].topics.matches("returns")  # type: ignore[union-attr]
+    assert g.heartbeats.interval == 5.0
+
+
+def test_secrets_become_placeholders_and_are_never_printed():
+    res = run_import("mm2", "mm2.properties")
+    assert SECRET not in res.yaml_text
+    assert "${CLOUD_SASL_PASSWORD}" in res.yaml_text
+    assert all(SECRET not in str(f) for f in res.findings)
+    assert dict(res.env_vars).keys() == {"CLOUD_SASL_PASSWORD"}
+
+
+def test_unmapped_keys_are_a_comment_and_a_finding_each():
+    res = run_import("mm2", "mm2.properties")
+    wheres = [f.where for f in res.findings]
+    for key in ("tasks.max", "checkpoints.topic.replication.factor", "config.storage.replication.factor"):
+        assert wheres.count(key) == 1, wheres
+        assert re.search(rf"^\s*# {re.escape(key)}: ", res.yaml_text, re.M), key
+
+
+def test_unknown_and_secret_keys_are_reported_without_their_value():
+    res = _imp(BASE + "made.up.setting = 42\nB.ssl.truststore.password = hunter2\nB.some.token = tok-123\n")
+    text = "\n".join(str(f) for f in res.findings) + res.yaml_text
+    assert "made.up.setting: value '42'" in text
+    assert "hunter2" not in text and "tok-123" not in text
+    assert any(f.where == "B.some.token" and "secret" in f.message for f in res.findings)
+    assert any(f.where == "B.ssl.truststore.password" for f in res.findings)
+
+
+@pytest.mark.parametrize(("lines", "policy", "dst_name"), [
+    ("", "prefix", "A.orders"),  # MM2's default is the prefix policy
+    ("replication.policy.class = org.apache.kafka.connect.mirror.DefaultReplicationPolicy\n"
+     "replication.policy.separator = _\n", "prefix", "A_orders"),
+    ("replication.policy.class = org.apache.kafka.connect.mirror.IdentityReplicationPolicy\n", "identity", "orders"),
+])
+def test_replication_policy_maps(lines, policy, dst_name):
+    from mirror_core.policy import build_replication_policy
+
+    g = load(_imp(BASE + lines)).groups[0]
+    assert g.replication_policy == policy
+    assert build_replication_policy(g).format_remote_topic("A", "orders") == dst_name
+
+
+def test_custom_policy_is_reported():
+    res = _imp(BASE + "replication.policy.class = com.example.MyPolicy\n")
+    assert any(f.where == "replication.policy.class" and "custom policy" in f.message for f in res.findings)
+
+
+def test_defaults_are_mm2s_not_mirrorflows():
+    g = load(_imp(BASE)).groups[0]
+    assert g.delivery == "at_least_once"  # exactly.once.source.support defaults to disabled
+    assert g.offsets.sync_group_offsets is False and g.offsets.interval == 60.0
+    assert g.topics_mirroring.sync_acls is True and g.topics_mirroring.replication_factor.value == 2
+    flow = resolve_mirrors(g)[0].topics
+    assert flow is not None and flow.matches("x") and not flow.matches("x.replica")
+    assert not g.offsets.groups.matches("console-consumer-1") and not g.offsets.groups.matches("connect-x")
+
+
+def test_file_wide_client_settings_apply_to_every_cluster():
+    cfg = load(_imp(BASE + "security.protocol = SSL\nssl.truststore.type = PEM\nssl.truststore.location = /ca.pem\n"
+                    "B.security.protocol = PLAINTEXT\n"))
+    assert cfg.clusters["A"].kafka_properties()["security.protocol"] == "SSL"
+    assert cfg.clusters["A"].kafka_properties()["ssl.ca.location"] == "/ca.pem"
+    assert cfg.clusters["B"].kafka_properties()["security.protocol"] == "PLAINTEXT"
+
+
+def test_flow_without_enabled_is_kept_disabled():
+    res = _imp(BASE + "B->A.topics = x\n")
+    cfg = load(res)
+    assert cfg.group("B-to-A").enabled is False and cfg.group("A-to-B").enabled is True
+    assert "MM2 runs no such flow by default" in res.yaml_text
+
+
+def test_jks_truststore_is_reported_not_guessed():
+    res = _imp(BASE + "A.security.protocol = SSL\nA.ssl.truststore.location = /t.jks\nA.ssl.truststore.password = pw\n")
+    assert "ssl.ca.location" not in load(res).clusters["A"].kafka_properties()
+    assert [f.where for f in res.findings] == ["A.ssl.truststore.location"]
+
+
+def test_pkcs12_keystore_maps_with_placeholders():
+    res = _imp(BASE + "A.ssl.keystore.type = PKCS12\nA.ssl.keystore.location = /k.p12\nA.ssl.keystore.password = kpw\n"
+               "A.ssl.key.password = keypw\n")
+    props = load(res).clusters["A"].kafka_properties()
+    assert props["ssl.keystore.location"] == "/k.p12"
+    assert props["ssl.keystore.password"] == "value-of-A_SSL_KEYSTORE_PASSWORD"
+    assert "kpw" not in res.yaml_text and "keypw" not in res.yaml_text
+
+
+def test_exactly_once_and_offset_syncs_location():
+    res = _imp(BASE + "exactly.once.source.support = enabled\noffset-syncs.topic.location = target\n")
+    assert load(res).groups[0].delivery == "exactly_once"
+    assert not any("offset-syncs" in f.where for f in res.findings)
+    res = _imp(BASE + "offset-syncs.topic.location = source\n")
+    assert [f.where for f in res.findings] == ["offset-syncs.topic.location"]
+
+
+def test_output_is_byte_stable_and_reparses():
+    a = run_import("mm2", "mm2.properties").yaml_text
+    b = import_config("mm2", fixture_text("mm2.properties"), "elsewhere/mm2.properties").yaml_text
+    assert a == b

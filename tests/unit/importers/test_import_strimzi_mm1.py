@@ -1,0 +1,82 @@
+"""Strimzi KafkaMirrorMaker2 and MirrorMaker 1 -> mirrorflow."""
+
+from __future__ import annotations
+
+from importer_samples import fixture_text, load, mm1_import, run_import
+
+from mirror_core.config import resolve_mirrors
+from mirror_core.importers import import_config
+
+
+def test_strimzi_bidirectional_two_groups_with_secret_references():
+    res = run_import("strimzi", "strimzi-bidirectional.yaml")
+    cfg = load(res)
+    assert [g.name for g in cfg.groups] == ["es-1-to-es-2", "es-2-to-es-1"]
+    fwd, back = cfg.groups
+    assert (fwd.source, fwd.destination, back.source, back.destination) == ("es-1", "es-2", "es-2", "es-1")
+    es1 = cfg.clusters["es-1"].kafka_properties()
+    assert es1["security.protocol"] == "SASL_SSL" and es1["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert es1["sasl.username"] == "es-1-mm2-user"
+    assert es1["sasl.password"] == "value-of-ES_1_SASL_PASSWORD"
+    assert es1["ssl.ca.location"] == "value-of-ES_1_SSL_CA_LOCATION"
+    what = dict(res.env_vars)
+    assert "secret es-1-mm2-user" in what["ES_1_SASL_PASSWORD"] and "es-1-cluster-ca-cert" in what["ES_1_SSL_CA_LOCATION"]
+    # prefix policy both ways: es-1's orders arrive on es-2 as es-1.orders and are never mirrored back
+    from mirror_core.policy import build_replication_policy
+
+    flow = resolve_mirrors(back)[0].topics
+    assert flow is not None and flow.matches("orders") and flow.matches("customers") and not flow.matches("refunds")
+    assert build_replication_policy(back).topic_source("es-1.orders") == "es-1"
+    assert fwd.replication_policy == "prefix" and fwd.offsets.sync_group_offsets and fwd.offsets.interval == 30.0
+    assert fwd.topics_mirroring.sync_acls is False and fwd.topics_mirroring.replication_factor.value == 3
+    wheres = [f.where for f in res.findings]
+    for w in ("spec.replicas", "spec.resources", "spec.connectCluster", "spec.mirrors[0].sourceConnector.tasksMax",
+              "spec.clusters[1].config.config.storage.replication.factor",
+              "spec.mirrors[0].heartbeatConnector.config.heartbeats.topic.replication.factor"):
+        assert w in wheres
+        assert f"# {w}: " in res.yaml_text
+
+
+def test_strimzi_tls_client_auth_maps_to_file_placeholders():
+    text = fixture_text("strimzi-bidirectional.yaml").replace(
+        """      authentication:
+        type: scram-sha-512
+        username: es-1-mm2-user
+        passwordSecret:
+          secretName: es-1-mm2-user
+          password: password
+""", """      authentication:
+        type: tls
+        certificateAndKey: {secretName: mm2-user, certificate: user.crt, key: user.key}
+""")
+    res = import_config("strimzi", text, "kmm2.yaml")
+    props = load(res).clusters["es-1"].kafka_properties()
+    assert props["security.protocol"] == "SSL"
+    assert props["ssl.certificate.location"] == "value-of-ES_1_SSL_CERTIFICATE_LOCATION"
+    assert props["ssl.key.location"] == "value-of-ES_1_SSL_KEY_LOCATION"
+
+
+def test_mm1_maps_both_files_and_keeps_the_group():
+    res = mm1_import()
+    cfg = load(res)
+    g = cfg.groups[0]
+    m = resolve_mirrors(g)[0]
+    assert m.consumer_group == "mm1-dc1-to-dc2"
+    assert m.topics is not None and m.topics.matches("orders-x") and m.topics.matches("payments.a")
+    assert not m.topics.matches("refunds")
+    assert g.replication_policy == "identity"
+    src = cfg.clusters[g.source].kafka_properties()
+    assert src["sasl.mechanism"] == "SCRAM-SHA-256" and src["sasl.username"] == "mirror"
+    assert "dc1-Pa55word" not in res.yaml_text
+    dst = cfg.clusters[g.destination].kafka_properties()
+    assert dst["linger.ms"] == "10" and dst["compression.type"] == "lz4"
+    found = {(f.file, f.where) for f in res.findings}
+    assert (None, "exclude.internal.topics") in found and (None, "partition.assignment.strategy") in found
+    assert ("mm1-producer.properties", "buffer.memory") in found
+    assert "# mm1-producer.properties: buffer.memory: " in res.yaml_text
+    assert "First run: MirrorMaker 1 committed its progress" in res.yaml_text
+
+
+def test_mm1_whitelist_is_a_plain_regex_too():
+    m = resolve_mirrors(load(mm1_import(include="clicks|views")).groups[0])[0]
+    assert m.topics is not None and m.topics.matches("views") and not m.topics.matches("clicks2")
