@@ -16,6 +16,7 @@ import logging
 import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import edn_format
 from edn_format import Keyword
@@ -142,9 +143,18 @@ class _Clusters:
                     m.notes.append((rd_key, f"from {where} :kafka :{helper} (viooh's kafka-ssl-helper)"))
         registry: dict[str, Any] | None = None
         if url is not None:
+            parts = urlsplit(url)
             registry = {"url": url}
+            if parts.username or parts.password:  # credentials in the URL: never copied
+                host = parts.hostname or ""
+                netloc = host + (f":{parts.port}" if parts.port else "")
+                registry["url"] = urlunsplit(parts._replace(netloc=netloc))
+                var = f"{alias}_REGISTRY_AUTH".upper().replace("-", "_")
+                registry["basic.auth.user.info"] = d.secret(var, f"the registry's user:password, cluster {alias}")
+                d.note(("clusters", alias, "schema_registry"), f"the credentials in {where} :schema-registry-url "
+                       f"are not copied: set {var}")
             for k, v in sorted(sr_cfg.items()):
-                if k == "basic.auth.user.info":
+                if k == "basic.auth.user.info" and "basic.auth.user.info" not in registry:
                     var = f"{alias}_REGISTRY_AUTH".upper().replace("-", "_")
                     registry["basic.auth.user.info"] = d.secret(var, f"the registry's user:password (cluster {alias})")
                 elif k != "basic.auth.credentials.source":

@@ -27,7 +27,7 @@ def test_readme_example_maps():
     cfg = load(res)
     g = cfg.group("prod")
     assert (g.source, g.destination) == ("source", "destination")
-    assert cfg.clusters["source"].schema_registry.url == "http://source-sr:8081"  # type: ignore[union-attr]
+    assert cfg.clusters["source"].schema_registry.url.get_secret_value() == "http://source-sr:8081"  # type: ignore[union-attr]
     m = resolve_mirrors(g)[0]
     # viooh's mirror name and consumer group are kept, so lag tools and offsets carry on
     assert m.name == "prod__source-topic__mirror_test_copy_4"
@@ -93,6 +93,15 @@ def test_registry_basic_auth_becomes_a_placeholder():
     assert "pa55" not in res.yaml_text
     sr = load(res).clusters["src-1"].schema_registry
     assert sr is not None and sr.basic_auth_user_info is not None
+    assert sr.basic_auth_user_info.get_secret_value() == "value-of-SRC_1_REGISTRY_AUTH"
+
+
+def test_registry_url_credentials_become_a_placeholder():
+    res = _imp(_cfg(M1).replace('"http://src-sr:8081"', '"https://reg-user:reg-Pa55@src-sr:8081/apis"'))
+    assert "reg-Pa55" not in res.yaml_text and "reg-user" not in res.yaml_text
+    sr = load(res).clusters["src-1"].schema_registry
+    assert sr is not None and sr.url.get_secret_value() == "https://src-sr:8081/apis"
+    assert sr.basic_auth_user_info is not None
     assert sr.basic_auth_user_info.get_secret_value() == "value-of-SRC_1_REGISTRY_AUTH"
 
 
