@@ -368,7 +368,7 @@ class MirrorSettings(_Frozen):
     topics_mirroring: TopicsMirroring = TopicsMirroring()
     force_subject_compatibility_level: Compatibility | None = None
     on_error: Literal["dead_letter", "fail"] = "dead_letter"
-    provenance_headers: bool | None = None  # None: on only where a loop is possible
+    provenance_headers: bool | None = None  # None: on for identity naming (stream.default_provenance)
 
 
 class MirrorSpec(MirrorSettings):

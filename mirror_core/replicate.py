@@ -220,7 +220,9 @@ Decision = OutRecord | DeadLetter | Literal["skip_provenance"]
 def decide(rec: SourceRecord, s: WriterSettings, translator: SchemaIdTranslator) -> Decision:
     """What to do with one record. Pure apart from the translator's cache."""
     prov = _provenance(rec.headers)
-    if s.provenance and s.destination_alias in prov:
+    if s.provenance and (s.destination_alias in prov or s.source_alias in prov):
+        # it came from the destination, or left this source cluster before and was brought back by a
+        # reverse flow that adds no header of its own (MirrorMaker 2 copies ours as it is)
         return "skip_provenance"
     key, value = rec.key, rec.value
     headers = rec.headers
@@ -510,15 +512,17 @@ def position_syncs(topic: str, partition: int, first_upstream: int, upstream_end
 class FastPath:
     """The common case of :func:`decide`, column-wise and without building a record object.
 
-    Applies when the writer has no provenance to add and keeps partition numbers; a record takes it
-    when its schema ids (``0x00`` + int32 framing) are in the id map, it has no schema-id headers and
-    it is clearly under the destination's size limit. Every other record goes through :func:`decide`,
+    Applies when the writer keeps partition numbers; a record takes it when its schema ids (``0x00`` +
+    int32 framing) are in the id map, it has no schema-id headers, no provenance header when provenance is
+    on (the header is then appended here) and it is clearly under the destination's size limit. Every other record goes through :func:`decide`,
     so the fast path only ever produces what :func:`decide` would (``tests/unit/test_replicate.py``
     checks the two agree record for record).
     """
 
     def __init__(self, s: WriterSettings, translator: SchemaIdTranslator):
-        self.enabled = not s.provenance and s.destination_partitions >= s.source_partitions
+        self.enabled = s.destination_partitions >= s.source_partitions
+        #: the provenance header a record without one gets (what :func:`decide` appends), when provenance is on
+        self.provenance: Header | None = (PROVENANCE_HEADER, s.source_alias.encode()) if s.provenance else None
         self.key_schema = s.key_serde in SCHEMA_SERDES
         self.value_schema = s.value_serde in SCHEMA_SERDES
         self.any_schema = self.key_schema or self.value_schema
@@ -777,17 +781,21 @@ class PartitionWriter:
         offsets, keys, values, stamps, headers = cols.offsets, cols.keys, cols.values, cols.timestamps, cols.headers
         fast_ok = fast.enabled and not forced_dead
         key_schema, value_schema = fast.key_schema, fast.value_schema
+        prov = fast.provenance
         mirrored = bytes_out = 0
         misses_before = self.translator.thread_misses()
         known = len(self.translator.id_map)
         for i in range(len(offsets)):
             k, v = keys[i], values[i]
             hs = headers[i] if headers is not None else ()
-            if fast_ok and not (hs and fast.any_schema and _has_id_header(hs)):
-                # the common case, inline: map the framed ids, keep the partition
+            if fast_ok and not (hs and ((fast.any_schema and _has_id_header(hs))
+                                        or (prov is not None and _has_provenance(hs)))):
+                # the common case, inline: map the framed ids, keep the partition (add the provenance header)
                 nk, nv = k, v
                 if value_schema and v is not None:
                     nv = fast.rewrite(v)
+                if prov is not None:
+                    hs = (*hs, prov)
                 if key_schema and k is not None:
                     nk = fast.rewrite(k)
                 if (nv is not None or v is None) and (nk is not None or k is None) and fast.fits(nk, nv, hs):
@@ -927,6 +935,10 @@ class PartitionWriter:
         _POSITIONS[key] = Position(upstream_end, downstream)
         _note_latency(result, chunk.timestamps)
         result.last_downstream = None if downstream is None else downstream - 1
+
+
+def _has_provenance(headers: tuple[Header, ...]) -> bool:
+    return any(name == PROVENANCE_HEADER for name, _ in headers)
 
 
 def _has_id_header(headers: tuple[Header, ...]) -> bool:

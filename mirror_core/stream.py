@@ -165,9 +165,7 @@ class MirrorRuntime:
             if dst_info is None:
                 self.known_topics.discard(sel.source_topic)  # provisioning failed: try again next batch
                 continue
-            provenance = m.settings.provenance_headers
-            if provenance is None:
-                provenance = self.group.replication_policy not in ("prefix",) and self._two_way()
+            provenance = default_provenance(m.settings.provenance_headers, sel.source_topic, sel.destination_topic)
             max_bytes = dst_info.configs.get("max.message.bytes")
             self.settings[sel.source_topic] = WriterSettings(
                 group=self.group.name, mirror=m.name, source_alias=self.group.source,
@@ -182,11 +180,6 @@ class MirrorRuntime:
                 destination_max_message_bytes=int(max_bytes) if max_bytes else None,
             )
             self.consumer_groups[sel.source_topic] = m.consumer_group
-
-    def _two_way(self) -> bool:
-        """Another enabled group mirrors back from our destination to our source."""
-        return any(g.source == self.group.destination and g.destination == self.group.source
-                   for g in self.cfg.groups if g.enabled)
 
     # -- the Spark source
 
@@ -382,6 +375,17 @@ class MirrorRuntime:
                 # the next batch commits again
                 log.warning("%s: could not commit source offsets for %s: %s", self.group.name, cg,
                             exc.args[0].str())
+
+
+def default_provenance(configured: bool | None, source_topic: str, destination_topic: str) -> bool:
+    """Whether a mirror marks records with the provenance header (and skips those that came from its
+    destination): as configured, else on for identity naming (the destination topic has the source topic's
+    name). A reverse flow with identity naming -- from another file, another process or MirrorMaker 2 --
+    maps such a topic straight back onto the original, and nothing in one config can rule that out; a
+    renamed or prefixed topic is not mapped back by a reverse identity or prefix flow."""
+    if configured is not None:
+        return configured
+    return source_topic == destination_topic
 
 
 def effective_max_offsets(spark: Any) -> int | None:

@@ -329,7 +329,7 @@ def test_on_error_fail_stops_the_job_naming_the_record(clusters, unique, tmp_pat
     assert flat(read_all(clusters.dst_bootstrap, f"{topic}.m", timeout=10)) == []
 
 
-def test_two_way_identity_does_not_loop_and_one_way_has_no_provenance(clusters, unique, tmp_path):
+def test_two_way_identity_does_not_loop(clusters, unique, tmp_path):
     topic = unique("loop")
     create_topic(clusters.src_bootstrap, topic, 1)
     create_topic(clusters.dst_bootstrap, topic, 1)

@@ -269,13 +269,15 @@ def test_fast_path_produces_exactly_what_decide_decides(monkeypatch) -> None:
 
     def headers() -> tuple:
         return rnd.choice(((), (), (("h", b"1"),), (("__value_schema_id", framed(2, b"")),),
-                           (("__key_schema_id", framed(9, b"")), ("x", None)), (("é" * 30, b"v" * 50),)))
+                           (("__key_schema_id", framed(9, b"")), ("x", None)), (("é" * 30, b"v" * 50),),
+                           ((PROVENANCE_HEADER, b"other"),), ((PROVENANCE_HEADER, b"dst"), ("h", b"2"))))
 
     records = [SourceRecord("t", 1, 100 + i, rnd.choice((None, b"k", framed(1, b"key"), framed(42, b"k"))),
                             payload(), headers(), 1_700_000_000_000 + i) for i in range(3000)]
     for over in ({}, {"key_serde": "avro"}, {"destination_max_message_bytes": 1000},
                  {"value_serde": "bytes", "key_serde": "protobuf", "destination_max_message_bytes": 1200},
-                 {"delivery": "at_least_once"}, {"delivery": "at_least_once", "destination_max_message_bytes": 1000}):
+                 {"delivery": "at_least_once"}, {"delivery": "at_least_once", "destination_max_message_bytes": 1000},
+                 {"provenance": True}, {"provenance": True, "destination_max_message_bytes": 1000}):
         s = settings(**over)
         expected = []
         for r in records:

@@ -47,3 +47,25 @@ def test_item1_checkpoint_locations_keep_their_uri_and_are_read_as_spark_wrote_t
     seen: list[str] = []
     stream.read_batch_end_offsets("hdfs://nn/ck/g", 9, lambda loc: seen.append(loc) or None)
     assert seen == ["hdfs://nn/ck/g/offsets/9"]
+
+
+def test_item15_provenance_defaults_on_for_identity_naming_and_stops_a_reverse_mm2_loop() -> None:
+    """Identity naming marks provenance whatever else the file holds; a record that left this source
+    cluster and comes back through a flow that adds no header of its own (MirrorMaker 2) is not sent again."""
+    from mirror_core.replicate import PROVENANCE_HEADER, SchemaIdTranslator, SourceRecord, WriterSettings, decide
+
+    assert stream.default_provenance(None, "orders", "orders") is True
+    assert stream.default_provenance(None, "orders", "src.orders") is False
+    assert stream.default_provenance(False, "orders", "orders") is False
+    s = WriterSettings(group="g", mirror="g__t__t", source_alias="a", destination_alias="b", source_topic="t",
+                       destination_topic="t", source_partitions=1, destination_partitions=1, delivery="exactly_once",
+                       key_serde="bytes", value_serde="bytes", on_error="dead_letter", dlq_topic="d",
+                       offset_syncs_topic="s", provenance=True, producer_config={})
+    ids = SchemaIdTranslator({})
+    back_via_mm2 = SourceRecord("t", 0, 0, b"k", b"v", ((PROVENANCE_HEADER, b"a"),), 0)
+    from_b = SourceRecord("t", 0, 1, b"k", b"v", ((PROVENANCE_HEADER, b"b"),), 0)
+    from_c = SourceRecord("t", 0, 2, b"k", b"v", ((PROVENANCE_HEADER, b"c"),), 0)
+    assert decide(back_via_mm2, s, ids) == "skip_provenance"
+    assert decide(from_b, s, ids) == "skip_provenance"
+    out = decide(from_c, s, ids)
+    assert not isinstance(out, str) and out.headers == ((PROVENANCE_HEADER, b"c,a"),)  # type: ignore[union-attr]
