@@ -5,8 +5,9 @@
   offset sync); in seconds, the age of the oldest unmirrored record, or, when caught up, the age of
   the newest heartbeat that reached the destination (0 without heartbeats).
 * Parity: per partition over a mirrored offset range, the count and an order-sensitive SHA-256 of
-  (key, value with its schema id zeroed, headers without mirrorflow's provenance header, timestamp) on
-  both sides, and the first source offset where the sides differ.
+  (key, value, headers without mirrorflow's provenance header, timestamp) on both sides, with every
+  registry-local schema reference zeroed (the id or GUID framing a schema-serde key or value, and the
+  ``__key_schema_id`` / ``__value_schema_id`` headers), and the first source offset where the sides differ.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from mirror_core.config import GroupConfig, MirrorsConfig
 from mirror_core.errors import KafkaOperationError
 from mirror_core.offsets import Heartbeat, OffsetSyncStore
 from mirror_core.policy import build_replication_policy
-from mirror_core.replicate import PROVENANCE_HEADER
+from mirror_core.replicate import PROVENANCE_HEADER, SCHEMA_SERDES
+from mirror_core.wire import GUID_FRAME_LEN, ID_FRAME_LEN, MAGIC_GUID, MAGIC_ID, SCHEMA_ID_HEADERS
 
 
 @dataclass(frozen=True)
@@ -152,23 +154,36 @@ def consumer_group_lag(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSync
 
 
 def record_digest(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]] | None,
-                  timestamp_ms: int) -> bytes:
-    """A digest of what a consumer sees, with the registry-local schema id zeroed."""
+                  timestamp_ms: int, key_framed: bool = False, value_framed: bool = True) -> bytes:
+    """A digest of what a consumer sees, with every registry-local schema reference zeroed.
+
+    Schema ids and GUIDs are registry-local, so a correct mirror changes them: the id (``0x00`` + int32)
+    or GUID (``0x01`` + 16 bytes) framing the key (``key_framed``: a schema serde) and the value
+    (``value_framed``), and the references in ``__key_schema_id`` / ``__value_schema_id`` headers, are
+    zeroed on both sides. Every other byte counts.
+    """
     h = hashlib.sha256()
-    for part in (key, _normalise(value)):
+    for part in (_normalise(key) if key_framed else key, _normalise(value) if value_framed else value):
         h.update(b"\x00" if part is None else b"\x01" + struct.pack(">i", len(part)) + part)
     for name, val in headers or []:
         if name == PROVENANCE_HEADER:
             continue
+        if name in SCHEMA_ID_HEADERS:
+            val = _normalise(val)
         h.update(b"\x02" + name.encode() + b"\x00" + (b"-" if val is None else b"+" + val))
     h.update(struct.pack(">q", timestamp_ms))
     return h.digest()
 
 
-def _normalise(value: bytes | None) -> bytes | None:
-    if value is not None and len(value) >= 5 and value[0] == 0:
-        return b"\x00\x00\x00\x00\x00" + value[5:]
-    return value
+def _normalise(data: bytes | None) -> bytes | None:
+    """``data`` with the schema id or GUID of its framing zeroed (unframed data unchanged)."""
+    if data is None or not data:
+        return data
+    if data[0] == MAGIC_ID and len(data) >= ID_FRAME_LEN:
+        return bytes(ID_FRAME_LEN) + data[ID_FRAME_LEN:]
+    if data[0] == MAGIC_GUID and len(data) >= GUID_FRAME_LEN:
+        return b"\x01" + bytes(GUID_FRAME_LEN - 1) + data[GUID_FRAME_LEN:]
+    return data
 
 
 @dataclass(frozen=True)
@@ -193,6 +208,7 @@ def verify_parity(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore
     store = store or load_sync_store(cfg, group)
     mappings = mappings if mappings is not None else topic_mappings(cfg, group)
     src, dst = cfg.cluster(group.source), cfg.cluster(group.destination)
+    framed = _framed_sides(cfg, group)
     out = []
     for m in mappings:
         src_ends = clients.end_offsets(src, m.source_topic)
@@ -212,32 +228,40 @@ def verify_parity(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore
             u1 = latest.upstream_offset
             d0 = store.translate(m.source_topic, p, u0).downstream_offset
             d1 = store.translate(m.source_topic, p, u1).downstream_offset
-            out.append(_compare(src, dst, m, p, (u0, u1), (d0, d1)))
+            out.append(_compare(src, dst, m, p, (u0, u1), (d0, d1), framed.get(m.mirror, (False, True))))
     return out
 
 
+def _framed_sides(cfg: MirrorsConfig, group: GroupConfig) -> dict[str, tuple[bool, bool]]:
+    """Mirror name -> whether its keys / values carry a schema reference (a schema serde)."""
+    from mirror_core.provision import selected_mirrors
+
+    return {m.name: (m.settings.serdes.key in SCHEMA_SERDES, m.settings.serdes.value in SCHEMA_SERDES)
+            for m in selected_mirrors(cfg, group)}
+
+
 def _compare(src: Any, dst: Any, m: TopicMapping, p: int, urange: tuple[int, int],
-             drange: tuple[int | None, int | None]) -> PartitionParity:
+             drange: tuple[int | None, int | None], framed: tuple[bool, bool] = (False, True)) -> PartitionParity:
     hs, hd = hashlib.sha256(), hashlib.sha256()
     ns = nd = 0
     first: int | None = None
     d_iter = iter(clients.read_partition(dst, m.destination_topic, p, drange[0] or 0, drange[1] or 0)) \
         if drange[0] is not None and drange[1] is not None else iter(())
     for sm in clients.read_partition(src, m.source_topic, p, urange[0], urange[1]):
-        sd = record_digest(sm.key(), sm.value(), sm.headers(), sm.timestamp()[1])
+        sd = record_digest(sm.key(), sm.value(), sm.headers(), sm.timestamp()[1], *framed)
         hs.update(sd)
         ns += 1
         dm = next(d_iter, None)
         if dm is None:
             first = sm.offset() if first is None else first
             continue
-        dd = record_digest(dm.key(), dm.value(), dm.headers(), dm.timestamp()[1])
+        dd = record_digest(dm.key(), dm.value(), dm.headers(), dm.timestamp()[1], *framed)
         hd.update(dd)
         nd += 1
         if dd != sd and first is None:
             first = sm.offset()
     for dm in d_iter:
-        hd.update(record_digest(dm.key(), dm.value(), dm.headers(), dm.timestamp()[1]))
+        hd.update(record_digest(dm.key(), dm.value(), dm.headers(), dm.timestamp()[1], *framed))
         nd += 1
         if first is None:
             first = urange[1]
