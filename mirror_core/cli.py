@@ -113,7 +113,7 @@ def import_(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")] = None,
     producer: Annotated[Path | None, typer.Option(help="mm1: the producer.properties.")] = None,
     include: Annotated[str | None, typer.Option(
-        help="mm1: the --include / whitelist regex (MIRROR_MAKER_TOPIC_WHITELIST).")] = None,
+        envvar="MIRROR_MAKER_TOPIC_WHITELIST", help="mm1: the --include / whitelist regex MirrorMaker 1 ran with.")] = None,
     env: Annotated[str, typer.Option("--env", help="viooh: the ENV its consumer group names were made with.")] = "local",
 ) -> None:
     """Translate a viooh-mirror, MirrorMaker 2, Strimzi or MirrorMaker 1 config into a mirrors YAML.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any
 
 from mirror_core.errors import ConfigError, ConfigIssue
@@ -54,7 +55,8 @@ class Draft:
     def unmapped(self, where: str, message: str, anchor: Path = (), file: str | None = None) -> None:
         """An input setting with no equivalent: a comment beside ``anchor`` and a finding."""
         self.findings.append(Finding(where, message, file))
-        self.note(anchor, f"{file + ': ' if file else ''}{where}: {message}")
+        # the comment names the file without its directory, so the output does not depend on where it was read
+        self.note(anchor, f"{PurePath(file).name + ': ' if file else ''}{where}: {message}")
 
     def secret(self, name: str, what: str) -> str:
         """An ``${ENV}`` placeholder for a value the input does not hold or must not be copied (a

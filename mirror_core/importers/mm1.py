@@ -8,7 +8,6 @@ committed its progress under the consumer's ``group.id``, which the flow keeps.
 
 from __future__ import annotations
 
-from pathlib import PurePath
 from typing import Any
 
 from mirror_core.importers import common, mm2
@@ -26,7 +25,7 @@ def import_mm1(consumer_text: str, consumer_source: str, producer_text: str | No
                           "or MIRROR_MAKER_TOPIC_WHITELIST)")
     consumer = {k: s.value for k, s in mm2.parse_properties(draft, consumer_text).items()}
     producer = {k: s.value for k, s in mm2.parse_properties(Draft(producer_source), producer_text).items()}
-    pname = PurePath(producer_source).name
+    pname = producer_source
     for side, props, src in (("consumer", consumer, consumer_source), ("producer", producer, producer_source)):
         if not props.get("bootstrap.servers", "").strip():
             raise Draft(src).error("bootstrap.servers", f"missing: the {side}'s brokers")

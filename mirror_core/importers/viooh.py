@@ -230,10 +230,12 @@ def _edn_short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+# viooh drops a group's :name (mirrors are named from the prefix), so a group :name is reported
 _GROUP_KEYS = {"group-id-prefix", "enabled", "mirror-mode", "source", "destination", "mirrors", "topics-mirroring",
-               "poll-interval", "serdes", "name", "key-subject-name-strategy", "value-subject-name-strategy",
+               "poll-interval", "serdes", "key-subject-name-strategy", "value-subject-name-strategy",
                "subject-naming-strategy", "consumer-group-id"}
-_MIRROR_KEYS = _GROUP_KEYS - {"group-id-prefix", "mirrors"}
+_MIRROR_KEYS = (_GROUP_KEYS - {"group-id-prefix", "mirrors"}) | {"name"}
+_SIDE_KEYS = ("topic", "kafka", "schema-registry-url", "schema-registry-configs", "force-subject-compatibility-level")
 
 
 def _group(draft: Draft, gi: int, gw: str, g: dict[str, Any], top_tm: dict[str, Any], clusters: _Clusters,
@@ -251,6 +253,7 @@ def _group(draft: Draft, gi: int, gw: str, g: dict[str, Any], top_tm: dict[str, 
         if k not in _GROUP_KEYS:
             draft.unmapped(f"{gw} :{k}", f"{_edn_short(g[k])}: not a viooh-mirror group setting mirrorflow maps",
                            ("groups",))
+    _side_extras(draft, gw, g, ("groups",))
     shared = _deep_merge({"topics-mirroring": top_tm}, {k: v for k, v in g.items() if k not in ("mirrors", "name")})
     # mirrorflow groups, keyed by (source alias, destination alias, enabled)
     made: dict[tuple[str, str, bool], int] = {}
@@ -433,14 +436,18 @@ def _mirror_settings(draft: Draft, mw: str, m: dict[str, Any], shared: dict[str,
         draft.unmapped(f"{mw} :poll-interval", f"{m['poll-interval']!r}: no equivalent (spark.trigger sets how often "
                        "a mirror reads)", at)
     _strategies(draft, mw, m, at)
+    _side_extras(draft, mw, m, at)
+
+
+def _side_extras(draft: Draft, where: str, holder: dict[str, Any], at: Path) -> None:
+    """Keys of a group's or mirror's :source / :destination (and their :topic) that nothing reads."""
     for side in ("source", "destination"):
-        raw = m.get(side)
+        raw = holder.get(side)
         extra: dict[str, Any] = raw if isinstance(raw, dict) else {}
         for k, v in extra.items():
-            if k not in ("topic", "kafka", "schema-registry-url", "schema-registry-configs",
-                         "force-subject-compatibility-level"):
-                draft.unmapped(f"{mw} :{side} :{k}", f"{_edn_short(v)}: not a viooh-mirror setting mirrorflow maps", at)
+            if k not in _SIDE_KEYS:
+                draft.unmapped(f"{where} :{side} :{k}", f"{_edn_short(v)}: not a viooh-mirror setting mirrorflow maps", at)
         topic = extra.get("topic")
         for k, v in sorted(topic.items() if isinstance(topic, dict) else []):
             if k != "topic-name":
-                draft.unmapped(f"{mw} :{side} :topic :{k}", f"{_edn_short(v)}: not a viooh-mirror setting mirrorflow maps", at)
+                draft.unmapped(f"{where} :{side} :topic :{k}", f"{_edn_short(v)}: not a viooh-mirror setting mirrorflow maps", at)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from importer_samples import fixture_text, load, mm1_import, run_import
+from importer_samples import FIXTURES, fixture_text, load, mm1_import, run_import
 
 from mirror_core.config import resolve_mirrors
 from mirror_core.importers import import_config
@@ -72,7 +72,7 @@ def test_mm1_maps_both_files_and_keeps_the_group():
     assert dst["linger.ms"] == "10" and dst["compression.type"] == "lz4"
     found = {(f.file, f.where) for f in res.findings}
     assert (None, "exclude.internal.topics") in found and (None, "partition.assignment.strategy") in found
-    assert ("mm1-producer.properties", "buffer.memory") in found
+    assert (str(FIXTURES / "mm1-producer.properties"), "buffer.memory") in found
     assert "# mm1-producer.properties: buffer.memory: " in res.yaml_text
     assert "First run: MirrorMaker 1 committed its progress" in res.yaml_text
 
@@ -80,3 +80,17 @@ def test_mm1_maps_both_files_and_keeps_the_group():
 def test_mm1_whitelist_is_a_plain_regex_too():
     m = resolve_mirrors(load(mm1_import(include="clicks|views")).groups[0])[0]
     assert m.topics is not None and m.topics.matches("views") and not m.topics.matches("clicks2")
+
+
+def test_mm1_cli_takes_the_whitelist_from_mirror_makers_env_variable(tmp_path):
+    from typer.testing import CliRunner
+
+    from mirror_core.cli import app
+
+    out = tmp_path / "m.yaml"
+    res = CliRunner().invoke(app, ["import", "mm1", str(FIXTURES / "mm1-consumer.properties"), "--producer",
+                                   str(FIXTURES / "mm1-producer.properties"), "-o", str(out)],
+                             env={"MIRROR_MAKER_TOPIC_WHITELIST": "clicks.*"})
+    assert res.exit_code == 0, res.output
+    assert "include: clicks.*" in out.read_text()
+    assert f"{FIXTURES / 'mm1-producer.properties'}: buffer.memory: " in res.stderr  # the producer's file named

@@ -106,12 +106,15 @@ def test_registry_url_credentials_become_a_placeholder():
 
 
 def test_unmapped_settings_are_reported_at_every_level():
-    text = _cfg(M1.replace(":serdes", ":poll-interval 500 :serdes"), ":poll-interval 10000 :frobnicate 1",
-                ":server {:port 9090} :mulog {:type :console}")
+    text = _cfg(M1.replace(":serdes", ":poll-interval 500 :serdes").replace('{:topic-name "a"}', '{:topic-name "a" :x 1}'),
+                ':poll-interval 10000 :frobnicate 1 :name "ignored-by-viooh"',
+                ":server {:port 9090} :mulog {:type :console}").replace(
+                    ':schema-registry-url "http://dst-sr:8081"', ':schema-registry-url "http://dst-sr:8081" :retries 3')
     res = _imp(text)
     wheres = sorted(f.where for f in res.findings)
-    assert wheres == [":groups[0] :frobnicate", ":groups[0] :mirrors[0] :poll-interval", ":groups[0] :poll-interval",
-                      ":mulog", ":server"]
+    assert wheres == [":groups[0] :destination :retries", ":groups[0] :frobnicate",
+                      ":groups[0] :mirrors[0] :poll-interval", ":groups[0] :mirrors[0] :source :topic :x",
+                      ":groups[0] :name", ":groups[0] :poll-interval", ":mulog", ":server"]
     for w in wheres:
         assert f"# {w}: " in res.yaml_text
 
