@@ -341,6 +341,30 @@ def verify(config: ConfigArg, group: GroupOpt = None, as_json: JsonOpt = False) 
         raise typer.Exit(1)
 
 
+@app.command()
+@handle_errors
+def acls(config: ConfigArg, group: GroupOpt = None, as_json: JsonOpt = False) -> None:
+    """The least-privilege ACLs each group's source and destination principals need (kafka-acls commands)."""
+    from dataclasses import asdict
+
+    from mirror_core.acls import required_acls
+    from mirror_core.config import load_config
+
+    cfg = load_config(config)
+    rows = []
+    for g in cfg.enabled_groups(group):
+        grants = required_acls(cfg, g)
+        rows += [asdict(x) | {"group": g.name} for x in grants]
+        if as_json:
+            continue
+        for x in grants:
+            out.print(f"# {g.name} ({x.side} {x.cluster}): {x.why}", markup=False, highlight=False)
+            bootstrap = cfg.cluster(x.cluster).bootstrap_servers
+            out.print(x.kafka_acls_command(bootstrap), markup=False, highlight=False)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+
+
 # --------------------------------------------------------------------------- streaming
 
 
@@ -384,6 +408,9 @@ def local_up(
     dst_brokers: Annotated[int, typer.Option(help="Brokers on the dst side.", min=1, max=5)] = 1,
     registry: Annotated[bool, typer.Option(help="Start the schema registries too.")] = True,
     free_ports: Annotated[bool, typer.Option("--free-ports", help="Pick free ports instead of the defaults.")] = False,
+    secure: Annotated[bool, typer.Option(
+        "--secure", help="SASL_SSL (SCRAM-SHA-512) + TLS, ACLs enforced, registries over HTTPS; grants the "
+                         "least-privilege ACLs of config/local-secure.yaml.")] = False,
     state_dir: Annotated[Path | None, typer.Option(help="Where data, logs and pids go.")] = None,
 ) -> None:
     """Start two real Kafka clusters (KRaft) and a schema registry per side."""
@@ -391,10 +418,17 @@ def local_up(
 
     env = local.LocalEnv.from_environment(state_dir)
     make_spec = local.free_spec if free_ports else local.default_spec
-    spec = make_spec(src_brokers=brokers, dst_brokers=dst_brokers, registries=registry)
-    status = local.up(env, spec, progress=lambda msg: err.print(msg, markup=False, highlight=False))
+    spec = make_spec(src_brokers=brokers, dst_brokers=dst_brokers, registries=registry, secure=secure)
+    say = lambda msg: err.print(msg, markup=False, highlight=False)  # noqa: E731
+    status = local.up(env, spec, progress=say)
+    if secure:
+        local.grant_example_acls(env, spec, say)
     _print_status(status, as_json=False)
     out.print(f"local clusters up in {status.get('took_s', 0):.1f}s", markup=False)
+    if secure:
+        sec = local.load_security(env)
+        assert sec is not None
+        out.print(f"secured: `source {sec.credentials_file}` to use config/local-secure.yaml", markup=False)
 
 
 @local_app.command("fetch")

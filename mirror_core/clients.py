@@ -11,14 +11,16 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-from mirror_core.config import ClusterConfig
+from mirror_core.config import SECRET_KEY_RE, ClusterConfig
 from mirror_core.errors import KafkaOperationError
 from mirror_core.logs import LIBRDKAFKA_LOG
+from mirror_core.tls import write_private
 
 #: librdkafka logs through ``logging`` (``librdkafka`` logger; connection failures at DEBUG)
 _QUIET: dict[str, Any] = {"log_level": 3, "logger": LIBRDKAFKA_LOG}
@@ -43,37 +45,108 @@ def consumer(cluster: ClusterConfig, group_id: str, **extra: Any) -> Consumer:
     return Consumer(kafka_config(cluster, **(_QUIET | base | extra)))
 
 
-#: librdkafka property -> Java client property, where the names differ or need translating.
+#: librdkafka properties the Java client takes under the same name and meaning
 _PASS_THROUGH = (
     "bootstrap.servers", "security.protocol", "sasl.mechanism", "client.id",
-    "ssl.endpoint.identification.algorithm",
+    "sasl.oauthbearer.token.endpoint.url", "sasl.kerberos.service.name",
 )
+#: Java properties whose values are secrets: with a secrets directory they go to a 0600 file, and the
+#: options name them through Kafka's FileConfigProvider (``${mirrorflowfile:<file>:<key>}``)
+_JAVA_SECRET_KEYS = ("sasl.jaas.config", "ssl.key.password", "ssl.keystore.password", "ssl.truststore.password",
+                     "ssl.keystore.key", "ssl.keystore.certificate.chain")
+_PROVIDER = "mirrorflowfile"
+_FILE_PROVIDER = "org.apache.kafka.common.config.provider.FileConfigProvider"
+_OAUTH_HANDLER = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler"
 
 
-def java_kafka_options(cluster: ClusterConfig) -> dict[str, str]:
-    """Java Kafka client properties for the same cluster (used by Spark's Kafka source and MM2)."""
+def _jaas_quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _jaas(props: dict[str, str]) -> str | None:
+    """The Java ``sasl.jaas.config`` for librdkafka's SASL settings (PLAIN, SCRAM-*, OAUTHBEARER/OIDC)."""
+    mech = props.get("sasl.mechanism", "GSSAPI").upper()
+    user, password = props.get("sasl.username"), props.get("sasl.password")
+    if mech == "OAUTHBEARER":
+        fields = {"clientId": props.get("sasl.oauthbearer.client.id"),
+                  "clientSecret": props.get("sasl.oauthbearer.client.secret"),
+                  "scope": props.get("sasl.oauthbearer.scope")}
+        for item in filter(None, (props.get("sasl.oauthbearer.extensions") or "").split(",")):
+            k, _, v = item.partition("=")
+            fields[f"extension_{k.strip()}"] = v.strip()
+        body = " ".join(f"{k}={_jaas_quote(v)}" for k, v in fields.items() if v is not None)
+        return f"org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required {body};".replace(
+            "required ;", "required;")
+    if user is None or password is None:
+        return None
+    module = ("org.apache.kafka.common.security.plain.PlainLoginModule" if mech == "PLAIN"
+              else "org.apache.kafka.common.security.scram.ScramLoginModule")
+    return f"{module} required username={_jaas_quote(user)} password={_jaas_quote(password)};"
+
+
+def java_kafka_options(cluster: ClusterConfig, secrets_dir: Path | None = None, name: str = "cluster"
+                       ) -> dict[str, str]:
+    """Java Kafka client properties for the same cluster (Spark's Kafka source, MirrorMaker 2).
+
+    Maps librdkafka's security settings: SASL (PLAIN, SCRAM-*, OAUTHBEARER with OIDC client credentials)
+    to a JAAS line; ``ssl.ca.location`` to a PEM trust store; ``ssl.certificate.location`` +
+    ``ssl.key.location`` (+ ``ssl.key.password``) to a PEM key store; a PKCS#12 ``ssl.keystore.location``
+    + ``ssl.keystore.password``; ``ssl.endpoint.identification.algorithm`` (librdkafka ``none`` is Java's
+    empty value). The cluster's ``java_kafka`` properties come last (JKS stores, anything Java-only).
+
+    With ``secrets_dir``, no secret is returned: they are written to ``<secrets_dir>/<name>.properties``
+    (0600) and the options refer to them through Kafka's FileConfigProvider, so they stay out of Spark's
+    options, plans, logs and configuration dumps. A PEM key store (key and chain in one file, as Java
+    wants it) is written there too. Without it, secrets are inline: hand the result to a client only.
+    """
     props = cluster.kafka_properties()
     out = {k: props[k] for k in _PASS_THROUGH if k in props}
-    user, password = props.get("sasl.username"), props.get("sasl.password")
-    mech = props.get("sasl.mechanism", "PLAIN").upper()
-    if "sasl.jaas.config" in props:
-        out["sasl.jaas.config"] = props["sasl.jaas.config"]
-    elif user is not None and password is not None:
-        module = (
-            "org.apache.kafka.common.security.plain.PlainLoginModule"
-            if mech == "PLAIN"
-            else "org.apache.kafka.common.security.scram.ScramLoginModule"
-        )
-        esc_user = user.replace('"', '\\"')
-        esc_pass = password.replace('"', '\\"')
-        out["sasl.jaas.config"] = f'{module} required username="{esc_user}" password="{esc_pass}";'
+    if "ssl.endpoint.identification.algorithm" in props:
+        algo = props["ssl.endpoint.identification.algorithm"].strip().lower()
+        out["ssl.endpoint.identification.algorithm"] = "" if algo in ("none", "") else algo
+    jaas = props.get("sasl.jaas.config") or _jaas(props)
+    if jaas:
+        out["sasl.jaas.config"] = jaas
+    if props.get("sasl.mechanism", "").upper() == "OAUTHBEARER" and props.get("sasl.oauthbearer.method") == "oidc":
+        out["sasl.login.callback.handler.class"] = _OAUTH_HANDLER
     if "ssl.ca.location" in props:
         out["ssl.truststore.type"] = "PEM"
         out["ssl.truststore.location"] = props["ssl.ca.location"]
     if "ssl.certificate.location" in props and "ssl.key.location" in props:
         out["ssl.keystore.type"] = "PEM"
-        out["ssl.keystore.location"] = props["ssl.certificate.location"]
+        key = Path(props["ssl.key.location"]).read_text()
+        chain = Path(props["ssl.certificate.location"]).read_text()
+        out["ssl.keystore.key"] = key
+        out["ssl.keystore.certificate.chain"] = chain
+        if "ssl.key.password" in props:
+            out["ssl.key.password"] = props["ssl.key.password"]
+    elif "ssl.keystore.location" in props:
+        out["ssl.keystore.type"] = "PKCS12"
+        out["ssl.keystore.location"] = props["ssl.keystore.location"]
+        if "ssl.keystore.password" in props:
+            out["ssl.keystore.password"] = props["ssl.keystore.password"]
+        if "ssl.key.password" in props:
+            out["ssl.key.password"] = props["ssl.key.password"]
+    out.update(cluster.java_kafka_properties())
+    if secrets_dir is None:
+        return out
+    secret = {k: out.pop(k) for k in _JAVA_SECRET_KEYS if k in out}
+    secret |= {k: out.pop(k) for k in list(out) if SECRET_KEY_RE.search(k)}
+    if not secret:
+        return out
+    path = secrets_dir / f"{name}.properties"
+    write_private(path, "".join(f"{k}={_properties_escape(v)}\n" for k, v in secret.items()).encode())
+    out["config.providers"] = _PROVIDER
+    out[f"config.providers.{_PROVIDER}.class"] = _FILE_PROVIDER
+    for k in secret:
+        out[k] = f"${{{_PROVIDER}:{path}:{k}}}"
     return out
+
+
+def _properties_escape(value: str) -> str:
+    """A value as Java's Properties.load reads it back (backslashes, line breaks, leading blanks)."""
+    v = value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    return "\\" + v if v[:1] in (" ", "\t") else v
 
 
 def read_partition(cluster: ClusterConfig, topic: str, partition: int, start: int, end: int,
@@ -108,6 +181,10 @@ def scan(c: Consumer, topic: str, partition: int, start: int, end: int, timeout:
             err = m.error()
             offset = m.offset() or 0
             if err is not None:
+                if err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                    # the consumer only assigns and never commits: its group id is a formality librdkafka
+                    # insists on, and a least-privilege principal has no ACL for it; the reads go on
+                    continue
                 if err.code() == KafkaError._PARTITION_EOF:
                     if offset >= end or (c.position([TopicPartition(topic, partition)])[0].offset or 0) >= end:
                         return

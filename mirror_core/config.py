@@ -113,6 +113,12 @@ class SchemaRegistryConfig(_Frozen):
 
     url: SecretUrl
     basic_auth_user_info: SecretStr | None = Field(default=None, alias="basic.auth.user.info")
+    #: CA bundle (PEM) that signs the registry's certificate; default: the system's trust store
+    ssl_ca_location: str | None = Field(default=None, alias="ssl.ca.location")
+    #: client certificate (PEM, chain allowed) and its private key, for registries that ask for one
+    ssl_certificate_location: str | None = Field(default=None, alias="ssl.certificate.location")
+    ssl_key_location: str | None = Field(default=None, alias="ssl.key.location")
+    ssl_key_password: SecretStr | None = Field(default=None, alias="ssl.key.password")
     timeout: Duration = 10.0
     retries: int = Field(default=3, ge=0, le=20)
     breaker_failures: int = Field(default=5, ge=1)
@@ -134,14 +140,23 @@ class SchemaRegistryConfig(_Frozen):
     def _dur(cls, v: Any) -> float:
         return parse_duration(v)
 
+    @model_validator(mode="after")
+    def _client_cert(self) -> SchemaRegistryConfig:
+        if (self.ssl_certificate_location is None) != (self.ssl_key_location is None):
+            raise ValueError("'ssl.certificate.location' and 'ssl.key.location' go together")
+        return self
+
 
 class ClusterConfig(_Frozen):
     """A Kafka cluster: librdkafka client properties, and optionally its registry."""
 
     kafka: dict[str, str | SecretStr]
     schema_registry: SchemaRegistryConfig | None = None
+    #: Java client properties for Spark's Kafka source, over what mirrorflow derives from ``kafka``
+    #: (e.g. JKS key/trust stores, which librdkafka cannot read); secrets stay SecretStr
+    java_kafka: dict[str, str | SecretStr] = Field(default_factory=dict)
 
-    @field_validator("kafka", mode="before")
+    @field_validator("kafka", "java_kafka", mode="before")
     @classmethod
     def _kafka_props(cls, v: Any) -> Any:
         if not isinstance(v, Mapping):
@@ -167,6 +182,12 @@ class ClusterConfig(_Frozen):
         if not v.get("bootstrap.servers"):
             raise ValueError("'bootstrap.servers' is required")
         return v
+
+    def java_kafka_properties(self) -> dict[str, str]:
+        """The ``java_kafka`` overrides with secrets revealed; pass only to a client, never log."""
+        return {
+            k: (v.get_secret_value() if isinstance(v, SecretStr) else v) for k, v in self.java_kafka.items()
+        }
 
     def kafka_properties(self) -> dict[str, str]:
         """The librdkafka properties with secrets revealed; pass only to a client, never log."""
@@ -322,6 +343,9 @@ class SparkConfig(_Frozen):
     #: ... and at most about this many bytes (key + value, estimated from the previous batches)
     driver_batch_max_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
     metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus /metrics on the driver; 0 = off
+    #: where the Spark Kafka source's secrets are written (0600 files read by the Kafka clients on the
+    #: driver and the executors); default: a private temporary directory on the driver's host
+    secrets_dir: str | None = None
     conf: dict[str, str] = Field(default_factory=dict)
     #: extra options for Spark's Kafka source (``kafka.<consumer property>``, ``fetchOffset.*``, ...),
     #: over mirrorflow's defaults; not the ones the mirror's guarantees rest on (see RESERVED_SOURCE_OPTIONS)

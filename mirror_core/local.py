@@ -16,9 +16,11 @@ import base64
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -29,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mirror_core import artifacts
+from mirror_core import artifacts, tls
 from mirror_core.errors import LocalClusterError, PrerequisiteError
 
 Progress = Callable[[str], None]
@@ -49,6 +51,8 @@ class SideSpec:
     brokers: int = 1
     registry_port: int | None = None
     registry_management_port: int | None = None
+    #: SASL_SSL (SCRAM-SHA-512) listeners, StandardAuthorizer, the registry over HTTPS
+    secure: bool = False
 
     def broker_ports(self) -> list[tuple[int, int]]:
         return [(self.kafka_port + 2 * i, self.kafka_port + 2 * i + 1) for i in range(self.brokers)]
@@ -59,7 +63,8 @@ class SideSpec:
 
     @property
     def registry_url(self) -> str | None:
-        return f"http://127.0.0.1:{self.registry_port}{REGISTRY_API_PATH}" if self.registry_port else None
+        scheme = "https" if self.secure else "http"
+        return f"{scheme}://127.0.0.1:{self.registry_port}{REGISTRY_API_PATH}" if self.registry_port else None
 
     def ports(self) -> list[tuple[int, str]]:
         out = []
@@ -76,16 +81,22 @@ class SideSpec:
 class ClusterSpec:
     sides: tuple[SideSpec, ...]
 
+    @property
+    def secure(self) -> bool:
+        return any(s.secure for s in self.sides)
 
-def default_spec(src_brokers: int = 1, dst_brokers: int = 1, registries: bool = True) -> ClusterSpec:
+
+def default_spec(src_brokers: int = 1, dst_brokers: int = 1, registries: bool = True,
+                 secure: bool = False) -> ClusterSpec:
     """The documented fixed ports: src on 19092 / 18081, dst on 29092 / 28081."""
     return ClusterSpec((
-        SideSpec("src", 19092, src_brokers, 18081 if registries else None, 18091 if registries else None),
-        SideSpec("dst", 29092, dst_brokers, 28081 if registries else None, 28091 if registries else None),
+        SideSpec("src", 19092, src_brokers, 18081 if registries else None, 18091 if registries else None, secure),
+        SideSpec("dst", 29092, dst_brokers, 28081 if registries else None, 28091 if registries else None, secure),
     ))
 
 
-def free_spec(src_brokers: int = 1, dst_brokers: int = 1, registries: bool = True) -> ClusterSpec:
+def free_spec(src_brokers: int = 1, dst_brokers: int = 1, registries: bool = True,
+              secure: bool = False) -> ClusterSpec:
     """Same shape on free ports (tests that must not collide with a running demo)."""
 
     def block(n: int) -> int:
@@ -101,7 +112,7 @@ def free_spec(src_brokers: int = 1, dst_brokers: int = 1, registries: bool = Tru
         kp = block(2 * brokers)
         rp = _free_port() if registries else None
         mp = _free_port() if registries else None
-        return SideSpec(name, kp, brokers, rp, mp)
+        return SideSpec(name, kp, brokers, rp, mp, secure)
 
     return ClusterSpec((side("src", src_brokers), side("dst", dst_brokers)))
 
@@ -136,6 +147,125 @@ class ProcessRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+# --------------------------------------------------------------------------- security (``--secure``)
+
+#: the brokers' own SASL user (inter-broker traffic; a super user, like the brokers' certificate)
+SUPER_USER = "admin"
+#: SCRAM-SHA-512 users of every secured cluster: the super user and the two principals that
+#: ``config/local-secure.yaml`` mirrors with (what they may do comes from ACLs, see mirror_core/acls.py)
+SOURCE_USER = "mirror-source"
+DESTINATION_USER = "mirror-destination"
+LOCAL_USERS = (SUPER_USER, SOURCE_USER, DESTINATION_USER)
+BROKER_CERT = "mirrorflow-broker"
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+CREDENTIALS_FILE = "credentials.env"
+#: credentials.env variable per user (config/local-secure.yaml reads these)
+PASSWORD_VARS = {SUPER_USER: "MIRRORFLOW_ADMIN_PASSWORD", SOURCE_USER: "MIRRORFLOW_SRC_PASSWORD",
+                 DESTINATION_USER: "MIRRORFLOW_DST_PASSWORD"}
+
+
+@dataclass(frozen=True)
+class Security:
+    """What a secured set shares: the CA, the service certificates, the SCRAM users and their passwords.
+
+    Everything lives in ``<state>/secrets`` (a 0700 directory of 0600 files); passwords are never put on
+    a command line: brokers read them from their properties file, the storage format from an argument
+    file that is deleted once it ran.
+    """
+
+    directory: Path
+    ca_file: Path
+    broker_bundle: Path
+    registry_cert: Path
+    registry_key: Path
+    passwords: tuple[tuple[str, str], ...]
+
+    def password(self, user: str) -> str:
+        return dict(self.passwords)[user]
+
+    def client_config(self, user: str = SUPER_USER) -> dict[str, str]:
+        """librdkafka properties to connect as ``user`` (SASL_SSL, SCRAM-SHA-512, the local CA)."""
+        return {"security.protocol": "SASL_SSL", "sasl.mechanism": SCRAM_MECHANISM, "sasl.username": user,
+                "sasl.password": self.password(user), "ssl.ca.location": str(self.ca_file)}
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca_file))
+
+    @property
+    def credentials_file(self) -> Path:
+        return self.directory / CREDENTIALS_FILE
+
+
+def _make_security(env: LocalEnv) -> Security:
+    directory = env.state_dir / "secrets"
+    _rmtree(directory)
+    ca = tls.LocalCA(directory)
+    broker = ca.issue(BROKER_CERT)
+    registry = ca.issue("mirrorflow-registry")
+    passwords = tuple((u, secrets.token_hex(16)) for u in LOCAL_USERS)
+    sec = Security(directory, ca.ca_file, broker.bundle, registry.cert, registry.key, passwords)
+    lines = [f"export {PASSWORD_VARS[u]}={pw}" for u, pw in passwords]
+    lines.append(f"export MIRRORFLOW_LOCAL_CA={ca.ca_file}")
+    tls.write_private(sec.credentials_file, ("\n".join(lines) + "\n").encode())
+    return sec
+
+
+def load_security(env: LocalEnv) -> Security | None:
+    """The running secured set's material (None when what runs is not secured)."""
+    if not env.state_file.exists():
+        return None
+    info = json.loads(env.state_file.read_text()).get("security")
+    if not info:
+        return None
+    directory = Path(info["directory"])
+    found = dict(re.findall(r"^export (\w+)=(\S+)$", (directory / CREDENTIALS_FILE).read_text(), re.M))
+    passwords = tuple((u, found[var]) for u, var in PASSWORD_VARS.items())
+    return Security(directory, Path(info["ca_file"]), Path(info["broker_bundle"]), Path(info["registry_cert"]),
+                    Path(info["registry_key"]), passwords)
+
+
+def _security_state(sec: Security) -> dict[str, Any]:
+    """What the state file keeps (paths and user names; never a password)."""
+    return {"directory": str(sec.directory), "ca_file": str(sec.ca_file), "broker_bundle": str(sec.broker_bundle),
+            "registry_cert": str(sec.registry_cert), "registry_key": str(sec.registry_key),
+            "users": list(LOCAL_USERS), "credentials": str(sec.credentials_file)}
+
+
+def client_config(side: SideSpec, sec: Security | None, user: str = SUPER_USER) -> dict[str, str]:
+    """librdkafka properties reaching ``side`` (as ``user`` when it is secured)."""
+    conf = {"bootstrap.servers": side.bootstrap}
+    if side.secure:
+        assert sec is not None
+        conf |= sec.client_config(user)
+    return conf
+
+
+def grant_example_acls(env: LocalEnv, spec: ClusterSpec, progress: Progress | None = None,
+                       config: Path | None = None) -> int:
+    """Grant the least-privilege ACLs of ``config/local-secure.yaml`` (as the super user) on a secured set."""
+    from confluent_kafka.admin import AdminClient
+
+    from mirror_core.acls import apply_acls, required_acls
+    from mirror_core.config import load_config
+
+    sec = load_security(env)
+    if sec is None:
+        raise LocalClusterError("the running local clusters are not secured")
+    path = config or Path(__file__).resolve().parent.parent / "config" / "local-secure.yaml"
+    sides = {s.name: s for s in spec.sides}
+    env_vars = {"MIRRORFLOW_SRC_PASSWORD": "-", "MIRRORFLOW_DST_PASSWORD": "-", "MIRRORFLOW_LOCAL_CA": str(sec.ca_file)}
+    cfg = load_config(path, env=env_vars)
+    count = 0
+    for g in cfg.groups:
+        grants = required_acls(cfg, g)
+        for cluster in {x.cluster for x in grants}:
+            admin = AdminClient(client_config(sides[cluster], sec) | {"log_level": 0})
+            count += apply_acls(admin, [x for x in grants if x.cluster == cluster])
+    if progress:
+        progress(f"  granted {count} ACLs for the groups of {path.name} (see `mirrorflow acls {path.name}`)")
+    return count
+
+
 # --------------------------------------------------------------------------- public API
 
 
@@ -164,17 +294,23 @@ def up(env: LocalEnv, spec: ClusterSpec, progress: Progress | None = None, timeo
     (env.state_dir / "logs").mkdir(exist_ok=True)
     state: dict[str, Any] = {"state_dir": str(env.state_dir), "started_at": time.time(), "sides": {}}
     records: list[ProcessRecord] = []
+    sec: Security | None = None
+    if spec.secure:
+        say("generating a CA, service certificates and SCRAM users...")
+        sec = _make_security(env)
+        state["security"] = _security_state(sec)
     try:
         say("formatting KRaft storage...")
-        _format_all(env, spec, java, kafka_lib)
+        _format_all(env, spec, java, kafka_lib, sec)
         for side in spec.sides:
-            side_state: dict[str, Any] = {"bootstrap": side.bootstrap, "brokers": [], "registry": None}
+            side_state: dict[str, Any] = {"bootstrap": side.bootstrap, "brokers": [], "registry": None,
+                                          "secure": side.secure}
             for i in range(side.brokers):
-                rec = _start_broker(env, side, i, java, kafka_lib)
+                rec = _start_broker(env, side, i, java, kafka_lib, sec)
                 records.append(rec)
                 side_state["brokers"].append(asdict(rec))
             if side.registry_port and apicurio_dir:
-                rec = _start_registry(env, side, registry_java, apicurio_dir)
+                rec = _start_registry(env, side, registry_java, apicurio_dir, sec)
                 records.append(rec)
                 side_state["registry"] = asdict(rec) | {"url": side.registry_url}
             state["sides"][side.name] = side_state
@@ -182,15 +318,19 @@ def up(env: LocalEnv, spec: ClusterSpec, progress: Progress | None = None, timeo
         say(f"started {len(records)} processes; waiting for readiness (deadline {timeout:.0f}s)...")
         deadline = time.monotonic() + timeout
         for side in spec.sides:
-            _wait_kafka(side, deadline, records)
+            _wait_kafka(side, deadline, records, sec)
             say(f"  {side.name}: kafka ready at {side.bootstrap} ({side.brokers} broker(s))")
             if side.registry_port:
-                _wait_registry(side, deadline, records)
-                _set_global_compatibility(side, "BACKWARD")
+                _wait_registry(side, deadline, records, sec)
+                _set_global_compatibility(side, "BACKWARD", sec)
                 say(f"  {side.name}: schema registry ready at {side.registry_url}")
     except BaseException:
         _stop_records([asdict(r) for r in records])
+        if sec is not None:
+            _rmtree(sec.directory)
         raise
+    if sec is not None:
+        say(f"  credentials (SCRAM users {', '.join(LOCAL_USERS)}) and the CA: {sec.credentials_file}")
     state["took_s"] = round(time.monotonic() - t0, 2)
     _write_state(env, state)
     return status(env)
@@ -200,12 +340,16 @@ def down(env: LocalEnv, keep_data: bool = False) -> list[str]:
     """Stop every process recorded in the state file; returns what was stopped."""
     recs = _records(env)
     stopped = _stop_records(recs)
+    sec_dir = None
     if env.state_file.exists():
+        sec_dir = (json.loads(env.state_file.read_text()).get("security") or {}).get("directory")
         env.state_file.unlink()
     if not keep_data:
         for rec in recs:
             if rec.get("data_dir"):
                 _rmtree(Path(rec["data_dir"]))
+        if sec_dir:
+            _rmtree(Path(sec_dir))
     return stopped
 
 
@@ -247,7 +391,7 @@ def _kraft_id() -> str:
             return cid
 
 
-def _broker_props(env: LocalEnv, side: SideSpec, i: int) -> tuple[Path, Path]:
+def _broker_props(env: LocalEnv, side: SideSpec, i: int, sec: Security | None = None) -> tuple[Path, Path]:
     ports = side.broker_ports()
     port, cport = ports[i]
     data = env.state_dir / "data" / f"{side.name}-{i + 1}"
@@ -276,11 +420,39 @@ def _broker_props(env: LocalEnv, side: SideSpec, i: int) -> tuple[Path, Path]:
         "log.cleaner.backoff.ms": "1000",
         "transaction.abort.timed.out.transaction.cleanup.interval.ms": "10000",
     }
+    if side.secure:
+        assert sec is not None
+        props |= _secure_broker_props(port, cport, sec)
     cfg_dir = env.state_dir / "config"
     cfg_dir.mkdir(parents=True, exist_ok=True)
     path = cfg_dir / f"{side.name}-{i + 1}.properties"
-    path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+    # 0600: a secured broker's file holds its SASL password
+    tls.write_private(path, "".join(f"{k}={v}\n" for k, v in props.items()).encode())
     return path, data
+
+
+def _secure_broker_props(port: int, cport: int, sec: Security) -> dict[str, str]:
+    """Clients and brokers on SASL_SSL (SCRAM-SHA-512); the controller listener on mutual TLS (the brokers'
+    certificate is their principal); StandardAuthorizer denying whatever no ACL allows."""
+    jaas = (f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{SUPER_USER}" '
+            f'password="{sec.password(SUPER_USER)}";')
+    return {
+        "listeners": f"SASL_SSL://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
+        "advertised.listeners": f"SASL_SSL://127.0.0.1:{port}",
+        "inter.broker.listener.name": "SASL_SSL",
+        "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:SSL",
+        "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+        "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
+        f"listener.name.sasl_ssl.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": jaas,
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(sec.broker_bundle),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(sec.ca_file),
+        "listener.name.controller.ssl.client.auth": "required",
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found": "false",
+        "super.users": f"User:{SUPER_USER};User:CN={BROKER_CERT}",
+    }
 
 
 def _java_kafka_cmd(java: str, lib: Path, main: str, *args: str, heap: str = _KAFKA_HEAP) -> list[str]:
@@ -297,25 +469,46 @@ def kafka_tool_cmd(env: LocalEnv, main: str, *args: str) -> list[str]:
     return _java_kafka_cmd(artifacts.require_tool(env.java, "run Kafka tools"), lib, main, *args, heap="-Xmx256m")
 
 
-def _format_all(env: LocalEnv, spec: ClusterSpec, java: str, lib: Path) -> None:
+def _format_all(env: LocalEnv, spec: ClusterSpec, java: str, lib: Path, sec: Security | None = None) -> None:
     procs = []
+    argfiles = []
     for side in spec.sides:
         cluster_id = _kraft_id()
         for i in range(side.brokers):
-            props, data = _broker_props(env, side, i)
+            props, data = _broker_props(env, side, i, sec)
             _rmtree(data)
             log = env.state_dir / "logs" / f"format-{side.name}-{i + 1}.log"
-            cmd = _java_kafka_cmd(java, lib, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
-                                  "-c", str(props), heap="-Xmx256m")
+            args = ["format", f"--cluster-id={cluster_id}", "-c", str(props)]
+            if side.secure:
+                assert sec is not None
+                for user in LOCAL_USERS:
+                    args += ["--add-scram", f"{SCRAM_MECHANISM}=[name={user},password={sec.password(user)}]"]
+            cmd = _java_kafka_cmd(java, lib, "kafka.tools.StorageTool", *args, heap="-Xmx256m")
+            if side.secure:
+                # the SCRAM passwords go in a 0600 argument file the java launcher expands, not on the command line
+                argfile = env.state_dir / "secrets" / f"format-{side.name}-{i + 1}.args"
+                tls.write_private(argfile, "\n".join(_argfile_quote(a) for a in cmd[1:]).encode())
+                argfiles.append(argfile)
+                cmd = [cmd[0], f"@{argfile}"]
             with log.open("wb") as fh:
                 procs.append((subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT), log))
-    for proc, log in procs:
-        if proc.wait(timeout=120) != 0:
-            raise LocalClusterError(f"formatting KRaft storage failed; see {log}")
+    try:
+        for proc, log in procs:
+            if proc.wait(timeout=120) != 0:
+                raise LocalClusterError(f"formatting KRaft storage failed; see {log}")
+    finally:
+        for argfile in argfiles:
+            argfile.unlink(missing_ok=True)
 
 
-def _start_broker(env: LocalEnv, side: SideSpec, i: int, java: str, lib: Path) -> ProcessRecord:
-    props, data = _broker_props(env, side, i)
+def _argfile_quote(arg: str) -> str:
+    """One argument as a line of a java launcher argument file (double-quoted, backslashes escaped)."""
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _start_broker(env: LocalEnv, side: SideSpec, i: int, java: str, lib: Path,
+                  sec: Security | None = None) -> ProcessRecord:
+    props, data = _broker_props(env, side, i, sec)
     log = env.state_dir / "logs" / f"kafka-{side.name}-{i + 1}.log"
     cmd = _java_kafka_cmd(java, lib, "kafka.Kafka", str(props))
     proc = _spawn(cmd, log)
@@ -326,7 +519,7 @@ def _start_broker(env: LocalEnv, side: SideSpec, i: int, java: str, lib: Path) -
     )
 
 
-def _wait_kafka(side: SideSpec, deadline: float, records: list[ProcessRecord]) -> None:
+def _wait_kafka(side: SideSpec, deadline: float, records: list[ProcessRecord], sec: Security | None = None) -> None:
     from confluent_kafka.admin import AdminClient
 
     first_port = side.broker_ports()[0][0]
@@ -334,7 +527,7 @@ def _wait_kafka(side: SideSpec, deadline: float, records: list[ProcessRecord]) -
     while _port_free(first_port) and time.monotonic() < deadline:
         _check_alive(records)
         time.sleep(0.2)
-    admin = AdminClient({"bootstrap.servers": side.bootstrap, "socket.timeout.ms": 2000, "log_level": 0})
+    admin = AdminClient(client_config(side, sec) | {"socket.timeout.ms": 2000, "log_level": 0})
     while time.monotonic() < deadline:
         _check_alive(records)
         try:
@@ -351,14 +544,24 @@ def _wait_kafka(side: SideSpec, deadline: float, records: list[ProcessRecord]) -
 # --------------------------------------------------------------------------- registry
 
 
-def _start_registry(env: LocalEnv, side: SideSpec, java: str, app_dir: Path) -> ProcessRecord:
+def _start_registry(env: LocalEnv, side: SideSpec, java: str, app_dir: Path,
+                    sec: Security | None = None) -> ProcessRecord:
     assert side.registry_port and side.registry_management_port
     log = env.state_dir / "logs" / f"registry-{side.name}.log"
+    if side.secure:
+        assert sec is not None
+        # HTTPS only: with insecure requests disabled Quarkus opens no plain HTTP port
+        listen = [f"-Dquarkus.http.ssl-port={side.registry_port}", "-Dquarkus.http.insecure-requests=disabled",
+                  f"-Dquarkus.http.port={side.registry_port}",
+                  f"-Dquarkus.http.ssl.certificate.files={sec.registry_cert}",
+                  f"-Dquarkus.http.ssl.certificate.key-files={sec.registry_key}"]
+    else:
+        listen = [f"-Dquarkus.http.port={side.registry_port}"]
     cmd = [
         java, *_REGISTRY_HEAP.split(), "-XX:MaxMetaspaceSize=192m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
         "-Xss512k",
         "-Dquarkus.http.host=127.0.0.1",
-        f"-Dquarkus.http.port={side.registry_port}",
+        *listen,
         # the management interface cannot be switched off at run time: give each instance its own port
         "-Dquarkus.management.host=127.0.0.1",
         f"-Dquarkus.management.port={side.registry_management_port}",
@@ -381,17 +584,19 @@ def _start_registry(env: LocalEnv, side: SideSpec, java: str, app_dir: Path) -> 
     )
 
 
-def _wait_registry(side: SideSpec, deadline: float, records: list[ProcessRecord]) -> None:
+def _wait_registry(side: SideSpec, deadline: float, records: list[ProcessRecord],
+                   sec: Security | None = None) -> None:
     """Ready when the management health check says UP and the ccompat API answers."""
     urls = [f"http://127.0.0.1:{side.registry_management_port}/health/ready", f"{side.registry_url}/subjects"]
     last = "no answer"
+    ctx = sec.ssl_context() if sec is not None and side.secure else None
     for url in urls:
         while True:
             if time.monotonic() > deadline:
                 raise LocalClusterError(f"{side.name}: schema registry at {url} not ready before the deadline ({last})")
             _check_alive(records)
             try:
-                with urllib.request.urlopen(url, timeout=2) as resp:
+                with urllib.request.urlopen(url, timeout=2, context=ctx if url.startswith("https") else None) as resp:
                     if resp.status == 200:
                         break
                     last = f"HTTP {resp.status}"
@@ -400,14 +605,15 @@ def _wait_registry(side: SideSpec, deadline: float, records: list[ProcessRecord]
             time.sleep(0.3)
 
 
-def _set_global_compatibility(side: SideSpec, level: str) -> None:
+def _set_global_compatibility(side: SideSpec, level: str, sec: Security | None = None) -> None:
     """Apicurio starts with global NONE and answers compatibility checks inconsistently until a global
     level is set; set Confluent's default so both registries behave like a fresh Confluent one."""
     req = urllib.request.Request(
         f"{side.registry_url}/config", data=json.dumps({"compatibility": level}).encode(), method="PUT",
         headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
     )
-    with urllib.request.urlopen(req, timeout=10) as resp:
+    ctx = sec.ssl_context() if sec is not None and side.secure else None
+    with urllib.request.urlopen(req, timeout=10, context=ctx) as resp:
         if resp.status != 200:
             raise LocalClusterError(f"{side.name}: could not set the registry's global compatibility (HTTP {resp.status})")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -46,6 +47,32 @@ _CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 
 
 # --------------------------------------------------------------------------- values
+
+
+def tls_context(cfg: SchemaRegistryConfig) -> ssl.SSLContext | bool:
+    """The TLS settings of a registry config as an SSL context (True: the system's defaults).
+
+    A file that cannot be read or a key that does not open is one line naming the setting, never the
+    password."""
+    if cfg.ssl_ca_location is None and cfg.ssl_certificate_location is None:
+        return True
+    where = f"schema registry {cfg.url.display}"
+    try:
+        ctx = ssl.create_default_context(cafile=cfg.ssl_ca_location)
+    except (OSError, ssl.SSLError) as exc:
+        raise SchemaMirrorError(f"{where}: ssl.ca.location {cfg.ssl_ca_location!r} is not a readable PEM CA "
+                                f"bundle ({getattr(exc, 'strerror', None) or exc.__class__.__name__})") from None
+    if cfg.ssl_certificate_location and cfg.ssl_key_location:
+        password = cfg.ssl_key_password.get_secret_value() if cfg.ssl_key_password else None
+        try:
+            ctx.load_cert_chain(cfg.ssl_certificate_location, cfg.ssl_key_location, password)
+        except (OSError, ssl.SSLError) as exc:
+            raise SchemaMirrorError(
+                f"{where}: cannot load the client certificate {cfg.ssl_certificate_location!r} with key "
+                f"{cfg.ssl_key_location!r}: {getattr(exc, 'strerror', None) or getattr(exc, 'reason', None) or exc}"
+                " (wrong ssl.key.password, or key and certificate do not match)") from None
+    return ctx
+
 
 
 @dataclass(frozen=True)
@@ -183,6 +210,7 @@ class RegistryClient:
         backoff: float = 0.2,
         backoff_max: float = 5.0,
         http: httpx.Client | None = None,
+        verify: ssl.SSLContext | bool = True,
     ):
         # credentials in the URL become basic auth: httpx (and its request logs) never see them
         plain, userinfo = split_userinfo(reveal(url).rstrip("/"))
@@ -194,7 +222,7 @@ class RegistryClient:
         self._breaker = breaker or breaker_for(self._url)
         self._backoff = backoff
         self._backoff_max = backoff_max
-        self._http = http or httpx.Client()
+        self._http = http or httpx.Client(verify=verify)
         self._owns_http = http is None
         self._auth = httpx.BasicAuth(*auth) if auth else None
         self._id_preservation: bool | None = None
@@ -215,6 +243,7 @@ class RegistryClient:
             breaker=breaker_for(cfg.url.display, cfg.breaker_failures, cfg.breaker_reset),
             backoff=backoff,
             http=http,
+            verify=tls_context(cfg),
         )
 
     @property
@@ -255,6 +284,12 @@ class RegistryClient:
                 timeout=self._timeout if timeout is None else timeout,
             )
         except httpx.TransportError as exc:
+            text = str(exc)
+            if "CERTIFICATE_VERIFY_FAILED" in text or "WRONG_VERSION_NUMBER" in text:
+                reason = ("its TLS certificate is not trusted (set the registry's ssl.ca.location)"
+                          if "CERTIFICATE_VERIFY_FAILED" in text else "TLS handshake failed (http vs https?)")
+                raise RegistryError(f"schema registry {self._display_url} refused ({what}): {reason}",
+                                    subject=subject) from None
             why = redact_text(str(exc)).strip()
             raise RegistryError(
                 f"schema registry {self._display_url} unreachable ({what}): {type(exc).__name__}"

@@ -9,11 +9,14 @@ per partition through ``mapInArrow``; it only needs pyarrow and confluent-kafka.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import queue
 import re
+import shutil
 import statistics
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -128,6 +131,7 @@ class MirrorRuntime:
         #: source topics already looked at (mirrored or deliberately not); any other topic a batch
         #: brings (a regex flow's new match, a heartbeats topic created later) triggers provisioning
         self.known_topics: set[str] = set()
+        self._secrets_dir: Path | None = None
 
     # -- setup
 
@@ -185,7 +189,8 @@ class MirrorRuntime:
 
     def source_options(self, once: bool) -> dict[str, str]:
         """Options for Spark's Kafka source (``spark.readStream.format("kafka")``)."""
-        opts = {f"kafka.{k}": v for k, v in clients.java_kafka_options(self.src).items()}
+        java = clients.java_kafka_options(self.src, self.secrets_dir(), f"{self.group.name}-source")
+        opts = {f"kafka.{k}": v for k, v in java.items()}
         opts |= SOURCE_DEFAULTS | self.group.spark.source_options
         opts |= {
             "kafka.isolation.level": "read_committed",
@@ -211,6 +216,19 @@ class MirrorRuntime:
                 explicit.append(hb)
             opts["subscribe"] = ",".join(explicit)
         return opts
+
+    def secrets_dir(self) -> Path:
+        """Where the Spark source's secrets go (0600 files the Kafka clients read through a config
+        provider): ``spark.secrets_dir``, else a private directory removed when this process exits.
+        Executors read the same path, so on a multi-host cluster it must be mounted on each of them."""
+        if self._secrets_dir is None:
+            if self.group.spark.secrets_dir:
+                self._secrets_dir = Path(self.group.spark.secrets_dir)
+                self._secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            else:
+                self._secrets_dir = Path(tempfile.mkdtemp(prefix="mirrorflow-secrets-"))
+                atexit.register(shutil.rmtree, self._secrets_dir, True)
+        return self._secrets_dir
 
     def checkpoint_dir(self) -> str:
         return join_location(self.group.spark.checkpoint_dir, self.group.name)

@@ -81,3 +81,45 @@ def unique() -> Callable[[str], str]:
         return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
     return make
+
+
+@dataclass(frozen=True)
+class SecureClusters:
+    """A secured pair started by ``local up --secure`` semantics: endpoints and the local security material."""
+
+    src_bootstrap: str
+    dst_bootstrap: str
+    src_registry: str
+    dst_registry: str
+    security: object  # mirror_core.local.Security
+    env: object  # mirror_core.local.LocalEnv
+    spec: object  # mirror_core.local.ClusterSpec
+
+    def admin_config(self, bootstrap: str) -> dict[str, str]:
+        """librdkafka settings for the super user (test set-up and the independent reader)."""
+        return {"bootstrap.servers": bootstrap, **self.security.client_config()}  # type: ignore[attr-defined]
+
+    def passwords(self) -> list[str]:
+        return [pw for _, pw in self.security.passwords]  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def secure_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureClusters]:
+    """Two secured clusters (SASL_SSL SCRAM-SHA-512, ACLs enforced, HTTPS registries) for one test module;
+    stopped at its end, also when it fails."""
+    from mirror_core import local
+
+    env = local.LocalEnv.from_environment(tmp_path_factory.mktemp("secure-clusters"))
+    spec = local.free_spec(secure=True)
+    try:
+        local.up(env, spec, progress=lambda m: print(f"[secure] {m}", flush=True))
+        sec = local.load_security(env)
+        src, dst = spec.sides
+        assert sec is not None and src.registry_url and dst.registry_url
+        yield SecureClusters(src.bootstrap, dst.bootstrap, src.registry_url, dst.registry_url, sec, env, spec)
+    finally:
+        from mirror_core import replicate
+
+        replicate.release_producers()
+        gc.collect()
+        local.down(env, keep_data=False)

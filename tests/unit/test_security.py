@@ -1,0 +1,138 @@
+"""Security settings handed to every client: the Java (Spark source) mapping, the registry's TLS, the
+least-privilege ACL list and the local CA."""
+
+from __future__ import annotations
+
+import ssl
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import SecretStr
+
+from mirror_core import clients
+from mirror_core.acls import literal_prefix, required_acls
+from mirror_core.config import ClusterConfig, SchemaRegistryConfig, parse_config
+from mirror_core.errors import SchemaMirrorError
+from mirror_core.registry import tls_context
+from mirror_core.tls import LocalCA
+
+PLANTED = "pl4nted-S3cret"
+
+
+def scram(**extra: str) -> ClusterConfig:
+    return ClusterConfig(kafka={"bootstrap.servers": "b:9093", "security.protocol": "SASL_SSL",
+                                "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "mirror",
+                                "sasl.password": PLANTED, **extra})
+
+
+def test_scram_maps_to_a_jaas_line_with_quoting():
+    c = ClusterConfig(kafka={"bootstrap.servers": "b", "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": 'a"b',
+                             "sasl.password": 'p\\"q'})
+    opts = clients.java_kafka_options(c)
+    assert opts["sasl.jaas.config"] == ('org.apache.kafka.common.security.scram.ScramLoginModule required '
+                                        'username="a\\"b" password="p\\\\\\"q";')
+
+
+def test_with_a_secrets_dir_no_secret_is_in_the_options(tmp_path):
+    ca = LocalCA(tmp_path / "ca")
+    issued = ca.issue("client", server=False, key_password=PLANTED)
+    c = scram(**{"ssl.ca.location": str(ca.ca_file), "ssl.certificate.location": str(issued.cert),
+                 "ssl.key.location": str(issued.key), "ssl.key.password": PLANTED})
+    opts = clients.java_kafka_options(c, tmp_path / "s", "g-source")
+    assert PLANTED not in repr(opts)
+    assert "BEGIN" not in repr(opts)  # the private key's PEM goes to the file too
+    secret_file = tmp_path / "s" / "g-source.properties"
+    assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
+    assert opts["config.providers"] == "mirrorflowfile"
+    assert opts["sasl.jaas.config"] == f"${{mirrorflowfile:{secret_file}:sasl.jaas.config}}"
+    assert opts["ssl.key.password"] == f"${{mirrorflowfile:{secret_file}:ssl.key.password}}"
+    assert opts["ssl.truststore.type"] == "PEM" and opts["ssl.truststore.location"] == str(ca.ca_file)
+    assert opts["ssl.keystore.type"] == "PEM"
+    text = secret_file.read_text()
+    assert PLANTED in text and "\\nMII" in text or "\\n" in text  # multi-line PEM kept on one escaped line
+    assert len(text.splitlines()) == 4  # jaas, key password, key, chain
+
+
+def test_pkcs12_jks_endpoint_identification_and_oauthbearer():
+    p12 = scram(**{"ssl.keystore.location": "/k/client.p12", "ssl.keystore.password": PLANTED,
+                   "ssl.endpoint.identification.algorithm": "none"})
+    opts = clients.java_kafka_options(p12)
+    assert (opts["ssl.keystore.type"], opts["ssl.keystore.location"], opts["ssl.keystore.password"]) == \
+        ("PKCS12", "/k/client.p12", PLANTED)
+    assert opts["ssl.endpoint.identification.algorithm"] == ""  # Java's way to switch host checks off
+    jks = ClusterConfig(kafka={"bootstrap.servers": "b", "security.protocol": "SSL"},
+                        java_kafka={"ssl.keystore.type": "JKS", "ssl.keystore.location": "/k/c.jks",
+                                    "ssl.keystore.password": PLANTED, "ssl.key.password": PLANTED})
+    assert "JKS" not in str(jks.kafka_properties())  # librdkafka never sees Java-only settings
+    assert clients.java_kafka_options(jks)["ssl.keystore.type"] == "JKS"
+    assert PLANTED not in repr(jks)
+    oauth = ClusterConfig(kafka={"bootstrap.servers": "b", "security.protocol": "SASL_SSL",
+                                 "sasl.mechanism": "OAUTHBEARER", "sasl.oauthbearer.method": "oidc",
+                                 "sasl.oauthbearer.client.id": "mirror", "sasl.oauthbearer.client.secret": PLANTED,
+                                 "sasl.oauthbearer.scope": "kafka",
+                                 "sasl.oauthbearer.token.endpoint.url": "https://idp/token"})
+    o = clients.java_kafka_options(oauth)
+    assert o["sasl.jaas.config"] == ("org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule "
+                                     f'required clientId="mirror" clientSecret="{PLANTED}" scope="kafka";')
+    assert o["sasl.oauthbearer.token.endpoint.url"] == "https://idp/token"
+    assert o["sasl.login.callback.handler.class"].endswith("OAuthBearerLoginCallbackHandler")
+
+
+def test_local_ca_issues_what_python_ssl_and_pkcs12_load(tmp_path):
+    ca = LocalCA(tmp_path)
+    issued = ca.issue("svc", key_password="kp")
+    ctx = ssl.create_default_context(cafile=str(ca.ca_file))
+    ctx.load_cert_chain(str(issued.cert), str(issued.key), "kp")
+    assert stat.S_IMODE(issued.key.stat().st_mode) == 0o600
+    assert stat.S_IMODE(ca.pkcs12(issued, "p", key_password="kp").stat().st_mode) == 0o600
+    assert issued.principal == "CN=svc"
+
+
+def test_registry_tls_context_and_one_line_errors(tmp_path):
+    ca = LocalCA(tmp_path)
+    issued = ca.issue("client", key_password="right")
+    good = SchemaRegistryConfig.model_validate({
+        "url": "https://r:1/apis/ccompat/v7", "ssl.ca.location": str(ca.ca_file),
+        "ssl.certificate.location": str(issued.cert), "ssl.key.location": str(issued.key),
+        "ssl.key.password": "right"})
+    assert isinstance(tls_context(good), ssl.SSLContext)
+    bad = good.model_copy(update={"ssl_key_password": None})
+    with pytest.raises(SchemaMirrorError) as err:
+        tls_context(bad.model_copy(update={"ssl_ca_location": str(tmp_path / "missing.pem")}))
+    assert "ssl.ca.location" in str(err.value) and "missing.pem" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(SchemaMirrorError) as err:
+        tls_context(good.model_copy(update={"ssl_key_password": SecretStr("wrong-pw")}))
+    assert "client certificate" in str(err.value) and "wrong-pw" not in str(err.value)
+    with pytest.raises(ValueError, match="go together"):
+        SchemaRegistryConfig.model_validate({"url": "https://r", "ssl.key.location": "/k"})
+    assert tls_context(SchemaRegistryConfig(url="https://r")) is True
+
+
+@pytest.mark.parametrize(("pattern", "prefix"), [
+    (r"payments\..*", "payments."), ("orders", "orders"), (r"eu\.orders-v?", "eu.orders-"), (".*", ""),
+    ("(a|b).*", ""),
+])
+def test_literal_prefix(pattern, prefix):
+    assert literal_prefix(pattern) == prefix
+
+
+def test_required_acls_for_the_shipped_secure_config():
+    root = Path(__file__).resolve().parents[2]
+    raw = yaml.safe_load((root / "config" / "local-secure.yaml").read_text())
+    cfg = parse_config(raw, env={"MIRRORFLOW_SRC_PASSWORD": "a", "MIRRORFLOW_DST_PASSWORD": "b",
+                                 "MIRRORFLOW_LOCAL_CA": "/ca.pem"})
+    grants = required_acls(cfg, cfg.groups[0])
+    src = {(g.resource_type, g.name, g.pattern): g.operations for g in grants if g.side == "source"}
+    dst = {(g.resource_type, g.name, g.pattern): g.operations for g in grants if g.side == "destination"}
+    assert {g.principal for g in grants if g.side == "source"} == {"User:mirror-source"}
+    assert {g.principal for g in grants if g.side == "destination"} == {"User:mirror-destination"}
+    # the source principal reads; it never writes or creates anything
+    assert all(set(ops) <= {"READ", "DESCRIBE", "DESCRIBE_CONFIGS"} for ops in src.values())
+    assert src[("TOPIC", "secure.payments.", "PREFIXED")] == ("READ", "DESCRIBE", "DESCRIBE_CONFIGS")
+    assert ("TRANSACTIONAL_ID", "mirrorflow.secure.", "PREFIXED") in dst
+    assert ("TOPIC", "mirrorflow-offset-syncs.src.internal", "LITERAL") in dst
+    assert not any(t == "CLUSTER" for t, _, _ in src | dst)
+    cmd = grants[0].kafka_acls_command("b:9093")
+    assert "--allow-principal User:mirror-source" in cmd and "--operation Read" in cmd
