@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from mirror_core import clients, replicate
 from mirror_core.cli import app
 from mirror_core.config import parse_config
+from mirror_core.offsets import Checkpoint
 from mirror_core.provision import provision_group
 from mirror_core.replicate import PartitionWriter, SchemaIdTranslator, WriterSettings, last_committed_position
 
@@ -186,8 +187,17 @@ def test_groups_resume_exactly_on_destination_and_lag(clusters, unique, tmp_path
     assert ends[0] - groups[f"{name}-far-behind"][0] > 10_000
 
     # a second round writes no new checkpoints and does not move anything
+    dst, cp_topic = cfg.cluster("dst"), cfg.groups[0].checkpoints_topic
+    cp_end = {p: hi for p, (_, hi) in clients.end_offsets(dst, cp_topic).items()}
+    positions = {g: destination_offsets(clusters.dst_bootstrap, g, f"{topic}.m", 3) for g in groups}
+    assert all(None not in offs.values() for offs in positions.values()), positions
     res2 = CliRunner().invoke(app, ["checkpoint", str(path)])
-    assert res2.exit_code == 0
+    assert res2.exit_code == 0, res2.output
+    again = [Checkpoint.from_record(m.key(), m.value())
+             for p, (_, hi) in clients.end_offsets(dst, cp_topic).items()
+             for m in clients.read_partition(dst, cp_topic, p, cp_end.get(p, 0), hi)]
+    assert [c for c in again if c.group in groups] == []  # the topic is shared: only ours count
+    assert {g: destination_offsets(clusters.dst_bootstrap, g, f"{topic}.m", 3) for g in groups} == positions
 
     lag = json.loads(CliRunner().invoke(app, ["lag", str(path), "--json"]).stdout)[0]
     assert [p["lag_records"] for p in lag["partitions"]] == [0, 0, 0]
@@ -200,6 +210,16 @@ def test_groups_resume_exactly_on_destination_and_lag(clusters, unique, tmp_path
 
     res = CliRunner().invoke(app, ["verify", str(path)])
     assert res.exit_code == 0, res.output
+
+
+def destination_offsets(bootstrap, group, topic, partitions):
+    """{partition: committed offset or None} of ``group`` on the destination."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        got = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in got}
+    finally:
+        c.close()
 
 
 def test_verify_pinpoints_a_tampered_record(clusters, unique, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic, ResourceType
 from typer.testing import CliRunner
 
 from mirror_core.cli import app
@@ -16,7 +16,6 @@ pytestmark = pytest.mark.integration
 def test_plan_provision_idempotent_and_grow(clusters, unique, tmp_path):
     prefix = unique("prov").replace("-", "_")
     src = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
-    topics = {f"{prefix}.a": 6, f"{prefix}.b": 1, f"{prefix}.c": 24}
     futs = src.create_topics([
         NewTopic(f"{prefix}.a", 6, 1, config={"retention.ms": "3600000", "min.insync.replicas": "1"}),
         NewTopic(f"{prefix}.b", 1, 1, config={"cleanup.policy": "compact", "retention.ms": "7200000"}),
@@ -60,7 +59,17 @@ groups:
     res = runner.invoke(app, ["plan", str(cfg), "--json"])
     acts = {a["topic"]: a for a in json.loads(res.stdout)[0]["topics"]}
     assert acts[f"src.{prefix}.a"]["kind"] == "grow" and acts[f"src.{prefix}.a"]["partitions"] == 8
-    assert len(topics) == 3
+    res = runner.invoke(app, ["provision", str(cfg)])
+    assert res.exit_code == 0, res.output
+
+    # what the destination now holds, read from the destination itself
+    dst = AdminClient({"bootstrap.servers": clusters.dst_bootstrap})
+    listed = dst.list_topics(timeout=30).topics
+    ours = {t: len(md.partitions) for t, md in listed.items() if prefix in t}
+    assert ours == {f"src.{prefix}.a": 8, f"src.{prefix}.b": 2, f"src.{prefix}.c": 12, f"{prefix}.mirrorflow.dlq": 1}
+    res_b = ConfigResource(ResourceType.TOPIC, f"src.{prefix}.b")
+    b_cfg = dst.describe_configs([res_b])[res_b].result(30)
+    assert (b_cfg["cleanup.policy"].value, b_cfg["retention.ms"].value) == ("compact", "7200000")
 
 
 def test_per_mirror_schema_rules_apply(clusters, unique, tmp_path):
