@@ -21,7 +21,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from test_mirror_e2e import ROOT, create_topic, read_all, run_once  # tests/spark is on sys.path
 
-from mirror_core.config import parse_config
+from mirror_core import clients
+from mirror_core.config import ClusterConfig, parse_config
 from mirror_core.offsets import Heartbeat, OffsetSync
 from mirror_core.replicate import (
     PROVENANCE_HEADER,
@@ -325,8 +326,13 @@ def test_on_error_fail_stops_the_job_naming_the_record(clusters, unique, tmp_pat
     proc = fail_once(clusters, tmp_path, g, topic, "avro", rf=1, on_error="fail")
     line = [x for x in proc.stderr.splitlines() if "mirror failed" in x]
     assert line and f"{topic}[0]@1" in line[-1] and "unknown_schema_id" in line[-1], proc.stderr[-3000:]
-    # the chunk's transaction was aborted: nothing after the bad record (nor before it in the chunk)
-    assert flat(read_all(clusters.dst_bootstrap, f"{topic}.m", timeout=10)) == []
+    # the chunk's transaction was aborted: nothing after the bad record (nor before it in the chunk). Read
+    # committed records up to the destination's end offset (not "until a slow consumer gives up"); the end
+    # is past the aborted record and its abort marker, so the record before the bad one was produced
+    dst = ClusterConfig(kafka={"bootstrap.servers": clusters.dst_bootstrap})
+    ((part, (low, end)),) = clients.end_offsets(dst, f"{topic}.m").items()
+    assert end >= 2, "the chunk never reached the destination"
+    assert [m.key() for m in clients.read_partition(dst, f"{topic}.m", part, low, end)] == []
 
 
 def test_two_way_identity_does_not_loop(clusters, unique, tmp_path):
@@ -390,3 +396,59 @@ def test_a_plan_that_cannot_be_carried_out_stops_the_job_before_it_mirrors(clust
     assert line and f"{topic}.m: replication factor 3 is above" in line[-1], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "ckpt" / g / "commits").exists()  # no micro-batch ran
+
+
+# --------------------------------------------------------------------------- the driver's collect fails
+
+
+def test_a_failed_collect_falls_back_to_the_tasks_without_duplicates(clusters, unique, tmp_path):
+    """The job's documented fallback: when collecting a batch to the driver fails part-way (here after
+    the first Arrow batch, which the driver has already written), the tasks write the batch; with
+    exactly_once they skip what the driver committed, so every record arrives once."""
+    g = unique("collect").replace("-", "")
+    topic = f"{g}.t"
+    create_topic(clusters.src_bootstrap, topic, 3)
+    produce(clusters.src_bootstrap, topic, [(i % 3, f"{i}".encode(), b"v", []) for i in range(150)])
+    path, _ = write_config(clusters, tmp_path, f"""
+groups:
+  - name: {g}
+    source: src
+    destination: dst
+    serdes: {{key: bytes, value: bytes}}
+    offset_syncs_topic: "{g}.syncs.internal"
+    heartbeats: {{enabled: false}}
+    topics_mirroring: {{replication_factor: {{type: fix, value: 1}}}}
+    spark: {{master: "local[2]", checkpoint_dir: "{tmp_path / 'ckpt'}"}}
+    mirrors:
+      - {{source_topic: {topic}, destination_topic: {topic}.m}}
+""")
+    # the job as spark-submit runs it, with the collect stream cut after its first Arrow batch
+    code = """
+import sys
+from spark_jobs import mirror_stream
+
+real = mirror_stream.arrow_batches
+
+def cut_after_first(df):
+    it = real(df)
+    try:
+        yield next(it)
+    finally:
+        try:
+            it.close()
+        except Exception:
+            pass
+    raise OSError("connection reset (injected by the test)")
+
+mirror_stream.arrow_batches = cut_after_first
+sys.exit(mirror_stream.main(sys.argv[1:]))
+"""
+    proc = subprocess.run([sys.executable, "-c", code, str(path), "--group", g, "--once"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    log = proc.stderr + proc.stdout
+    assert "collecting to the driver failed (connection reset (injected by the test)); the tasks write it" in log
+    assert "'written_by': 'tasks'" in log and "'written_by': 'driver'" not in log
+    got = read_all(clusters.dst_bootstrap, f"{topic}.m")
+    assert {p: [int(m.key()) for m in ms] for p, ms in got.items()} == \
+        {p: list(range(p, 150, 3)) for p in range(3)}  # all of them, once, in order
