@@ -112,6 +112,27 @@ def load_sync_store(cfg: MirrorsConfig, group: GroupConfig) -> OffsetSyncStore:
         return tail.store
 
 
+#: why a remapped topic gets no checkpoint, no group offset and no translated lag
+REMAPPED = ("the destination has fewer partitions than the source (records placed by key hash): offsets "
+            "cannot be translated exactly")
+
+
+def remapped_topics(cfg: MirrorsConfig, group: GroupConfig, mappings: list[TopicMapping]) -> set[str]:
+    """Source topics mirrored into fewer destination partitions. Their records were placed by key hash,
+    so a source partition's records are spread over several destination partitions (and share them with
+    other source partitions): no single destination position corresponds to a source offset. Like
+    ``verify``, checkpoints, group offset sync and lag leave them out and say why."""
+    src = clients.admin(cfg.cluster(group.source)).list_topics(timeout=30).topics
+    dst = clients.admin(cfg.cluster(group.destination)).list_topics(timeout=30).topics
+    out = set()
+    for m in mappings:
+        s, d = src.get(m.source_topic), dst.get(m.destination_topic)
+        if s is not None and d is not None and s.error is None and d.error is None \
+                and len(d.partitions) < len(s.partitions):
+            out.add(m.source_topic)
+    return out
+
+
 def load_checkpoints(cfg: MirrorsConfig, group: GroupConfig) -> dict[tuple[str, str, int], Checkpoint]:
     """The latest checkpoint per (consumer group, destination topic, partition)."""
     out: dict[tuple[str, str, int], Checkpoint] = {}
@@ -147,6 +168,7 @@ def emit_checkpoints(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncSt
                      mappings: list[TopicMapping], report: RoundReport) -> dict[tuple[str, str, int], Checkpoint]:
     """Translate every selected group's committed offsets and write checkpoints; returns the current ones."""
     by_src = {m.source_topic: m for m in mappings}
+    remapped = remapped_topics(cfg, group, mappings)
     previous = load_checkpoints(cfg, group)
     current = dict(previous)
     offsets = source_group_offsets(cfg, group, set(by_src))
@@ -157,6 +179,9 @@ def emit_checkpoints(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncSt
         report.groups.append(rep)
         for (src_topic, part), committed in sorted(offs.items()):
             dst_topic = by_src[src_topic].destination_topic
+            if src_topic in remapped:
+                rep.skipped.append((dst_topic, part, REMAPPED))
+                continue
             prev = previous.get((gid, dst_topic, part))
             tr = store.translate(src_topic, part, committed)
             rewound = prev is not None and committed < prev.upstream_offset
@@ -189,8 +214,11 @@ def _note_failure(failed: list[str]) -> Any:
 
 
 def sync_group_offsets(cfg: MirrorsConfig, group: GroupConfig, checkpoints: dict[tuple[str, str, int], Checkpoint],
-                       report: RoundReport, force: bool = False) -> None:
-    """Write checkpointed offsets into idle destination groups; never backwards unless ``force``."""
+                       report: RoundReport, force: bool = False, untranslatable: frozenset[str] = frozenset()) -> None:
+    """Write checkpointed offsets into idle destination groups; never backwards unless ``force``.
+
+    ``untranslatable``: destination topics whose offsets cannot be translated exactly (see
+    :func:`remapped_topics`); a checkpoint of one (written before this rule) is never applied."""
     admin = clients.admin(cfg.cluster(group.destination))
     by_group: dict[str, list[Checkpoint]] = {}
     for (gid, _, _), cp in checkpoints.items():
@@ -210,6 +238,10 @@ def sync_group_offsets(cfg: MirrorsConfig, group: GroupConfig, checkpoints: dict
         existing = {(tp.topic, tp.partition): tp.offset for tp in existing_res.topic_partitions if tp.offset >= 0}
         to_write = []
         for cp in sorted(cps, key=lambda c: (c.topic, c.partition)):
+            if cp.topic in untranslatable:
+                if not any(t == cp.topic and p == cp.partition for t, p, _ in rep.skipped):
+                    rep.skipped.append((cp.topic, cp.partition, REMAPPED))
+                continue
             cur = existing.get((cp.topic, cp.partition))
             if cur == cp.downstream_offset:
                 continue
@@ -263,7 +295,10 @@ def run_round(cfg: MirrorsConfig, group: GroupConfig, force: bool = False) -> Ro
         checkpoints = emit_checkpoints(cfg, group, store, mappings, report)
     if group.offsets.sync_group_offsets:
         wanted = {r.group for r in report.groups}
-        sync_group_offsets(cfg, group, {k: v for k, v in checkpoints.items() if k[0] in wanted}, report, force)
+        remapped = remapped_topics(cfg, group, mappings)
+        untranslatable = frozenset(m.destination_topic for m in mappings if m.source_topic in remapped)
+        sync_group_offsets(cfg, group, {k: v for k, v in checkpoints.items() if k[0] in wanted}, report, force,
+                           untranslatable)
     if group.heartbeats.enabled:
         report.heartbeat = emit_heartbeat(cfg, group)
     return report

@@ -127,11 +127,12 @@ class GroupLag:
 def consumer_group_lag(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore | None = None,
                        mappings: list[TopicMapping] | None = None) -> list[GroupLag]:
     """Where each selected source group would resume on the destination, and how far behind that is."""
-    from mirror_core.checkpoint import source_group_offsets
+    from mirror_core.checkpoint import REMAPPED, remapped_topics, source_group_offsets
 
     store = store or load_sync_store(cfg, group)
     mappings = mappings if mappings is not None else topic_mappings(cfg, group)
     by_src = {m.source_topic: m for m in mappings}
+    remapped = remapped_topics(cfg, group, mappings)
     out = []
     ends_cache: dict[str, dict[int, tuple[int, int]]] = {}
     for gid, offs in source_group_offsets(cfg, group, set(by_src)).items():
@@ -140,6 +141,9 @@ def consumer_group_lag(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSync
             if dst_topic not in ends_cache:
                 ends_cache[dst_topic] = clients.end_offsets(cfg.cluster(group.destination), dst_topic)
             dst_end = ends_cache[dst_topic].get(p, (0, 0))[1]
+            if topic in remapped:
+                out.append(GroupLag(gid, dst_topic, p, committed, None, dst_end, None, REMAPPED))
+                continue
             latest = store.latest(topic, p)
             if latest is not None:
                 # the position after the last mirrored record: a trailing commit marker is not lag

@@ -112,6 +112,7 @@ def test_item9_checkpoint_produce_failure_is_an_error(monkeypatch) -> None:
     store = OffsetSyncStore()
     store.add_all([OffsetSync("t", 0, 0, 0), OffsetSync("t", 0, 10, 10)])
     monkeypatch.setattr(checkpoint, "load_checkpoints", lambda c, gr: {})
+    monkeypatch.setattr(checkpoint, "remapped_topics", lambda c, gr, m: set())
     monkeypatch.setattr(checkpoint, "source_group_offsets", lambda c, gr, topics: {"app": {("t", 0): 4}})
     fake = _Producer("Broker: Topic authorization failed")
     monkeypatch.setattr(clients, "producer", lambda cluster, **kw: fake)
