@@ -28,8 +28,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -148,13 +150,22 @@ class SchemaRegistryConfig(_Frozen):
 
 
 class ClusterConfig(_Frozen):
-    """A Kafka cluster: librdkafka client properties, and optionally its registry."""
+    """A Kafka cluster: librdkafka client properties, and optionally its registry.
 
-    kafka: dict[str, str | SecretStr]
+    Instead of inline properties a cluster may name an Airflow connection (``connection``: the Kafka
+    provider's ``kafka`` type, whose extra is a librdkafka config; ``schema_registry_connection``: an
+    ``http`` connection). Those are resolved by an adapter at task run time (:meth:`resolved`), never
+    while a DAG file is parsed; ``kafka`` properties given as well are laid over the connection's.
+    """
+
+    connection: str | None = Field(default=None, min_length=1)
+    schema_registry_connection: str | None = Field(default=None, min_length=1)
+    kafka: dict[str, str | SecretStr] | None = Field(default=None, validate_default=True)
     schema_registry: SchemaRegistryConfig | None = None
     #: Java client properties for Spark's Kafka source, over what mirrorflow derives from ``kafka``
     #: (e.g. JKS key/trust stores, which librdkafka cannot read); secrets stay SecretStr
     java_kafka: dict[str, str | SecretStr] = Field(default_factory=dict)
+    _resolved: bool = PrivateAttr(default=False)
 
     @field_validator("kafka", "java_kafka", mode="before")
     @classmethod
@@ -178,7 +189,11 @@ class ClusterConfig(_Frozen):
 
     @field_validator("kafka")
     @classmethod
-    def _bootstrap(cls, v: dict[str, str | SecretStr]) -> dict[str, str | SecretStr]:
+    def _bootstrap(cls, v: dict[str, str | SecretStr] | None, info: ValidationInfo) -> dict[str, str | SecretStr] | None:
+        if info.data.get("connection"):
+            return v
+        if v is None:
+            raise ValueError("required: the librdkafka properties, or 'connection' naming an Airflow connection")
         if not v.get("bootstrap.servers"):
             raise ValueError("'bootstrap.servers' is required")
         return v
@@ -189,15 +204,44 @@ class ClusterConfig(_Frozen):
             k: (v.get_secret_value() if isinstance(v, SecretStr) else v) for k, v in self.java_kafka.items()
         }
 
-    def kafka_properties(self) -> dict[str, str]:
+    @model_validator(mode="after")
+    def _registry_once(self) -> ClusterConfig:
+        if self.schema_registry is not None and self.schema_registry_connection:
+            raise ValueError("give either 'schema_registry' or 'schema_registry_connection', not both")
+        return self
+
+    @property
+    def needs_connection(self) -> bool:
+        """Names an Airflow connection that has not been resolved into properties yet."""
+        return bool(self.connection or self.schema_registry_connection) and not self._resolved
+
+    def resolved(self, kafka: Mapping[str, str] | None, registry: Mapping[str, Any] | None = None) -> ClusterConfig:
+        """This cluster with its connection's properties filled in (``kafka``: librdkafka properties from
+        the connection, under this cluster's own; ``registry``: the SchemaRegistryConfig fields)."""
+        props: dict[str, Any] = dict(kafka or {})
+        props.update(self.kafka_properties(_allow_unresolved=True))
+        reg = self.schema_registry
+        if registry is not None:
+            reg = SchemaRegistryConfig.model_validate(dict(registry))
+        out = ClusterConfig.model_validate({"connection": self.connection, "kafka": props})
+        out = out.model_copy(update={"schema_registry_connection": self.schema_registry_connection,
+                                     "schema_registry": reg, "java_kafka": self.java_kafka})
+        out._resolved = True
+        return out
+
+    def kafka_properties(self, _allow_unresolved: bool = False) -> dict[str, str]:
         """The librdkafka properties with secrets revealed; pass only to a client, never log."""
+        if self.needs_connection and not _allow_unresolved:
+            raise ConfigError(ConfigIssue(
+                "connection", f"cluster uses Airflow connection {self.connection or self.schema_registry_connection!r}, "
+                "which is resolved only by Airflow tasks (or from the file MIRRORFLOW_CONNECTIONS_FILE names)"))
         return {
-            k: (v.get_secret_value() if isinstance(v, SecretStr) else v) for k, v in self.kafka.items()
+            k: (v.get_secret_value() if isinstance(v, SecretStr) else v) for k, v in (self.kafka or {}).items()
         }
 
     @property
     def bootstrap_servers(self) -> str:
-        return str(self.kafka["bootstrap.servers"])
+        return str((self.kafka or {}).get("bootstrap.servers", ""))
 
 
 # --------------------------------------------------------------------------- group settings
@@ -332,7 +376,19 @@ def reserved_source_option(key: str) -> str | None:
     return None
 
 
+StreamMode = Literal["continuous", "available_now"]
+
+
 class SparkConfig(_Frozen):
+    #: how Airflow runs the group's stream: one long-lived job (relaunched when it dies) or a scheduled
+    #: drain (``--once``) every ``drain_every``
+    mode: StreamMode = "continuous"
+    drain_every: Duration = 300.0
+    #: Airflow's Spark connection for spark-submit; when it does not exist, ``master`` is used
+    airflow_conn_id: str = Field(default="mirrorflow_spark", min_length=1)
+    #: relaunches of a dead continuous job by Airflow (exponential back-off from ``retry_delay``)
+    retries: int = Field(default=10, ge=0)
+    retry_delay: Duration = 10.0
     master: str = "local[2]"
     trigger: str = "1 second"
     checkpoint_dir: str = ".state/checkpoints"
@@ -350,6 +406,11 @@ class SparkConfig(_Frozen):
     #: extra options for Spark's Kafka source (``kafka.<consumer property>``, ``fetchOffset.*``, ...),
     #: over mirrorflow's defaults; not the ones the mirror's guarantees rest on (see RESERVED_SOURCE_OPTIONS)
     source_options: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("drain_every", "retry_delay", mode="before")
+    @classmethod
+    def _dur(cls, v: Any) -> float:
+        return parse_duration(v)
 
     @field_validator("source_options")
     @classmethod
@@ -649,7 +710,10 @@ _SCHEMA_SERDES = frozenset({"avro", "protobuf", "json_schema"})
 
 def _brokers(cluster: ClusterConfig) -> frozenset[str]:
     """The brokers a ``bootstrap.servers`` list names (order and case ignored), to tell two
-    aliases of one cluster apart from two clusters."""
+    aliases of one cluster apart from two clusters (a cluster known only by its Airflow connection
+    is that connection)."""
+    if not cluster.bootstrap_servers and cluster.connection:
+        return frozenset({f"airflow-connection:{cluster.connection}"})
     return frozenset(h.strip().lower() for h in cluster.bootstrap_servers.split(",") if h.strip())
 
 
@@ -747,5 +811,64 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Mirro
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(ConfigIssue(where, f"invalid YAML: {problem}"), str(p)) from None
-    return parse_config(raw, env, str(p))
+    cfg = parse_config(raw, env, str(p))
+    conn_file = (os.environ if env is None else env).get(CONNECTIONS_FILE_ENV)
+    if conn_file and any(c.needs_connection for c in cfg.clusters.values()):
+        cfg = with_connections_file(cfg, conn_file)
+    return cfg
+
+
+#: environment variable naming a JSON file of resolved Airflow connections (written 0600 by the Airflow
+#: adapter for the Spark job, so that secrets never reach a command line)
+CONNECTIONS_FILE_ENV = "MIRRORFLOW_CONNECTIONS_FILE"
+
+
+def with_connections(cfg: MirrorsConfig, resolve: Any) -> MirrorsConfig:
+    """``cfg`` with every cluster that names an Airflow connection resolved. ``resolve(cluster)`` returns
+    ``(kafka properties or None, schema registry fields or None)`` for a :class:`ClusterConfig`."""
+    clusters = {}
+    for alias, c in cfg.clusters.items():
+        if c.needs_connection:
+            kafka, registry = resolve(c)
+            c = c.resolved(kafka, registry)
+        clusters[alias] = c
+    return cfg.model_copy(update={"clusters": clusters})
+
+
+def connections_payload(cfg: MirrorsConfig) -> dict[str, Any]:
+    """The resolved connection properties of ``cfg``'s clusters, by alias (secrets revealed: write it
+    only to a private file)."""
+    out: dict[str, Any] = {}
+    for alias, c in cfg.clusters.items():
+        if not (c.connection or c.schema_registry_connection):
+            continue
+        reg = c.schema_registry
+        out[alias] = {
+            "kafka": c.kafka_properties() if c.connection else None,
+            "schema_registry": None if reg is None or not c.schema_registry_connection else {
+                "url": reg.url, "timeout": reg.timeout, "retries": reg.retries,
+                "basic.auth.user.info": reg.basic_auth_user_info.get_secret_value() if reg.basic_auth_user_info else None,
+            },
+        }
+    return out
+
+
+def with_connections_file(cfg: MirrorsConfig, path: str) -> MirrorsConfig:
+    """Resolve ``cfg``'s connection clusters from a file :func:`connections_payload` wrote."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(ConfigIssue("", f"cannot read resolved connections: {exc}"), path) from None
+    aliases = {id(c): a for a, c in cfg.clusters.items()}
+
+    def resolve(c: ClusterConfig) -> tuple[Any, Any]:
+        entry = data.get(aliases[id(c)]) or {}
+        reg = entry.get("schema_registry")
+        if reg is not None and reg.get("basic.auth.user.info") is None:
+            reg = {k: v for k, v in reg.items() if k != "basic.auth.user.info"}
+        return entry.get("kafka"), reg
+
+    return with_connections(cfg, resolve)
 

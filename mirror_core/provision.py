@@ -132,10 +132,26 @@ def _plan_schemas(cfg: MirrorsConfig, group: GroupConfig, topic_plan: TopicPlan,
 def provision_group(cfg: MirrorsConfig, group: GroupConfig, plan: GroupPlan | None = None) -> ProvisionResult:
     """Apply the group's plan: topics first, then schema subjects. Returns what was done and what failed."""
     plan = plan or plan_group(cfg, group)
+    result = apply_topics(cfg, group, plan)
+    schemas_done = apply_schemas(cfg, group, plan)
+    result.done += schemas_done.done
+    result.errors += schemas_done.errors
+    result.id_map.update(schemas_done.id_map)
+    return result
+
+
+def apply_topics(cfg: MirrorsConfig, group: GroupConfig, plan: GroupPlan) -> ProvisionResult:
+    """The topic part of a plan: create / grow topics, alter configs, create ACLs."""
     result = ProvisionResult(group.name)
     for a in plan.topics.errors:
         result.errors.append(f"{a.mirror}: {a.topic}: {a.reason}")
     result.done += apply_topic_plan(clients.admin(cfg.cluster(group.destination)), plan.topics)
+    return result
+
+
+def apply_schemas(cfg: MirrorsConfig, group: GroupConfig, plan: GroupPlan) -> ProvisionResult:
+    """The schema part of a plan: mirror the subjects (after the topics exist)."""
+    result = ProvisionResult(group.name)
     if plan.schema_pairs:
         from mirror_core import schemas
 

@@ -197,6 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config)
     group = cfg.group(args.group)
     from mirror_core import metrics
+    from mirror_core.failover import stream_stop_requested
+
+    stopped = stream_stop_requested(group)
+    if stopped:
+        log.info("%s: not started: %s", group.name, stopped)
+        return 0
 
     metrics.serve(group.spark.metrics_port)
     rt = MirrorRuntime(cfg, group)
@@ -211,12 +217,13 @@ def main(argv: list[str] | None = None) -> int:
             spark.stop()
             return 1
     query = build_query(spark, cfg, group, once=args.once, runtime=rt, prepared=True)
-    return run_until_done(query, group.name)
+    return run_until_done(query, group.name, lambda: stream_stop_requested(group))
 
 
-def run_until_done(query: StreamingQuery, group_name: str) -> int:
-    """Wait for the query; SIGTERM/SIGINT stop it between batches. Returns the exit code: 0 when it
-    finished or was stopped, 1 when it failed (one clear line naming the record that stopped it)."""
+def run_until_done(query: StreamingQuery, group_name: str, stop_requested: Any = None) -> int:
+    """Wait for the query; SIGTERM/SIGINT, or ``stop_requested()`` returning a reason (a failover's stop
+    marker), stop it between batches. Returns the exit code: 0 when it finished or was stopped, 1 when
+    it failed (one clear line naming the record that stopped it)."""
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: Any) -> None:
@@ -229,6 +236,10 @@ def run_until_done(query: StreamingQuery, group_name: str) -> int:
         while not stop.is_set():
             if query.awaitTermination(1):
                 break
+            reason = stop_requested() if stop_requested is not None else None
+            if reason:
+                log.info("%s: stopping after the current batch: %s", group_name, reason)
+                stop.set()
         if stop.is_set():
             wait_for_batch_end(query)
             query.stop()

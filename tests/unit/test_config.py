@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 import types
 import typing
@@ -793,3 +794,61 @@ def test_unreadable_file_exits_2(tmp_path: Path) -> None:
     result = run_validate(tmp_path / "missing.yaml")
     assert result.exit_code == 2
     assert "cannot read" in result.output and "Traceback" not in result.output
+
+
+# --------------------------------------------------------------------------- Airflow connections
+
+
+def _conn_cfg() -> Any:
+    return parse_config(yaml.safe_load("""
+clusters:
+  a: {kafka: {bootstrap.servers: "a:1"}}
+  b: {connection: kafka_b, kafka: {client.id: mine}, schema_registry_connection: sr_b}
+  c: {connection: kafka_c}
+groups:
+  - {name: bc, source: b, destination: c, mirrors: [{source_topic: t}]}
+  - {name: ab, source: a, destination: b, mirrors: [{source_topic: t}]}
+"""), env={})
+
+
+def test_a_cluster_may_name_airflow_connections_resolved_later(tmp_path: Any) -> None:
+    from mirror_core.config import connections_payload, with_connections, with_connections_file
+
+    cfg = _conn_cfg()
+    b = cfg.cluster("b")
+    assert b.needs_connection and not cfg.cluster("a").needs_connection
+    with pytest.raises(ConfigError, match="Airflow connection 'kafka_b'"):
+        b.kafka_properties()
+
+    def resolve(c: Any) -> Any:
+        if c.connection == "kafka_b":
+            return ({"bootstrap.servers": "b:9", "sasl.password": "s3cret", "client.id": "theirs"},
+                    {"url": "http://reg:1/apis/ccompat/v7", "basic.auth.user.info": "u:p4ss"})
+        return {"bootstrap.servers": "c:9"}, None
+
+    resolved = with_connections(cfg, resolve)
+    rb = resolved.cluster("b")
+    assert not rb.needs_connection
+    assert rb.kafka_properties() == {"bootstrap.servers": "b:9", "sasl.password": "s3cret", "client.id": "mine"}
+    assert isinstance(rb.kafka["sasl.password"], SecretStr) and "s3cret" not in repr(rb)
+    assert rb.schema_registry.url == "http://reg:1/apis/ccompat/v7"
+    assert "p4ss" not in repr(rb.schema_registry)
+    path = tmp_path / "conns.json"
+    path.write_text(json.dumps(connections_payload(resolved)))
+    again = with_connections_file(cfg, str(path))
+    assert again.cluster("b").kafka_properties() == rb.kafka_properties()
+    assert again.cluster("b").schema_registry.basic_auth_user_info.get_secret_value() == "u:p4ss"
+    assert again.cluster("c").kafka_properties() == {"bootstrap.servers": "c:9"}
+
+
+def test_a_cluster_needs_kafka_properties_or_a_connection() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(yaml.safe_load("""
+clusters:
+  a: {schema_registry: {url: "http://r:1"}}
+  b: {schema_registry_connection: sr, schema_registry: {url: "http://r:1"}, connection: k}
+groups: [{name: g, source: a, destination: b, mirrors: [{source_topic: t}]}]
+"""), env={})
+    assert [str(i) for i in err.value.issues] == [
+        "clusters.a.kafka: required: the librdkafka properties, or 'connection' naming an Airflow connection",
+        "clusters.b: give either 'schema_registry' or 'schema_registry_connection', not both"]

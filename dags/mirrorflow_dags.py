@@ -1,0 +1,231 @@
+"""Every mirrorflow DAG, generated from the mirrors YAML.
+
+The config comes from ``$MIRRORFLOW_CONFIG``, else ``config/mirrors.yaml``, else ``config/local.yaml``
+(next to this repository's ``dags/``). Parsing reads and validates it, nothing more: no connection is
+looked up and no cluster is contacted until a task runs. An invalid config is one import error that
+names the YAML file and each problem's path.
+
+Per enabled group ``G`` (dag ids ``mirrorflow__<G>__<purpose>``):
+
+* ``provision``: validate -> plan -> apply_topics -> mirror_schemas (emits the group's Asset);
+* ``stream``: the Spark mirror (``spark.mode``: continuous or a scheduled available_now drain);
+* ``offset_sync``: checkpoint (+ idle group offset sync), heartbeat, record_lag, every offsets.interval;
+* ``failover``: the migration to the destination, with two approvals;
+* ``failback``: the same flow for the reverse group, when the config has one.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pendulum
+from airflow.providers.standard.operators.hitl import ApprovalOperator
+from airflow.sdk import DAG, Asset, AssetOrTimeSchedule, Param
+from airflow.sdk.definitions.timetables.trigger import DeltaTriggerTimetable
+from mirrorflow_airflow.operators import (
+    ApplyTopicsOperator,
+    CheckpointOperator,
+    FailoverReportOperator,
+    FailoverStepOperator,
+    FinalizeFailoverOperator,
+    HeartbeatOperator,
+    MirrorSchemasOperator,
+    MirrorStreamOperator,
+    PlanOperator,
+    RecordLagOperator,
+    ValidateConfigOperator,
+)
+from mirrorflow_airflow.sensors import ReplicationLagSensor, SourceQuietSensor
+
+from mirror_core.config import GroupConfig, MirrorsConfig, load_config, resolve_mirrors
+from mirror_core.errors import ConfigError
+from mirror_core.failover import reverse_group
+
+ROOT = Path(__file__).resolve().parent.parent
+START = pendulum.datetime(2024, 1, 1, tz="UTC")
+
+
+class MirrorflowConfigError(Exception):
+    """The mirrors config is invalid (the message names the file and every problem's path)."""
+
+
+def config_path(env: dict[str, str] | None = None) -> Path:
+    """``$MIRRORFLOW_CONFIG``, else config/mirrors.yaml, else config/local.yaml."""
+    env = dict(os.environ) if env is None else env
+    if env.get("MIRRORFLOW_CONFIG"):
+        return Path(env["MIRRORFLOW_CONFIG"]).resolve()
+    mirrors = ROOT / "config" / "mirrors.yaml"
+    return mirrors if mirrors.exists() else ROOT / "config" / "local.yaml"
+
+
+def dag_id(group: str, purpose: str) -> str:
+    return f"mirrorflow__{group}__{purpose}"
+
+
+def group_asset(group: str) -> Asset:
+    """Updated when the group's provisioning finished (topics and schema subjects in place)."""
+    return Asset(name=dag_id(group, "provisioned"), uri=f"mirrorflow://{group}/provisioned")
+
+
+def _tags(group: GroupConfig, purpose: str) -> list[str]:
+    return ["mirrorflow", f"group:{group.name}", purpose]
+
+
+def _describe(group: GroupConfig) -> str:
+    n = len(resolve_mirrors(group))
+    return (f"Group **{group.name}**: `{group.source}` -> `{group.destination}`, {n} mirror(s), "
+            f"delivery {group.delivery}, stream mode {group.spark.mode}.")
+
+
+def provision_dag(path: str, group: GroupConfig) -> DAG:
+    with DAG(dag_id(group.name, "provision"), schedule=None, start_date=START, catchup=False,
+             tags=_tags(group, "provision"), max_active_runs=1,
+             doc_md=f"""### Provision {group.name}
+{_describe(group)}
+
+Manual. `validate` -> `plan` (read-only, logged as a table) -> `apply_topics` (create / grow topics,
+configs, ACLs) -> `mirror_schemas` (schema subjects). Updates the Asset `{group_asset(group.name).uri}`.
+""") as dag:
+        kw: dict[str, Any] = {"config_path": path, "group_name": group.name}
+        (ValidateConfigOperator(task_id="validate", **kw) >> PlanOperator(task_id="plan", **kw)
+         >> ApplyTopicsOperator(task_id="apply_topics", **kw)
+         >> MirrorSchemasOperator(task_id="mirror_schemas", outlets=[group_asset(group.name)], **kw))
+    return dag
+
+
+def _stream_task(path: str, group: GroupConfig, task_id: str, once: bool, **kw: Any) -> MirrorStreamOperator:
+    return MirrorStreamOperator(task_id=task_id, config_path=path, group_name=group.name, once=once,
+                                master=group.spark.master, conn_id=group.spark.airflow_conn_id, **kw)
+
+
+def stream_dag(path: str, group: GroupConfig) -> DAG:
+    continuous = group.spark.mode == "continuous"
+    schedule: Any
+    if continuous:
+        schedule = "@continuous"
+        how = (f"One long-lived Spark job (`@continuous`, one run at a time). A job that dies is relaunched "
+               f"by Airflow (up to {group.spark.retries} retries, back-off from {group.spark.retry_delay:g} s) "
+               "and resumes from its checkpoint.")
+    else:
+        schedule = AssetOrTimeSchedule(timetable=DeltaTriggerTimetable(timedelta(seconds=group.spark.drain_every)),
+                                       assets=[group_asset(group.name)])
+        how = (f"A drain (`--once`) every {group.spark.drain_every:g} s and after each provisioning: mirrors "
+               "what is on the source, then stops.")
+    with DAG(dag_id(group.name, "stream"), schedule=schedule, start_date=START, catchup=False, max_active_runs=1,
+             tags=_tags(group, "stream"), doc_md=f"""### Stream {group.name}
+{_describe(group)}
+
+{how} Task `mirror_stream` runs `spark_jobs/mirror_stream.py` with spark-submit (connection
+`{group.spark.airflow_conn_id}`, else master `{group.spark.master}`). A failover of the group stops it for
+good (its stop marker): the task is then skipped.
+""") as dag:
+        _stream_task(path, group, "mirror_stream", once=not continuous, retries=group.spark.retries,
+                     retry_delay=timedelta(seconds=group.spark.retry_delay), retry_exponential_backoff=2.0,
+                     max_retry_delay=timedelta(minutes=10))
+    return dag
+
+
+def offset_sync_dag(path: str, group: GroupConfig) -> DAG:
+    with DAG(dag_id(group.name, "offset_sync"), schedule=timedelta(seconds=group.offsets.interval), start_date=START,
+             catchup=False, max_active_runs=1, tags=_tags(group, "offset_sync"), doc_md=f"""### Offset sync {group.name}
+{_describe(group)}
+
+Every {group.offsets.interval:g} s: `checkpoint` (MM2 checkpoints for the selected source consumer groups,
+translated offsets written into idle destination groups), `heartbeat`, and `record_lag` (a lag sample
+per partition for the Mirrors page, as this task's XCom).
+""") as dag:
+        kw: dict[str, Any] = {"config_path": path, "group_name": group.name}
+        CheckpointOperator(task_id="checkpoint", **kw) >> RecordLagOperator(task_id="record_lag", **kw)
+        HeartbeatOperator(task_id="heartbeat", **kw)
+    return dag
+
+
+FAILOVER_PARAMS_DOC = """Params: `consumer_groups` (the source consumer groups to move), `max_lag_records` and
+`max_lag_seconds` (when the lag sensor lets the run ask to stop producers), `quiet_seconds` (how long the
+source must stay without new records once producers are stopped)."""
+
+
+def failover_dag(path: str, owner: GroupConfig, flow: GroupConfig, purpose: str) -> DAG:
+    """The migration of ``flow``'s consumers from its source to its destination (``owner`` names the DAG:
+    for a failback, ``flow`` is the owner's reverse group)."""
+    continuous = flow.spark.mode == "continuous"
+    stream_id = dag_id(flow.name, "stream")
+    with DAG(dag_id(owner.name, purpose), schedule=None, start_date=START, catchup=False, max_active_runs=1,
+             tags=_tags(owner, purpose), params={
+                 "consumer_groups": Param([], type="array", items={"type": "string", "minLength": 1}, minItems=1,
+                                          description="Source consumer groups to move to the destination."),
+                 "max_lag_records": Param(1000, type="integer", minimum=0,
+                                          description="Lag (records) under which the run asks to stop producers."),
+                 "max_lag_seconds": Param(60, type="number", minimum=0,
+                                          description="Lag (seconds) under which the run asks to stop producers."),
+                 "quiet_seconds": Param(30, type="number", minimum=0,
+                                        description="How long the source must stay quiet once producers stop."),
+             }, doc_md=f"""### {purpose.capitalize()} of {flow.name}: `{flow.source}` -> `{flow.destination}`
+Manual. `preflight` -> `wait_for_lag` (deferrable) -> **approve_stop_producers** -> `wait_for_quiet`
+{'-> `final_drain` ' if not continuous else ''}-> `final_sync` (checkpoints + group offsets) -> `verify_parity`
+-> **approve_switch_consumers** -> `finalize` (stream `{stream_id}` stopped and paused) -> `report`.
+A Reject at either approval ends the run: nothing changes after it, and the report says where it stopped.
+
+{FAILOVER_PARAMS_DOC}
+""") as dag:
+        kw: dict[str, Any] = {"config_path": path, "group_name": flow.name}
+        preflight = FailoverStepOperator(task_id="preflight", step="preflight", stream_dag_id=stream_id, **kw)
+        lag = ReplicationLagSensor(task_id="wait_for_lag", poke_interval=5, timeout=6 * 3600, **kw)
+        stop_producers = ApprovalOperator(
+            task_id="approve_stop_producers", subject=f"Stop the producers on {flow.source}",
+            body=(f"Group **{flow.name}** is ready to fail over to `{flow.destination}`.\n\n"
+                  "{{ ti.xcom_pull(task_ids='wait_for_lag', key='step_report')['summary'] }}\n\n"
+                  f"Approve once every producer writing the mirrored topics on `{flow.source}` is stopped. "
+                  "Reject to call the failover off (nothing has been changed)."))
+        quiet = SourceQuietSensor(task_id="wait_for_quiet", poke_interval=2, timeout=3600,
+                                  require_lag_zero=continuous, **kw)
+        sync = FailoverStepOperator(task_id="final_sync", step="sync", **kw)
+        parity = FailoverStepOperator(task_id="verify_parity", step="verify", **kw)
+        switch = ApprovalOperator(
+            task_id="approve_switch_consumers", subject=f"Switch consumers to {flow.destination}",
+            body=("{{ ti.xcom_pull(task_ids='final_sync', key='step_report')['summary'] }}; "
+                  "{{ ti.xcom_pull(task_ids='verify_parity', key='step_report')['summary'] }}.\n\n"
+                  f"Approve to stop the mirror `{flow.source}` -> `{flow.destination}` for good; then start the "
+                  f"consumers on `{flow.destination}`. Reject to stop here (destination offsets are synced, "
+                  "the mirror keeps its state)."))
+        finalize = FinalizeFailoverOperator(task_id="finalize", stream_dag_id=stream_id, **kw)
+        steps = [("preflight", "preflight"), ("wait_for_lag", "lag"), ("approve_stop_producers", "approval"),
+                 ("wait_for_quiet", "quiet"), ("final_sync", "sync"), ("verify_parity", "verify"),
+                 ("approve_switch_consumers", "approval"), ("finalize", "finalize")]
+        report = FailoverReportOperator(task_id="report", steps=steps, trigger_rule="all_done", **kw)
+        if continuous:
+            preflight >> lag >> stop_producers >> quiet >> sync
+        else:
+            drain = _stream_task(path, flow, "final_drain", once=True)
+            preflight >> lag >> stop_producers >> quiet >> drain >> sync
+        sync >> parity >> switch >> finalize >> report
+    return dag
+
+
+def build(cfg: MirrorsConfig, path: str) -> dict[str, DAG]:
+    """Every DAG of every enabled group, by dag id."""
+    dags: dict[str, DAG] = {}
+    for group in cfg.enabled_groups():
+        for d in (provision_dag(path, group), stream_dag(path, group), offset_sync_dag(path, group),
+                  failover_dag(path, group, group, "failover")):
+            dags[d.dag_id] = d
+        rev = reverse_group(cfg, group)
+        if rev is not None:
+            d = failover_dag(path, group, rev, "failback")
+            dags[d.dag_id] = d
+    return dags
+
+
+def _load(path: Path) -> MirrorsConfig:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise MirrorflowConfigError(f"{exc.source or path}: invalid mirrors config: "
+                                    + "; ".join(str(i) for i in exc.issues)) from None
+
+
+_PATH = config_path()
+globals().update(build(_load(_PATH), str(_PATH)))

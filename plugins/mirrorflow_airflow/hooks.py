@@ -1,0 +1,134 @@
+"""Hooks: the mirrors config with its clusters' Airflow connections resolved, at task run time.
+
+A cluster in the YAML may name an Airflow connection instead of inline properties:
+
+* ``connection``: the Kafka provider's ``kafka`` connection type. Its extra is a librdkafka config
+  (``bootstrap.servers``, ``security.protocol``, ...); a login / password on the connection become
+  ``sasl.username`` / ``sasl.password`` unless the extra sets them.
+* ``schema_registry_connection``: an ``http`` connection. ``host`` (with its scheme, or ``schema`` as
+  the scheme) and ``port`` make the URL, extra ``path`` is appended (``/apis/ccompat/v7`` for
+  Apicurio); login / password become basic auth.
+
+Connections are looked up only inside a running task or trigger (never when a DAG file is parsed),
+and every secret value found is registered with Airflow's log masker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from airflow.sdk import BaseHook
+
+from mirror_core.config import (
+    CONNECTIONS_FILE_ENV,
+    SECRET_KEY_RE,
+    ClusterConfig,
+    GroupConfig,
+    MirrorsConfig,
+    connections_payload,
+    load_config,
+    with_connections,
+)
+
+
+def _mask(value: Any) -> None:
+    if value:
+        from airflow.sdk.log import mask_secret
+
+        mask_secret(str(value))
+
+
+def kafka_properties(conn: Any) -> dict[str, str]:
+    """librdkafka properties from a ``kafka`` connection (extra + login/password)."""
+    extra = conn.extra_dejson or {}
+    props = {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in extra.items()}
+    if conn.login and "sasl.username" not in props:
+        props["sasl.username"] = conn.login
+    if conn.password and "sasl.password" not in props:
+        props["sasl.password"] = conn.password
+    if "bootstrap.servers" not in props and conn.host:
+        props["bootstrap.servers"] = f"{conn.host}:{conn.port}" if conn.port else conn.host
+    for k, v in props.items():
+        if SECRET_KEY_RE.search(k):
+            _mask(v)
+    return props
+
+
+def registry_fields(conn: Any) -> dict[str, Any]:
+    """SchemaRegistryConfig fields from an ``http`` connection."""
+    extra = conn.extra_dejson or {}
+    host = conn.host or ""
+    url = host if "://" in host else f"{conn.schema or 'http'}://{host}"
+    if conn.port:
+        url = f"{url.rstrip('/')}:{conn.port}"
+    if extra.get("path"):
+        url = url.rstrip("/") + "/" + str(extra["path"]).lstrip("/")
+    out: dict[str, Any] = {"url": url}
+    for key in ("timeout", "retries", "breaker_failures", "breaker_reset"):
+        if key in extra:
+            out[key] = extra[key]
+    if conn.login or conn.password:
+        _mask(conn.password)
+        out["basic.auth.user.info"] = f"{conn.login or ''}:{conn.password or ''}"
+    return out
+
+
+class MirrorflowHook(BaseHook):
+    """The mirrors config of ``config_path`` with connection-backed clusters resolved."""
+
+    conn_name_attr = "config_path"
+    hook_name = "mirrorflow"
+
+    def __init__(self, config_path: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.config_path = config_path
+        self._cfg: MirrorsConfig | None = None
+
+    def resolve_cluster(self, cluster: ClusterConfig) -> tuple[dict[str, str] | None, dict[str, Any] | None]:
+        kafka = kafka_properties(self.get_connection(cluster.connection)) if cluster.connection else None
+        registry = (registry_fields(self.get_connection(cluster.schema_registry_connection))
+                    if cluster.schema_registry_connection else None)
+        return kafka, registry
+
+    def get_config(self) -> MirrorsConfig:
+        """Load, validate and resolve (once per hook)."""
+        if self._cfg is None:
+            cfg = load_config(self.config_path)
+            if any(c.needs_connection for c in cfg.clusters.values()):
+                cfg = with_connections(cfg, self.resolve_cluster)
+            self._cfg = cfg
+        return self._cfg
+
+    def get_group(self, name: str) -> tuple[MirrorsConfig, GroupConfig]:
+        cfg = self.get_config()
+        return cfg, cfg.group(name)
+
+    @contextmanager
+    def connections_file(self) -> Iterator[str | None]:
+        """A private (0600) temporary file holding the resolved connections, for a child process (the
+        Spark job) that cannot ask Airflow; None when the config names no connection. Removed on exit."""
+        cfg = self.get_config()
+        payload = connections_payload(cfg)
+        if not payload:
+            yield None
+            return
+        fd, path = tempfile.mkstemp(prefix="mirrorflow-connections-", suffix=".json")
+        try:
+            os.fchmod(fd, stat.S_IRUSR | stat.S_IWUSR)
+            with os.fdopen(fd, "w") as fh:
+                json.dump(payload, fh)
+            yield path
+        finally:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+__all__ = ["CONNECTIONS_FILE_ENV", "MirrorflowHook", "kafka_properties", "registry_fields"]

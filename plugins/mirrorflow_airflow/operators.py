@@ -1,0 +1,429 @@
+"""Operators: thin, templated adapters over ``mirror_core``.
+
+Each operator keeps only names in ``__init__`` (config path, group name; no I/O), loads the config
+through :class:`~mirrorflow_airflow.hooks.MirrorflowHook` when it runs (resolving Airflow connections
+then), calls one core function and returns a JSON summary without secrets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from mirror_core.config import CONNECTIONS_FILE_ENV
+from mirrorflow_airflow.hooks import MirrorflowHook
+from mirrorflow_airflow.sensors import STEP_REPORT_KEY
+
+#: Airflow ``http`` connection of Airflow's own public API (host = base URL, login / password), used
+#: by the failover's finalize to pause the stream DAG; without it the pause is done through the
+#: metadata database when the task may reach it (``dag.test()``), else only the stop marker acts.
+AIRFLOW_API_CONN_ID = "mirrorflow_airflow_api"
+
+
+class MirrorflowOperator(BaseOperator):
+    """Base: a config path and a group name (both templated)."""
+
+    template_fields: Sequence[str] = ("config_path", "group_name")
+    ui_color = "#dff5e3"
+
+    def __init__(self, *, config_path: str, group_name: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.config_path = config_path
+        self.group_name = group_name
+
+    def load(self) -> tuple[Any, Any]:
+        """(config with connections resolved, the group)."""
+        return MirrorflowHook(self.config_path).get_group(self.group_name)
+
+
+# --------------------------------------------------------------------------- provisioning
+
+
+class ValidateConfigOperator(MirrorflowOperator):
+    """Validate the config and resolve the group's clusters (fails with one line per problem)."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from mirror_core.config import resolve_mirrors
+        from mirror_core.errors import ConfigError
+
+        try:
+            cfg, group = self.load()
+        except ConfigError as exc:
+            raise AirflowFailException(f"{exc.source}: {exc}") from None
+        return {"group": group.name, "source": group.source, "destination": group.destination,
+                "mirrors": len(resolve_mirrors(group)), "clusters": sorted(cfg.clusters)}
+
+
+def plan_table(plan: Any) -> str:
+    """A provisioning plan as a plain-text table for the task log."""
+    rows = [("action", "destination", "source", "partitions", "RF", "reason")]
+    for a in plan.topics.actions:
+        rows.append((a.kind, a.topic, a.source_topic or "-", str(a.partitions or "-"),
+                     str(a.replication_factor or "-"), a.reason))
+    if plan.schemas is not None:
+        rows += [(f"schema {s.action}", s.subject, s.source_subject or "-", "-", "-", s.detail)
+                 for s in plan.schemas.steps]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+class PlanOperator(MirrorflowOperator):
+    """Plan the group's provisioning (read-only) and log it as a table; fails if the plan has errors."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from mirror_core.provision import plan_group
+
+        cfg, group = self.load()
+        plan = plan_group(cfg, group)
+        self.log.info("plan for group %s:\n%s", group.name, plan_table(plan))
+        if plan.has_errors:
+            raise AirflowFailException(f"the plan for group {group.name} has errors (see the table)")
+        kinds: dict[str, int] = {}
+        for a in plan.topics.actions:
+            kinds[a.kind] = kinds.get(a.kind, 0) + 1
+        if plan.schemas is not None:
+            for s in plan.schemas.steps:
+                kinds[f"schema {s.action}"] = kinds.get(f"schema {s.action}", 0) + 1
+        return {"group": group.name, "actions": kinds}
+
+
+class ApplyTopicsOperator(MirrorflowOperator):
+    """Create / grow destination topics, sync their configs and ACLs."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from mirror_core.provision import apply_topics, plan_group
+
+        cfg, group = self.load()
+        res = apply_topics(cfg, group, plan_group(cfg, group))
+        for line in res.done:
+            self.log.info("%s: %s", group.name, line)
+        if res.errors:
+            raise AirflowFailException("; ".join(res.errors))
+        return {"group": group.name, "done": res.done}
+
+
+class MirrorSchemasOperator(MirrorflowOperator):
+    """Mirror the group's schema subjects (after its topics exist)."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from mirror_core.provision import apply_schemas, plan_group
+
+        cfg, group = self.load()
+        res = apply_schemas(cfg, group, plan_group(cfg, group))
+        for line in res.done:
+            self.log.info("%s: %s", group.name, line)
+        if res.errors:
+            raise AirflowFailException("; ".join(res.errors))
+        return {"group": group.name, "done": res.done}
+
+
+# --------------------------------------------------------------------------- offsets
+
+
+class CheckpointOperator(MirrorflowOperator):
+    """Checkpoints for the selected source groups and their offsets synced into idle destination groups."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from mirror_core.checkpoint import run_round
+
+        cfg, group = self.load()
+        rep = run_round(cfg, group.model_copy(update={"heartbeats": group.heartbeats.model_copy(
+            update={"enabled": False})}))
+        out = {"group": group.name, "consumer_groups": [
+            {"group": g.group, "checkpoints": g.checkpoints, "written": [list(w) for w in g.written],
+             "skipped": [[t, p, why] for t, p, why in g.skipped]} for g in rep.groups]}
+        for g in rep.groups:
+            self.log.info("%s: %d checkpoints, offsets written %s, skipped %s", g.group, g.checkpoints,
+                          g.written or "-", g.skipped or "-")
+        return out
+
+
+class HeartbeatOperator(MirrorflowOperator):
+    """One MM2 heartbeat on the source (the stream mirrors it; lag in seconds uses it when idle)."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from mirror_core.checkpoint import emit_heartbeat
+
+        cfg, group = self.load()
+        if not group.heartbeats.enabled:
+            return {"group": group.name, "heartbeat": "off"}
+        if not emit_heartbeat(cfg, group):
+            raise AirflowFailException("heartbeat not acknowledged")
+        return {"group": group.name, "heartbeat": "sent"}
+
+
+class RecordLagOperator(MirrorflowOperator):
+    """A lag sample for the Mirrors page: its return value is the ``record_lag`` JSON contract."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from mirror_core.failover import lag_sample
+
+        cfg, group = self.load()
+        sample = lag_sample(cfg, group)
+        total = sum(p["lag_records"] for p in sample["partitions"])
+        self.log.info("%s: lag %d records over %d partitions", group.name, total, len(sample["partitions"]))
+        return sample
+
+
+class VerifyOperator(MirrorflowOperator):
+    """Parity of every mirrored partition (counts + checksums); fails on a mismatch."""
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from mirror_core.failover import verify
+
+        cfg, group = self.load()
+        rep = verify(cfg, group)
+        self.log.info("%s", rep.summary)
+        if not rep.ok:
+            raise AirflowFailException(rep.summary)
+        return rep.as_dict()
+
+
+# --------------------------------------------------------------------------- failover
+
+
+class FailoverStepOperator(MirrorflowOperator):
+    """One step of ``mirror_core.failover`` (preflight, sync, verify) with the run's validated params.
+
+    The step's report goes to XCom (key ``step_report``) whether or not it passed; a failed step fails
+    the task, so nothing after it runs."""
+
+    template_fields: Sequence[str] = ("config_path", "group_name", "stream_dag_id")
+    STEPS = ("preflight", "sync", "verify")
+
+    def __init__(self, *, step: str, stream_dag_id: str | None = None, **kwargs: Any) -> None:
+        if step not in self.STEPS:
+            raise ValueError(f"step must be one of {self.STEPS}, got {step!r}")
+        super().__init__(**kwargs)
+        self.step = step
+        self.stream_dag_id = stream_dag_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from mirror_core import failover
+        from mirror_core.errors import ConfigError
+
+        try:
+            params = failover.FailoverParams.from_mapping(dict(context["params"]))
+        except ConfigError as exc:
+            raise AirflowFailException(f"invalid params: {exc}") from None
+        cfg, group = self.load()
+        if self.step == "preflight":
+            running = None
+            if group.spark.mode == "continuous" and self.stream_dag_id:
+                running = context["ti"].get_dr_count(dag_id=self.stream_dag_id, states=["running"]) > 0
+            rep = failover.preflight(cfg, group, params, stream_running=running)
+        elif self.step == "sync":
+            rep = failover.final_sync(cfg, group, params)
+        else:
+            rep = failover.verify(cfg, group)
+        return push_report(self, context, rep)
+
+
+def push_report(op: BaseOperator, context: Any, rep: Any) -> dict[str, Any]:
+    """Log a step report, push it to XCom, fail the task when it did not pass."""
+    data = rep.as_dict()
+    context["ti"].xcom_push(key=STEP_REPORT_KEY, value=data)
+    op.log.info("%s: %s", rep.step, rep.summary)
+    if not rep.ok:
+        raise AirflowFailException(f"{rep.step}: {rep.summary}")
+    return data
+
+
+class FinalizeFailoverOperator(MirrorflowOperator):
+    """Stop the group's stream for good (stop marker, stream DAG paused, its job ended) and make the
+    reverse group ready."""
+
+    template_fields: Sequence[str] = ("config_path", "group_name", "stream_dag_id")
+
+    def __init__(self, *, stream_dag_id: str, stop_timeout: float = 300.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stream_dag_id = stream_dag_id
+        self.stop_timeout = stop_timeout
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from mirror_core import failover
+
+        cfg, group = self.load()
+        marker = failover.request_stream_stop(group, f"failover of group {group.name} to {group.destination}")
+        self.log.info("stop marker written: %s", marker)
+        paused = pause_dag(self.stream_dag_id, self.log)
+        deadline = time.monotonic() + self.stop_timeout
+        stopped = False
+        while True:
+            running = context["ti"].get_dr_count(dag_id=self.stream_dag_id, states=["running"])
+            if running == 0:
+                stopped = True
+                break
+            if time.monotonic() >= deadline:
+                break
+            self.log.info("waiting for %d running run(s) of %s to end", running, self.stream_dag_id)
+            time.sleep(2)
+        rep = failover.finalize(cfg, group, stream_stopped=stopped)
+        rep = failover.StepReport(rep.step, rep.group, rep.ok, rep.summary,
+                                  dict(rep.details) | {"stream_dag_paused": paused}, rep.at)
+        return push_report(self, context, rep)
+
+
+def pause_dag(dag_id: str, log: Any) -> bool | None:
+    """Pause ``dag_id`` through Airflow's public API (connection ``mirrorflow_airflow_api``), else the
+    metadata database when reachable; True/False, or None when neither is available."""
+    from airflow.sdk import BaseHook
+
+    try:
+        conn = BaseHook.get_connection(AIRFLOW_API_CONN_ID)
+    except Exception:  # noqa: BLE001 - connection not defined (its lookup raises a not-found error)
+        conn = None
+    if conn is not None:
+        import httpx
+
+        base = conn.host if "://" in (conn.host or "") else f"http://{conn.host}"
+        if conn.port:
+            base = f"{base}:{conn.port}"
+        with httpx.Client(base_url=base, timeout=30) as http:
+            tok = http.post("/auth/token", json={"username": conn.login, "password": conn.password})
+            tok.raise_for_status()
+            headers = {"Authorization": f"Bearer {tok.json()['access_token']}"}
+            r = http.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": True}, headers=headers)
+            log.info("paused %s through the API: HTTP %d", dag_id, r.status_code)
+            return r.status_code == 200
+    try:
+        from airflow.models.dag import DagModel
+        from airflow.utils.session import create_session
+        from sqlalchemy import update
+
+        with create_session() as session:
+            session.execute(update(DagModel).where(DagModel.dag_id == dag_id).values(is_paused=True))
+        log.info("paused %s", dag_id)
+        return True
+    except Exception as exc:  # noqa: BLE001 - no database access from this task
+        log.warning("could not pause %s (%s); define the %s connection to let the failover pause it",
+                    dag_id, type(exc).__name__, AIRFLOW_API_CONN_ID)
+        return None
+
+
+class FailoverReportOperator(BaseOperator):
+    """The failover report: markdown in the log, a JSON summary as XCom. Runs whatever happened upstream
+    (trigger rule all_done) and fails when a step failed; a rejection ends the run successfully."""
+
+    template_fields: Sequence[str] = ("config_path", "group_name")
+
+    def __init__(self, *, config_path: str, group_name: str, steps: Sequence[tuple[str, str]], **kwargs: Any) -> None:
+        """``steps``: (task_id, kind) in order; kind is a failover step name or ``approval``."""
+        super().__init__(**kwargs)
+        self.config_path = config_path
+        self.group_name = group_name
+        self.steps = list(steps)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from mirror_core import failover
+        from mirror_core.config import load_config
+
+        group = load_config(self.config_path).group(self.group_name)  # names only: no connection needed
+        ti = context["ti"]
+        reports: list[failover.StepReport] = []
+        stopped_at: str | None = None
+        reason = ""
+        failed = False
+        for task_id, kind in self.steps:
+            if kind == "approval":
+                answer = ti.xcom_pull(task_ids=task_id)
+                chosen = (answer or {}).get("chosen_options") or []
+                if "Approve" in chosen:
+                    continue
+                stopped_at = task_id
+                if "Reject" in chosen:
+                    reason = f"rejected by {(answer or {}).get('responded_by_user') or 'a person'}"
+                else:
+                    reason, failed = "not reached (an earlier task failed)", True
+                break
+            data = ti.xcom_pull(task_ids=task_id, key=STEP_REPORT_KEY)
+            if data is None:
+                stopped_at, reason, failed = task_id, "did not complete", True
+                break
+            rep = failover.StepReport.from_dict(data)
+            reports.append(rep)
+            if not rep.ok:
+                stopped_at, reason, failed = task_id, rep.summary, True
+                break
+        markdown, summary = failover.render_report(group, reports, stopped_at, reason)
+        self.log.info("failover report\n%s", markdown)
+        if failed:
+            ti.xcom_push(key="return_value", value=summary)
+            raise AirflowFailException(f"failover stopped at {stopped_at}: {reason}")
+        return summary
+
+
+# --------------------------------------------------------------------------- the stream (Spark)
+
+
+def stream_application() -> str:
+    """Absolute path of ``spark_jobs/mirror_stream.py`` (located without importing pyspark)."""
+    spec = find_spec("spark_jobs")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the spark_jobs package is not installed")
+    return str(Path(next(iter(spec.submodule_search_locations))) / "mirror_stream.py")
+
+
+class MirrorStreamOperator(SparkSubmitOperator):
+    """``spark-submit spark_jobs/mirror_stream.py CONFIG --group G [--once]`` through the Spark provider.
+
+    * The Spark connection (``spark.airflow_conn_id``) gives the master; when it does not exist the
+      group's ``spark.master`` is used (the provider would otherwise silently submit to yarn).
+    * Clusters that name Airflow connections are resolved here and handed to the job in a 0600 file
+      named by an environment variable: never on the command line.
+    * A group stopped by a failover (its stop marker) is skipped, not launched.
+    """
+
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "config_path", "group_name")
+
+    def __init__(self, *, config_path: str, group_name: str, once: bool = False, master: str = "local[2]",
+                 conn_id: str = "mirrorflow_spark", **kwargs: Any) -> None:
+        python = sys.executable
+        kwargs.setdefault("name", f"mirrorflow-{group_name}")
+        kwargs.setdefault("conf", {"spark.pyspark.python": python, "spark.pyspark.driver.python": python})
+        kwargs.setdefault("env_vars", {"PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python})
+        super().__init__(application=stream_application(),
+                         application_args=[config_path, "--group", group_name, *(["--once"] if once else [])],
+                         conn_id=conn_id, **kwargs)
+        self.config_path = config_path
+        self.group_name = group_name
+        self.once = once
+        self.master = master
+        self.spark_conn_id = conn_id
+
+    def _ensure_connection(self) -> None:
+        from airflow.sdk import BaseHook
+
+        try:
+            BaseHook.get_connection(self.spark_conn_id)
+        except Exception:  # noqa: BLE001 - not defined: use the group's master in this task process
+            self.log.info("Spark connection %r is not defined: using the group's master %s", self.spark_conn_id,
+                          self.master)
+            os.environ[f"AIRFLOW_CONN_{self.spark_conn_id.upper()}"] = json.dumps(
+                {"conn_type": "spark", "host": self.master})
+
+    def execute(self, context: Any) -> None:
+        from mirror_core.failover import stream_stop_requested
+
+        hook = MirrorflowHook(self.config_path)
+        _, group = hook.get_group(self.group_name)
+        reason = stream_stop_requested(group)
+        if reason:
+            raise AirflowSkipException(f"not started: {reason}")
+        self._ensure_connection()
+        with hook.connections_file() as path:
+            if path:
+                self.env_vars = {**(self.env_vars or {}), CONNECTIONS_FILE_ENV: path}
+            super().execute(context)

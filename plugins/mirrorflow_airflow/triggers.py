@@ -1,0 +1,100 @@
+"""Triggers for the failover's waits: replication lag under thresholds, and a quiet source.
+
+They run in the triggerer; each check is blocking client I/O (confluent-kafka), so it runs in a
+thread (``asyncio.to_thread``) and the event loop stays free. Only the config path, the group name
+and the failover params are serialized: never a cluster property or secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from mirror_core.errors import MirrorError
+
+
+class _FailoverCheckTrigger(BaseTrigger):
+    """Polls one failover check until it passes, fails for good, or ``timeout`` seconds pass."""
+
+    step = ""
+
+    def __init__(self, config_path: str, group_name: str, params: dict[str, Any], poll_interval: float = 5.0,
+                 timeout: float = 3600.0, started_at: float | None = None) -> None:
+        super().__init__()
+        self.config_path = config_path
+        self.group_name = group_name
+        self.params = dict(params)
+        self.poll_interval = float(poll_interval)
+        self.timeout = float(timeout)
+        self.started_at = time.time() if started_at is None else float(started_at)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}", {
+            "config_path": self.config_path, "group_name": self.group_name, "params": self.params,
+            "poll_interval": self.poll_interval, "timeout": self.timeout, "started_at": self.started_at})
+
+    def check(self, previous: dict[str, Any] | None) -> Any:
+        """One blocking check; returns a failover.StepReport."""
+        raise NotImplementedError
+
+    def _load(self) -> tuple[Any, Any, Any]:
+        from mirror_core.failover import FailoverParams
+        from mirrorflow_airflow.hooks import MirrorflowHook
+
+        cfg, group = MirrorflowHook(self.config_path).get_group(self.group_name)
+        return cfg, group, FailoverParams.from_mapping(self.params)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        previous: dict[str, Any] | None = None
+        while True:
+            try:
+                report = await asyncio.to_thread(self.check, previous)
+            except MirrorError as exc:
+                yield TriggerEvent({"status": "error", "message": f"{self.step}: {exc}"})
+                return
+            if report.ok:
+                yield TriggerEvent({"status": "ok", "report": report.as_dict()})
+                return
+            if time.time() - self.started_at >= self.timeout:
+                yield TriggerEvent({"status": "timeout", "report": report.as_dict(),
+                                    "message": f"{self.step}: not reached within {self.timeout:.0f} s: {report.summary}"})
+                return
+            previous = dict(report.details)
+            self.log.info("%s: %s", self.step, report.summary)
+            await asyncio.sleep(self.poll_interval)
+
+
+class ReplicationLagTrigger(_FailoverCheckTrigger):
+    """Fires when the group's replication lag is under ``max_lag_records`` and ``max_lag_seconds``."""
+
+    step = "lag"
+
+    def check(self, previous: dict[str, Any] | None) -> Any:
+        from mirror_core import failover
+
+        cfg, group, params = self._load()
+        return failover.lag_check(cfg, group, params)
+
+
+class SourceQuietTrigger(_FailoverCheckTrigger):
+    """Fires when the source had no new records for ``quiet_seconds`` (and lag is 0, if required)."""
+
+    step = "quiet"
+
+    def __init__(self, *args: Any, require_lag_zero: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.require_lag_zero = bool(require_lag_zero)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        path, kwargs = super().serialize()
+        return path, kwargs | {"require_lag_zero": self.require_lag_zero}
+
+    def check(self, previous: dict[str, Any] | None) -> Any:
+        from mirror_core import failover
+
+        cfg, group, params = self._load()
+        return failover.quiet_check(cfg, group, params, previous, self.require_lag_zero)

@@ -1,0 +1,41 @@
+"""Airflow test set-up: a temporary AIRFLOW_HOME with SQLite for this test session.
+
+Airflow reads its configuration once per process, when it is first imported, so the home is made
+here, before any test module imports airflow; the metadata database is created on first use by the
+``airflow_db`` fixture (only the dag.test() runs need it).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_HOME = Path(tempfile.mkdtemp(prefix="mirrorflow-airflow-home-"))
+os.environ["AIRFLOW_HOME"] = str(_HOME)
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(ROOT / "dags")
+os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "False"
+os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_HOME / 'airflow.db'}"
+os.environ["AIRFLOW__CORE__AUTH_MANAGER"] = (
+    "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
+os.environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = "True"
+os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"
+
+
+@pytest.fixture(scope="session")
+def airflow_home() -> Path:
+    return _HOME
+
+
+@pytest.fixture(scope="session")
+def airflow_db(airflow_home: Path) -> Iterator[Path]:
+    """The session's SQLite metadata database, migrated once."""
+    from airflow.utils.db import initdb
+
+    initdb()
+    yield airflow_home

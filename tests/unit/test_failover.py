@@ -1,0 +1,81 @@
+"""Pure parts of the failover: params, the lag sample contract, the report, the stop marker."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mirror_core import failover
+from mirror_core.config import parse_config
+from mirror_core.errors import ConfigError
+from mirror_core.health import LagReport, PartitionLag
+
+
+def _cfg(tmp_path: Path, reverse: bool = True):  # noqa: ANN202
+    raw = {"clusters": {"a": {"kafka": {"bootstrap.servers": "a:1"}}, "b": {"kafka": {"bootstrap.servers": "b:1"}}},
+           "groups": [{"name": "ab", "source": "a", "destination": "b", "mirrors": [{"source_topic": "t"}],
+                       "spark": {"checkpoint_dir": str(tmp_path / "ckpt")}}]}
+    if reverse:
+        raw["groups"].append({"name": "ba", "source": "b", "destination": "a", "enabled": False,
+                              "mirrors": [{"source_topic": "u"}], "spark": {"checkpoint_dir": str(tmp_path / "ckpt")}})
+    return parse_config(yaml.safe_load(yaml.safe_dump(raw)), env={})
+
+
+def test_params_are_validated_with_their_names() -> None:
+    p = failover.FailoverParams.from_mapping({"consumer_groups": "g1, g2", "max_lag_records": "5", "quiet_seconds": 2})
+    assert p.consumer_groups == ("g1", "g2") and p.max_lag_records == 5 and p.quiet_seconds == 2.0
+    with pytest.raises(ConfigError) as err:
+        failover.FailoverParams.from_mapping({"consumer_groups": [], "max_lag_seconds": -1, "quiet_seconds": "x"})
+    assert [str(i) for i in err.value.issues] == [
+        "consumer_groups: give at least one consumer group id", "max_lag_seconds: must be >= 0, got -1",
+        "quiet_seconds: not a number: 'x'"]
+
+
+def test_to_sample_is_the_record_lag_contract() -> None:
+    lag = LagReport([PartitionLag("g", "g__o__o2", "o", 0, 120, 100, 20, 1.5),
+                     PartitionLag("g", "g__o__o2", "o", 1, 7, None, 7, None)])
+    sample = failover.to_sample("g", lag, {"o": "o2"}, {("o2", 0): 101, ("o2", 1): 0}, None,
+                                taken_at="2026-01-01T00:00:00Z")
+    assert sample == {
+        "group": "g", "taken_at": "2026-01-01T00:00:00Z", "last_checkpoint_at": None,
+        "partitions": [
+            {"source_topic": "o", "destination_topic": "o2", "partition": 0, "lag_records": 20, "lag_seconds": 1.5,
+             "source_end": 120, "destination_end": 101},
+            {"source_topic": "o", "destination_topic": "o2", "partition": 1, "lag_records": 7, "lag_seconds": None,
+             "source_end": 7, "destination_end": 0}]}
+    assert json.loads(json.dumps(sample)) == sample
+    assert failover.to_sample("g", LagReport(), {}, {}, None)["taken_at"].endswith("Z")
+
+
+def test_report_says_where_a_rejected_run_stopped(tmp_path: Path) -> None:
+    group = _cfg(tmp_path).group("ab")
+    reps = [failover.StepReport("preflight", "ab", True, "ready"), failover.StepReport("lag", "ab", True, "lag 0")]
+    md, summary = failover.render_report(group, reps, "approve_stop_producers", "rejected by admin")
+    assert "Stopped at `approve_stop_producers`**: rejected by admin. Nothing was changed after that point." in md
+    assert summary["completed"] is False and summary["stopped_at"] == "approve_stop_producers"
+    done = reps + [failover.StepReport("sync", "ab", True, "1 synced", {"offsets": [
+        {"consumer_group": "c", "destination_topic": "t", "partition": 0, "source_committed": 5,
+         "destination_committed": 5}]}), failover.StepReport("verify", "ab", True, "ok", {"records_verified": 9}),
+        failover.StepReport("finalize", "ab", True, "stream stopped")]
+    md, summary = failover.render_report(group, done)
+    assert summary["completed"] and summary["records_verified"] == 9
+    assert "| c | t | 0 | 5 | 5 |" in md
+
+
+def test_stop_marker_is_idempotent_and_finalize_readies_the_reverse_group(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    ab, ba = cfg.group("ab"), cfg.group("ba")
+    failover.request_stream_stop(ba, "an earlier failback")
+    assert failover.reverse_group(cfg, ab) == ba
+    rep = failover.finalize(cfg, ab, stream_stopped=True)
+    assert rep.ok and rep.details["reverse_group"] == "ba" and rep.details["reverse_stop_marker_cleared"]
+    first = failover.stream_stop_requested(ab)
+    assert first and first.startswith("failover of group ab to b")
+    assert failover.finalize(cfg, ab, stream_stopped=True).ok
+    assert failover.stream_stop_requested(ab) == first  # not rewritten
+    assert failover.stream_stop_requested(ba) is None
+    assert not failover.finalize(cfg, ab, stream_stopped=False).ok
+    assert failover.reverse_group(_cfg(tmp_path, reverse=False), ab) is None
