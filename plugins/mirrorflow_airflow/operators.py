@@ -376,6 +376,16 @@ def stream_application() -> str:
     return str(Path(next(iter(spec.submodule_search_locations))) / "mirror_stream.py")
 
 
+def _spark_submit_on_path() -> None:
+    """The provider runs ``spark-submit`` by name: when PATH has none, use pyspark's, next to this
+    interpreter (the virtualenv that has mirror_core and pyspark)."""
+    import shutil
+
+    here = Path(sys.executable).parent
+    if shutil.which("spark-submit") is None and (here / "spark-submit").exists():
+        os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
 class MirrorStreamOperator(SparkSubmitOperator):
     """``spark-submit spark_jobs/mirror_stream.py CONFIG --group G [--once]`` through the Spark provider.
 
@@ -414,6 +424,18 @@ class MirrorStreamOperator(SparkSubmitOperator):
             os.environ[f"AIRFLOW_CONN_{self.spark_conn_id.upper()}"] = json.dumps(
                 {"conn_type": "spark", "host": self.master})
 
+    def prepare_submit(self) -> None:
+        """What spark-submit needs on this machine, decided when the task runs (never at parse time): the
+        Spark connection (or the group's master), spark-submit on PATH, and the Kafka connector jars from
+        the local artifact cache (``--jars``: under spark-submit the driver JVM is already running when
+        the session is built, so the job's own ``spark.jars`` comes too late for the Kafka source)."""
+        from mirror_core import artifacts
+
+        self._ensure_connection()
+        _spark_submit_on_path()
+        if not self.jars:
+            self.jars = ",".join(artifacts.spark_kafka_jars(artifacts.cache_dir()))
+
     def execute(self, context: Any) -> None:
         from mirror_core.failover import stream_stop_requested
 
@@ -422,7 +444,7 @@ class MirrorStreamOperator(SparkSubmitOperator):
         reason = stream_stop_requested(group)
         if reason:
             raise AirflowSkipException(f"not started: {reason}")
-        self._ensure_connection()
+        self.prepare_submit()
         with hook.connections_file() as path:
             if path:
                 self.env_vars = {**(self.env_vars or {}), CONNECTIONS_FILE_ENV: path}

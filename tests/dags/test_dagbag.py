@@ -122,13 +122,19 @@ def test_the_stream_task_builds_the_exact_spark_submit_command(monkeypatch: pyte
     monkeypatch.setenv("AIRFLOW_CONN_MIRRORFLOW_SPARK", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     bag = _dagbag(ROOT / "config" / "local.yaml", monkeypatch)
     task = bag.dags["mirrorflow__demo__stream"].get_task("mirror_stream")
+    assert task.jars is None  # nothing looked up at parse time
+    task.prepare_submit()
     hook = task._get_hook()
     cmd = hook._build_spark_submit_command(task.application)
     py = sys.executable
+    from mirror_core import artifacts
+
+    jars = artifacts.spark_kafka_jars(artifacts.cache_dir())
+    assert jars and all(j.endswith(".jar") for j in jars)
     assert cmd == [
         "spark-submit", "--master", "local[2]",
         "--conf", f"spark.pyspark.python={py}", "--conf", f"spark.pyspark.driver.python={py}",
-        "--name", "mirrorflow-demo",
+        "--jars", ",".join(jars), "--name", "mirrorflow-demo",
         str(ROOT / "spark_jobs" / "mirror_stream.py"), str(ROOT / "config" / "local.yaml"), "--group", "demo",
     ]
     assert task.env_vars == {"PYSPARK_PYTHON": py, "PYSPARK_DRIVER_PYTHON": py}
