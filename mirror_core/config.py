@@ -846,7 +846,7 @@ def connections_payload(cfg: MirrorsConfig) -> dict[str, Any]:
         out[alias] = {
             "kafka": c.kafka_properties() if c.connection else None,
             "schema_registry": None if reg is None or not c.schema_registry_connection else {
-                "url": reg.url, "timeout": reg.timeout, "retries": reg.retries,
+                "url": reg.url.get_secret_value(), "timeout": reg.timeout, "retries": reg.retries,
                 "basic.auth.user.info": reg.basic_auth_user_info.get_secret_value() if reg.basic_auth_user_info else None,
             },
         }

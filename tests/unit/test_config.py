@@ -831,7 +831,7 @@ def test_a_cluster_may_name_airflow_connections_resolved_later(tmp_path: Any) ->
     assert not rb.needs_connection
     assert rb.kafka_properties() == {"bootstrap.servers": "b:9", "sasl.password": "s3cret", "client.id": "mine"}
     assert isinstance(rb.kafka["sasl.password"], SecretStr) and "s3cret" not in repr(rb)
-    assert rb.schema_registry.url == "http://reg:1/apis/ccompat/v7"
+    assert rb.schema_registry.url.get_secret_value() == "http://reg:1/apis/ccompat/v7"
     assert "p4ss" not in repr(rb.schema_registry)
     path = tmp_path / "conns.json"
     path.write_text(json.dumps(connections_payload(resolved)))
