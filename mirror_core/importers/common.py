@@ -62,15 +62,14 @@ def first_run(tool: str, where: str) -> list[str]:
     """What the first run of an imported mirror does, for tools that kept no offset syncs (viooh, MM1)."""
     return [
         f"First run: {tool} committed its progress under the consumer group(s) kept below ({where}), on the",
-        f"source cluster. mirrorflow keeps the names but has no offset syncs for what {tool} copied, so a mirror",
-        f"starts at each source partition's earliest offset and copies again what {tool} already wrote (duplicates",
-        f"on the destination). To start where {tool} stopped: stop it, wait until its groups' lag is 0",
-        "(kafka-consumer-groups --describe --group <consumer_group>), then mirror into destination topics that",
-        "hold nothing yet (a new destination topic, or the old one deleted and re-created) and move the",
-        f"destination's consumers to them from the beginning. {tool} did not preserve partitions (its producer",
-        "chose them again from the key), mirrorflow does: a key may now sit in another partition than before,",
-        "so per-key order holds only within each side of the switch, and destination group offsets from",
-        "before cannot be translated.",
+        "source cluster, but wrote no offset syncs: without them a mirror starts at each source partition's",
+        f"earliest offset and copies again what {tool} already wrote. To start where {tool} stopped: stop it,",
+        "then `mirrorflow provision` this file and, before the first `mirrorflow run`, seed each partition's",
+        "position from those groups: python -m mirror_core.handover FILE --group GROUP [--dry-run].",
+        f"{tool} did not preserve partitions (its producer chose them again from the key); mirrorflow does, so",
+        "a key may now land in another partition than before: per-key order holds within each side of the",
+        "switch, destination consumers should finish what is there before reading on, and offsets from before",
+        "the switch cannot be translated (checkpoints start at the seeded positions).",
     ]
 
 
