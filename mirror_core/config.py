@@ -125,6 +125,10 @@ class SchemaRegistryConfig(_Frozen):
     retries: int = Field(default=3, ge=0, le=20)
     breaker_failures: int = Field(default=5, ge=1)
     breaker_reset: Duration = 30.0
+    #: a schema id the registry answers "not found" for is asked again this many times, with exponential
+    #: back-off from ``not_found_backoff``, before its record is called unmirrorable (a lagging replica)
+    not_found_retries: int = Field(default=4, ge=0, le=20)
+    not_found_backoff: Duration = 0.5
 
     @field_validator("url", mode="before")
     @classmethod
@@ -137,7 +141,7 @@ class SchemaRegistryConfig(_Frozen):
             return v.rstrip("/")
         return v
 
-    @field_validator("timeout", "breaker_reset", mode="before")
+    @field_validator("timeout", "breaker_reset", "not_found_backoff", mode="before")
     @classmethod
     def _dur(cls, v: Any) -> float:
         return parse_duration(v)

@@ -377,9 +377,11 @@ class RegistryClient:
         raw = self._request("GET", f"/schemas/ids/{int(schema_id)}")
         return Schema(str(raw.get("schemaType") or "AVRO"), str(raw["schema"]), _parse_refs(raw.get("references")))
 
-    def subject_versions_for_id(self, schema_id: int) -> list[tuple[str, int]]:
-        """``(subject, version)`` pairs that use this schema id; ``[]`` if unknown."""
-        got = self._maybe(lambda: self._request("GET", f"/schemas/ids/{int(schema_id)}/versions"))
+    def subject_versions_for_id(self, schema_id: int, deleted: bool = False) -> list[tuple[str, int]]:
+        """``(subject, version)`` pairs that use this schema id (with ``deleted``, soft-deleted versions
+        too); ``[]`` if unknown."""
+        params = {"deleted": "true"} if deleted else None
+        got = self._maybe(lambda: self._request("GET", f"/schemas/ids/{int(schema_id)}/versions", params=params))
         return [(str(r["subject"]), int(r["version"])) for r in got or []]
 
     def register(

@@ -37,13 +37,21 @@ import json
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from mirror_core.config import SchemaRegistryConfig
 from mirror_core.errors import SchemaMirrorError
-from mirror_core.registry import RegisteredSchema, RegistryClient, RegistryError, SchemaReference
+from mirror_core.registry import (
+    RegisteredSchema,
+    RegistryClient,
+    RegistryError,
+    Schema,
+    SchemaReference,
+    is_not_found,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +85,9 @@ class Registry(Protocol):
     def lookup(self, subject: str, schema_str: str, schema_type: str = "AVRO",
                references: Sequence[SchemaReference] = (), normalize: bool = False) -> RegisteredSchema | None: ...
 
-    def subject_versions_for_id(self, schema_id: int) -> list[tuple[str, int]]: ...
+    def subject_versions_for_id(self, schema_id: int, deleted: bool = False) -> list[tuple[str, int]]: ...
+
+    def schema_by_id(self, schema_id: int) -> Schema: ...
 
     def subject_compatibility(self, subject: str) -> str | None: ...
 
@@ -508,49 +518,116 @@ def _register(planner: _Planner, step: SchemaStep, id_preserving: bool, id_map: 
 # --------------------------------------------------------------------------- in-flight misses
 
 
+#: how long an id the source registry does not know stays "unknown" (its records are dead-lettered
+#: without asking again): a garbage id in a hot partition must not cost the retries on every record
+UNKNOWN_TTL = 60.0
+DEFAULT_NOT_FOUND_RETRIES = 4
+DEFAULT_NOT_FOUND_BACKOFF = 0.5
+
+
+class SchemaResolver:
+    """The partition writer's resolver: source schema id -> destination id, registering on a miss.
+
+    The id's subject is found on the source (soft-deleted versions included: a record written before
+    its subject was soft-deleted still decodes there; preferring the topic's own ``-key`` / ``-value``
+    subjects, mapped to the destination topic's; other subjects keep their names), its references are
+    registered first, and the schema is registered on the destination under the registry's own
+    compatibility rules.
+
+    A "not found" answer is asked again ``not_found_retries`` times with exponential back-off from
+    ``not_found_backoff`` seconds (a registry replica may lag behind the one the producer registered
+    with) before the id is called unknown: then ``__call__`` returns None (the record is
+    dead-lettered) and the id stays unknown for :data:`UNKNOWN_TTL` seconds. Registry failures raise
+    RegistryError.
+    """
+
+    def __init__(self, src: Registry | SchemaRegistryConfig, dst: Registry | SchemaRegistryConfig,
+                 source_topic: str, destination_topic: str, *, not_found_retries: int | None = None,
+                 not_found_backoff: float | None = None, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic):
+        if isinstance(src, SchemaRegistryConfig):
+            not_found_retries = src.not_found_retries if not_found_retries is None else not_found_retries
+            not_found_backoff = src.not_found_backoff if not_found_backoff is None else not_found_backoff
+        self.src: Registry = RegistryClient.from_config(src) if isinstance(src, SchemaRegistryConfig) else src
+        self.dst: Registry = RegistryClient.from_config(dst) if isinstance(dst, SchemaRegistryConfig) else dst
+        self.retries = DEFAULT_NOT_FOUND_RETRIES if not_found_retries is None else not_found_retries
+        self.backoff = DEFAULT_NOT_FOUND_BACKOFF if not_found_backoff is None else not_found_backoff
+        self.own = {f"{source_topic}-{side}": f"{destination_topic}-{side}" for side in ("key", "value")}
+        self._sleep, self._clock = sleep, clock
+        self._ids: dict[int, int] = {}
+        self._unknown_ids: dict[int, float] = {}  # id -> when it was found unknown
+        self._lock = threading.Lock()
+
+    # -- ids
+
+    def __call__(self, source_id: int) -> int | None:
+        with self._lock:
+            if source_id in self._ids:
+                return self._ids[source_id]
+            if self._still_unknown(self._unknown_ids, source_id):
+                return None
+            uses = self._patiently(lambda: self.src.subject_versions_for_id(source_id, deleted=True))
+            if not uses:
+                self._unknown_ids[source_id] = self._clock()
+                log.warning("schema id %d is unknown to the source registry %s (asked %d times)", source_id,
+                            self.src.url, self.retries + 1)
+                return None
+            subject, version = next(((su, v) for su, v in uses if su in self.own), uses[0])
+            content = self._source_content(subject, version, source_id)
+            got = self._register(content, self.own.get(subject, subject), subject).schema_id
+            self._ids[source_id] = got
+            return got
+
+    # -- helpers
+
+    def _still_unknown(self, unknown: dict[Any, float], key: Any) -> bool:
+        since = unknown.get(key)
+        if since is None:
+            return False
+        if self._clock() - since < UNKNOWN_TTL:
+            return True
+        del unknown[key]
+        return False
+
+    def _patiently(self, ask: Callable[[], Any]) -> Any:
+        """``ask()`` until it returns something truthy, at most 1 + retries times, backing off."""
+        for attempt in range(self.retries + 1):
+            got = ask()
+            if got:
+                return got
+            if attempt < self.retries:
+                self._sleep(self.backoff * 2 ** attempt)
+        return None
+
+    def _source_content(self, subject: str, version: int, source_id: int) -> Schema:
+        """The schema of ``subject`` ``version`` (id ``source_id``); a soft-deleted version is read by id."""
+        try:
+            return self.src.version(subject, version).schema
+        except RegistryError as exc:
+            if not is_not_found(exc):
+                raise
+        return self.src.schema_by_id(source_id)
+
+    def _register(self, schema: Schema, dst_subject: str, src_subject: str, depth: int = 0) -> RegisteredSchema:
+        if depth > 32:
+            raise SchemaMirrorError("schema references nested too deep (circular?)", subject=src_subject)
+        refs = [SchemaReference(r.name, r.subject,
+                                self._register(self.src.version(r.subject, r.version).schema, r.subject, r.subject,
+                                               depth + 1).version)
+                for r in schema.references]
+        new_id = self.dst.register(dst_subject, schema.schema_str, schema.schema_type, refs)
+        found = self.dst.lookup(dst_subject, schema.schema_str, schema.schema_type, refs)
+        if found is None:
+            raise SchemaMirrorError(f"registered id {new_id} but cannot find it again", subject=dst_subject)
+        return found
+
+
 def make_id_resolver(
     src: Registry | SchemaRegistryConfig,
     dst: Registry | SchemaRegistryConfig,
     source_topic: str,
     destination_topic: str,
-) -> Callable[[int], int | None]:
-    """A resolver for the partition writer: source schema id -> destination id, registering on a miss.
-
-    The id's subject is found on the source (preferring the topic's own
-    ``-key`` / ``-value`` subjects, mapped to the destination topic's; other
-    subjects keep their names), its references are registered first, and the
-    schema is registered on the destination under the registry's own
-    compatibility rules. Returns None when the source does not know the id;
-    raises RegistryError when a registry fails.
-    """
-    s = RegistryClient.from_config(src) if isinstance(src, SchemaRegistryConfig) else src
-    d = RegistryClient.from_config(dst) if isinstance(dst, SchemaRegistryConfig) else dst
-    own = {f"{source_topic}-{side}": f"{destination_topic}-{side}" for side in ("key", "value")}
-    cache: dict[int, int] = {}
-    lock = threading.Lock()
-
-    def copy(subject: str, version: int, dst_subject: str, depth: int = 0) -> RegisteredSchema:
-        if depth > 32:
-            raise SchemaMirrorError("schema references nested too deep (circular?)", subject=subject)
-        sv = s.version(subject, version)
-        refs = [SchemaReference(r.name, r.subject, copy(r.subject, r.version, r.subject, depth + 1).version)
-                for r in sv.references]
-        new_id = d.register(dst_subject, sv.schema_str, sv.schema_type, refs)
-        found = d.lookup(dst_subject, sv.schema_str, sv.schema_type, refs)
-        if found is None:
-            raise SchemaMirrorError(f"registered id {new_id} but cannot find it again", subject=dst_subject)
-        return found
-
-    def resolve(source_id: int) -> int | None:
-        with lock:
-            if source_id in cache:
-                return cache[source_id]
-            uses = s.subject_versions_for_id(source_id)
-            if not uses:
-                return None
-            subject, version = next(((su, v) for su, v in uses if su in own), uses[0])
-            got = copy(subject, version, own.get(subject, subject)).schema_id
-            cache[source_id] = got
-            return got
-
-    return resolve
+    **options: Any,
+) -> SchemaResolver:
+    """A :class:`SchemaResolver` (``options``: ``not_found_retries``, ``not_found_backoff``, ``sleep``)."""
+    return SchemaResolver(src, dst, source_topic, destination_topic, **options)

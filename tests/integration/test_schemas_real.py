@@ -187,7 +187,7 @@ def test_id_preserving_is_refused_by_apicurio_with_a_clear_error(src, dst, uniqu
 def test_id_resolver_registers_on_miss(src, dst, unique):
     topic = unique("resolve")
     sid = src.register(f"{topic}-value", record("R", [{"name": "id", **LONG}]))
-    resolve = make_id_resolver(src, dst, topic, f"dr.{topic}")
+    resolve = make_id_resolver(src, dst, topic, f"dr.{topic}", not_found_retries=1, not_found_backoff=0.05)
     got = resolve(sid)
     assert got == dst.version(f"dr.{topic}-value", 1).schema_id
     assert resolve(987_654_321) is None
@@ -230,3 +230,15 @@ def test_circuit_breaker_opens_against_a_dead_registry_and_fails_fast(unique):
         other.global_compatibility()
     assert len(attempts) == 3
     http.close()
+
+
+def test_item11_soft_deleted_schema_id_still_resolves(src, dst, unique):
+    """A record written before its subject was soft-deleted still decodes at the source: its id must be
+    mirrored, not dead-lettered as unknown."""
+    topic = unique("softdel")
+    sid = src.register(f"{topic}-value", record("Gone", [{"name": "id", **LONG}]))
+    src.delete_subject(f"{topic}-value")  # soft delete: the id stays readable at the source
+    assert src.schema_by_id(sid).schema_str
+    resolve = make_id_resolver(src, dst, topic, f"dr.{topic}")
+    got = resolve(sid)
+    assert got is not None and got == dst.version(f"dr.{topic}-value", 1).schema_id

@@ -23,6 +23,7 @@ from mirror_core.registry import (
     RegistryClient,
     RegistryError,
     RegistryUnavailableError,
+    Schema,
     SchemaReference,
     is_not_found,
 )
@@ -104,8 +105,15 @@ class FakeRegistry:
                 return v
         return None
 
-    def subject_versions_for_id(self, schema_id: int) -> list[tuple[str, int]]:
+    def subject_versions_for_id(self, schema_id: int, deleted: bool = False) -> list[tuple[str, int]]:
         return [(s, v.version) for s, vs in self.subjects_.items() for v in vs if v.schema_id == schema_id]
+
+    def schema_by_id(self, schema_id: int) -> Schema:
+        for vs in self.subjects_.values():
+            for v in vs:
+                if v.schema_id == schema_id:
+                    return v.schema
+        raise RegistryError("not found", http_status=404, error_code=40403)
 
     def subject_compatibility(self, subject: str) -> str | None:
         return self.levels.get(subject)
@@ -389,7 +397,7 @@ def test_id_preserving_keeps_source_ids_where_honoured(src, dst):
 def test_id_resolver_registers_a_miss_under_the_mapped_subject(src, dst):
     src.add("addr-value", ADDR_V1)
     (sid,) = src.add("orders-value", ORDER_REF, refs=[SchemaReference("t.Addr", "addr-value", 1)])
-    resolve = make_id_resolver(src, dst, "orders", "dr.orders")
+    resolve = make_id_resolver(src, dst, "orders", "dr.orders", not_found_retries=0)
     got = resolve(sid)
     assert got == dst.subjects_["dr.orders-value"][0].schema_id
     assert "addr-value" in dst.subjects_
@@ -508,3 +516,36 @@ def test_id_preservation_probe_compares_the_id_it_got_back(assign, honoured):
     assert [(r.method, r.url.path.rsplit("/", 1)[1]) for r in cleanup] == [("DELETE", subject)] * 3
     n = len(seen)
     assert client.probe_id_preservation() is honoured and len(seen) == n  # cached: no second probe
+
+
+@dataclass
+class LaggingRegistry(FakeRegistry):
+    """A source registry replica that has not yet seen the newest schemas: it answers "not found" for
+    the first ``lag`` id lookups."""
+
+    lag: int = 0
+    id_lookups: int = 0
+
+    def subject_versions_for_id(self, schema_id: int, deleted: bool = False) -> list[tuple[str, int]]:
+        self.id_lookups += 1
+        if self.id_lookups <= self.lag:
+            return []
+        return super().subject_versions_for_id(schema_id)
+
+
+def test_item11_lagging_registry_not_found_is_retried_with_backoff(dst):
+    src = LaggingRegistry(url="http://src", next_id=0, lag=2)
+    sid = src.register("orders-value", V1)
+    slept: list[float] = []
+    resolve = make_id_resolver(src, dst, "orders", "dr.orders", not_found_retries=3, not_found_backoff=0.5,
+                               sleep=slept.append)
+    got = resolve(sid)
+    assert got is not None and got == dst.version("dr.orders-value", 1).schema_id
+    assert slept == [0.5, 1.0]  # two "not found" answers, exponential back-off
+
+    # an id the source never knows: bounded (1 + retries lookups), then unknown for a while without asking again
+    slept.clear()
+    before = src.id_lookups
+    assert resolve(424242) is None
+    assert src.id_lookups - before == 4 and slept == [0.5, 1.0, 2.0]
+    assert resolve(424242) is None and src.id_lookups - before == 4
