@@ -289,6 +289,9 @@ class TopicsMirroring(_Frozen):
     sync_configs: bool = True
     config_exclude: tuple[Regex, ...] = ()
     sync_acls: bool = False
+    #: when the source topic grows past what ``partition_count`` lets the destination have, the mirror
+    #: refuses to switch its partitions from keeping their numbers to key hashing unless this is true
+    allow_placement_change: bool = False
 
 
 class Serdes(_Frozen):

@@ -131,6 +131,10 @@ class MirrorRuntime:
         #: source topics already looked at (mirrored or deliberately not); any other topic a batch
         #: brings (a regex flow's new match, a heartbeats topic created later) triggers provisioning
         self.known_topics: set[str] = set()
+        #: source topic -> its mirror's ``topics_mirroring.allow_placement_change``
+        self.placement_change_allowed: dict[str, bool] = {}
+        #: source topic -> its mirror's ``topics_mirroring.partition_count`` rule
+        self.partition_rules: dict[str, Any] = {}
         self._secrets_dir: Path | None = None
 
     # -- setup
@@ -184,6 +188,8 @@ class MirrorRuntime:
                 destination_max_message_bytes=int(max_bytes) if max_bytes else None,
             )
             self.consumer_groups[sel.source_topic] = m.consumer_group
+            self.placement_change_allowed[sel.source_topic] = m.settings.topics_mirroring.allow_placement_change
+            self.partition_rules[sel.source_topic] = m.settings.topics_mirroring.partition_count
 
     # -- the Spark source
 
@@ -239,15 +245,59 @@ class MirrorRuntime:
         """Settings for this batch; provisions topics a flow has just discovered."""
         ends = read_batch_end_offsets(self.checkpoint_dir(), batch_id, self.read_checkpoint)
         unknown = [t for t in ends if t not in self.settings and t not in self.known_topics]
+        grown = [t for t, parts in ends.items()
+                 if t in self.settings and parts and max(parts) >= self.settings[t].source_partitions]
         if unknown:
             log.info("%s: new source topics %s; provisioning", self.group.name, unknown)
+        if grown:
+            log.info("%s: source topics %s have new partitions; growing their destinations", self.group.name, grown)
+        if unknown or grown:
             self.prepare()
+        self.check_placement(batch_id)
         regs = None
         if self.src.schema_registry and self.dst.schema_registry:
             regs = (self.src.schema_registry, self.dst.schema_registry)
         return WriterPlan(dict(self.settings), dict(self.id_map), ends,
                           clients.kafka_config(self.dst), regs,
                           ignored=frozenset(self.known_topics - set(self.settings)), group=self.group.name)
+
+    def check_placement(self, batch_id: int) -> None:
+        """Refuse a switch of existing partitions from keeping their numbers to key hashing.
+
+        A mirror places records by key hash when its destination has fewer partitions than the source.
+        When the batch before this one read the topic only from partitions that the destination has, the
+        mirror ran with partition-preserving placement and the source has grown past what the destination
+        may have since (``partition_count`` max): hashing from now on would break per-key order across the
+        switch and exact offsets. Unless ``topics_mirroring.allow_placement_change`` says so, raise."""
+        hashed = [s for s in self.settings.values() if s.destination_partitions < s.source_partitions
+                  and not self.placement_change_allowed.get(s.source_topic, False)]
+        if not hashed or batch_id < 1:
+            return
+        before = read_batch_end_offsets(self.checkpoint_dir(), batch_id - 1, self.read_checkpoint)
+        for s in hashed:
+            parts = before.get(s.source_topic)
+            if parts and max(parts) < s.destination_partitions and not self._destination_grows(s.source_topic):
+                raise PlacementChangeError(
+                    f"{s.mirror}: source topic {s.source_topic} grew to {s.source_partitions} partitions but "
+                    f"{s.destination_topic} may have only {s.destination_partitions} (partition_count): its "
+                    f"records would switch from keeping their partition to key hashing; raise partition_count's "
+                    f"max or set topics_mirroring.allow_placement_change: true")
+
+    def _destination_grows(self, topic: str, timeout: float = 30.0) -> bool:
+        """The partition rule gives the destination as many partitions as the source: wait (with a deadline)
+        for the growth just applied to show in the destination's metadata, and take the new settings."""
+        rule = self.partition_rules.get(topic)
+        s = self.settings[topic]
+        if rule is None or rule.resolve(s.source_partitions) < s.source_partitions:
+            return False
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._refresh_settings()
+            s = self.settings[topic]
+            if s.destination_partitions >= s.source_partitions:
+                return True
+            time.sleep(0.5)
+        return False
 
     def warm_up(self) -> threading.Thread | None:
         """In the background: start every mirrored partition's producer and read its position, so the
@@ -536,6 +586,10 @@ def translator_for(plan: WriterPlan, s: WriterSettings) -> SchemaIdTranslator:
     else:
         t.id_map.update(plan.id_map)
     return t
+
+
+class PlacementChangeError(MirrorError):
+    """A source topic outgrew its destination's allowed partitions while mirrored partition to partition."""
 
 
 class UnknownTopicError(MirrorError):

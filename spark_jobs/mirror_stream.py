@@ -264,7 +264,7 @@ def wait_for_batch_end(query: StreamingQuery, timeout: float = 120.0) -> None:
 
 def failure_reason(text: str) -> str:
     """The writer's own message out of a Spark failure's nested traces (else the first line)."""
-    found = re.findall(r"(?:WriterError|MirrorError|PlanError): ([^\n]+)", text)
+    found = re.findall(r"(?:WriterError|MirrorError|PlanError|PlacementChangeError|UnknownTopicError): ([^\n]+)", text)
     if found:
         return found[-1].strip()
     return text.strip().splitlines()[0] if text.strip() else "unknown error"

@@ -74,3 +74,70 @@ def test_item1_regex_flow_on_a_uri_checkpoint_mirrors_a_new_topic(clusters, uniq
     got = read_all(clusters.dst_bootstrap, f"src.{later}", timeout=30)
     assert sorted(m.value() for ms in got.values() for m in ms) == sorted(f"b-{i}".encode() for i in range(12))
     assert len([m for ms in read_all(clusters.dst_bootstrap, f"src.{first}", timeout=30).values() for m in ms]) == 5
+
+
+def test_item8_source_partitions_added_while_running_are_mirrored_to_the_same_numbers(clusters, unique, tmp_path):
+    """Partitions added to a source topic while the job runs: the destination grows with it and the new
+    partitions' records land in the same partition numbers; the job keeps running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from confluent_kafka.admin import NewPartitions
+    from test_mirror_e2e import ROOT
+    from test_mirror_features import wait_for
+
+    topic = unique("grow")
+    name = topic.replace("-", "")
+    create_topic(clusters.src_bootstrap, topic, 2)
+    produce(clusters.src_bootstrap, topic, 10, 2, "a")
+    text = clusters.config_yaml(f"""
+groups:
+  - name: {name}
+    source: src
+    destination: dst
+    serdes: {{key: bytes, value: bytes}}
+    offset_syncs_topic: "{name}.syncs.internal"
+    dead_letter_topic: "{name}.dlq"
+    heartbeats: {{enabled: false}}
+    topics_mirroring: {{replication_factor: {{type: fix, value: 1}}}}
+    spark: {{master: "local[2]", trigger: "1 second", checkpoint_dir: "{tmp_path / 'ckpt'}"}}
+    mirrors:
+      - {{source_topic: {topic}, destination_topic: {topic}.m}}
+""")
+    path = tmp_path / "mirrors.yaml"
+    path.write_text(text)
+
+    def mirrored() -> dict:
+        if not _exists(clusters.dst_bootstrap, f"{topic}.m"):
+            return {}
+        return read_all(clusters.dst_bootstrap, f"{topic}.m", timeout=10)
+
+    job = subprocess.Popen([sys.executable, "-m", "spark_jobs.mirror_stream", str(path), "--group", name],
+                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        wait_for("the first records", lambda: sum(len(v) for v in mirrored().values()) == 10, proc=job)
+        admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
+        admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
+        produce(clusters.src_bootstrap, topic, 20, 4, "b")  # 5 records in each of the 4 partitions
+        def all_30() -> dict | None:
+            m = mirrored()
+            return m if sum(len(v) for v in m.values()) == 30 else None
+
+        got = wait_for("records of the new partitions", all_30, proc=job)
+        assert sorted(got) == [0, 1, 2, 3]
+        for p in (2, 3):
+            assert [m.key() for m in got[p]] == [f"b{i}".encode() for i in range(p, 20, 4)]
+        assert job.poll() is None, "the job stopped"
+    finally:
+        if job.poll() is None:
+            job.send_signal(signal.SIGTERM)
+        try:
+            rc = job.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+            raise
+        err = job.stderr.read() if job.stderr else ""
+    assert rc == 0, err[-3000:]

@@ -69,3 +69,51 @@ def test_item15_provenance_defaults_on_for_identity_naming_and_stops_a_reverse_m
     assert decide(from_b, s, ids) == "skip_provenance"
     out = decide(from_c, s, ids)
     assert not isinstance(out, str) and out.headers == ((PROVENANCE_HEADER, b"c,a"),)  # type: ignore[union-attr]
+
+
+def _runtime(tmp_path, allow: bool = False):
+    import yaml
+
+    from mirror_core.config import parse_config
+
+    cfg = parse_config(yaml.safe_load(f"""
+clusters: {{src: {{kafka: {{bootstrap.servers: "h1:9092"}}}}, dst: {{kafka: {{bootstrap.servers: "h2:9092"}}}}}}
+groups:
+  - {{name: g, source: src, destination: dst, serdes: {{key: bytes, value: bytes}},
+      topics_mirroring: {{partition_count: {{type: mirror_source, max: 2}}, allow_placement_change: {str(allow).lower()}}},
+      spark: {{checkpoint_dir: "{tmp_path}"}}, mirrors: [{{source_topic: t}}]}}
+"""), env={})
+    return stream.MirrorRuntime(cfg, cfg.groups[0])
+
+
+def _settings(src: int, dst: int):
+    from mirror_core.replicate import WriterSettings
+
+    return WriterSettings(group="g", mirror="g__t__t", source_alias="src", destination_alias="dst", source_topic="t",
+                          destination_topic="t", source_partitions=src, destination_partitions=dst,
+                          delivery="exactly_once", key_serde="bytes", value_serde="bytes", on_error="dead_letter",
+                          dlq_topic="d", offset_syncs_topic="s", provenance=True, producer_config={})
+
+
+def test_item8_restart_refuses_to_switch_existing_partitions_to_hash_placement(tmp_path) -> None:
+    """The source grew to 4 partitions while the destination may keep 2 (partition_count max): the batch
+    before read only partitions 0-1, so they were mirrored partition to partition; hashing now is refused in
+    one line naming the mirror, unless the operator allows it. A mirror hashed from the start goes on."""
+    ck = tmp_path / "g" / "offsets"
+    ck.mkdir(parents=True)
+    meta = '{"batchWatermarkMs":0}'
+    (ck / "1").write_text(f'v1\n{meta}\n{{"t":{{"0":10,"1":10}}}}')
+    (ck / "2").write_text(f'v1\n{meta}\n{{"t":{{"0":12,"1":12,"2":0,"3":0}}}}')
+    rt = _runtime(tmp_path)
+    rt.settings = {"t": _settings(4, 2)}
+    rt.known_topics = {"t"}
+    rt.placement_change_allowed = {"t": False}
+    with pytest.raises(MirrorError) as err:
+        rt.writer_plan(2)
+    msg = str(err.value)
+    assert msg.startswith("g__t__t: ") and "allow_placement_change" in msg and "\n" not in msg
+    rt.placement_change_allowed = {"t": True}
+    assert rt.writer_plan(2).settings["t"].destination_partitions == 2
+    rt.placement_change_allowed = {"t": False}
+    (ck / "3").write_text(f'v1\n{meta}\n{{"t":{{"0":13,"1":12,"2":1,"3":0}}}}')
+    assert rt.writer_plan(3).settings["t"].destination_partitions == 2  # already hashed in batch 2: no switch
