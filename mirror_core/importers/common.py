@@ -39,6 +39,13 @@ def put_cluster(draft: Draft, alias: str, m: ClientMapping, registry: dict[str, 
     entry: dict[str, Any] = {"kafka": kafka}
     if registry:
         entry["schema_registry"] = registry
+    if m.java:
+        java: dict[str, str] = dict(sorted(m.java.items()))
+        for key, (var, what) in sorted(m.java_secrets.items()):
+            java[key] = draft.secret(var, f"{what}, cluster {alias}")
+            draft.note(("clusters", alias, "java_kafka", key), f"set {var} before running: {what}")
+        entry["java_kafka"] = java
+        draft.note(("clusters", alias, "java_kafka"), "Java-only settings for Spark's Kafka source")
     draft.tree.setdefault("clusters", {})[alias] = entry
 
 

@@ -19,8 +19,9 @@ CLUSTER_SAME = frozenset({
     "bootstrap.servers", "security.protocol", "sasl.mechanism", "client.id", "client.rack",
     "sasl.kerberos.service.name", "metadata.max.age.ms", "reconnect.backoff.ms",
     "reconnect.backoff.max.ms", "retry.backoff.ms", "socket.connection.setup.timeout.ms",
-    "socket.connection.setup.timeout.max.ms", "connections.max.idle.ms",
+    "socket.connection.setup.timeout.max.ms", "connections.max.idle.ms", "sasl.oauthbearer.token.endpoint.url",
 })
+_OAUTH_HANDLER = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler"
 
 #: Producer tuning with the same name in librdkafka: on the cluster, where mirrorflow's producers read it.
 PRODUCER_SAME = frozenset({
@@ -51,9 +52,11 @@ class ClientMapping:
     cluster: dict[str, str] = field(default_factory=dict)
     source_options: dict[str, str] = field(default_factory=dict)  # ``kafka.X`` for the reading group
     secrets: dict[str, tuple[str, str]] = field(default_factory=dict)  # librdkafka key -> (env var, what)
+    #: Java-only settings for Spark's source (the cluster's ``java_kafka``), e.g. JKS stores
+    java: dict[str, str] = field(default_factory=dict)
+    java_secrets: dict[str, tuple[str, str]] = field(default_factory=dict)
     notes: list[tuple[str, str]] = field(default_factory=list)  # (librdkafka key or "", comment)
     findings: list[tuple[str, str]] = field(default_factory=list)  # (input key, message)
-    consumed: set[str] = field(default_factory=set)
 
 
 def shown(key: str, value: str) -> str:
@@ -79,9 +82,9 @@ class _Translator:
     def where(self, key: str) -> str:
         return f"{self.key_prefix}{key}"
 
-    def secret(self, rd_key: str, what: str) -> None:
+    def secret(self, rd_key: str, what: str, java: bool = False) -> None:
         var = re.sub(r"[^A-Za-z0-9]+", "_", f"{self.env_prefix}_{rd_key}").upper()
-        self.out.secrets[rd_key] = (var, what)
+        (self.out.java_secrets if java else self.out.secrets)[rd_key] = (var, what)
 
     def finding(self, key: str, message: str) -> None:
         self.out.findings.append((self.where(key), message))
@@ -90,7 +93,6 @@ class _Translator:
         out = self.out
         for k in sorted(p):
             v = p[k]
-            out.consumed.add(k)
             if k in CLUSTER_SAME or k in PRODUCER_SAME:
                 out.cluster[k] = v
             elif k in CONSUMER_TUNING:
@@ -119,8 +121,10 @@ class _Translator:
                 self.finding(k, f"{k} = {v}: mirrorflow commits the source offsets itself after each batch")
             elif k == "sasl.jaas.config":
                 self.jaas(v)
+            elif k == "sasl.login.callback.handler.class" and v == _OAUTH_HANDLER:
+                pass  # the OIDC client-credentials login, which sasl.oauthbearer.method=oidc selects
             elif k.startswith(("ssl.truststore.", "ssl.keystore.")) or k == "ssl.key.password":
-                out.consumed.discard(k)  # handled as one store below
+                pass  # handled as one store below
             else:
                 self.finding(k, f"{shown(k, v)}: no librdkafka equivalent")
         self.stores(p)
@@ -138,9 +142,21 @@ class _Translator:
             self.out.cluster["sasl.username"] = opts["username"]
             self.secret("sasl.password", f"the SASL password in {where}")
             self.out.notes.append(("sasl.username", f"from {where} ({module.rsplit('.', 1)[-1]})"))
+        elif module.endswith("OAuthBearerLoginModule") and "clientId" in opts:
+            self.out.cluster["sasl.oauthbearer.method"] = "oidc"
+            self.out.cluster["sasl.oauthbearer.client.id"] = opts["clientId"]
+            if "scope" in opts:
+                self.out.cluster["sasl.oauthbearer.scope"] = opts["scope"]
+            if "clientSecret" in opts:
+                self.secret("sasl.oauthbearer.client.secret", f"the OAuth client secret in {where}")
+            self.out.notes.append(("sasl.oauthbearer.method", f"from {where} (OIDC client credentials)"))
+            rest = sorted(set(opts) - {"clientId", "clientSecret", "scope"})
+            if rest:
+                self.out.findings.append((where, f"OAuth options {', '.join(rest)}: no librdkafka equivalent "
+                                                 "(secret, not copied)"))
         elif module.endswith("OAuthBearerLoginModule"):
-            self.out.findings.append((where, "OAUTHBEARER login: set librdkafka's sasl.oauthbearer.* settings "
-                                             "by hand (secret, not copied)"))
+            self.out.findings.append((where, "OAUTHBEARER login without clientId: set librdkafka's "
+                                             "sasl.oauthbearer.* settings by hand (secret, not copied)"))
         elif module.endswith("Krb5LoginModule"):
             self.out.findings.append((where, "Kerberos login: set librdkafka's sasl.kerberos.keytab and "
                                              "sasl.kerberos.principal by hand (secret, not copied)"))
@@ -148,10 +164,11 @@ class _Translator:
             self.out.findings.append((where, "not a PLAIN / SCRAM login with a username (secret, not copied)"))
 
     def stores(self, p: dict[str, str]) -> None:
-        """Trust and key stores: PEM / PKCS#12 map to librdkafka's settings, JKS cannot be read by it."""
+        """Trust and key stores: PEM / PKCS#12 map to librdkafka's settings; a JKS store goes to the
+        cluster's ``java_kafka`` (Spark's source is Java and reads it) and is reported, since
+        mirrorflow's librdkafka clients (writer, admin, checkpoints) cannot read it."""
         out = self.out
         keys = sorted(k for k in p if k.startswith(("ssl.truststore.", "ssl.keystore.")) or k == "ssl.key.password")
-        out.consumed.update(keys)
         ts, ks = p.get("ssl.truststore.location"), p.get("ssl.keystore.location")
         ts_type = p.get("ssl.truststore.type", "JKS").upper()
         ks_type = p.get("ssl.keystore.type", "JKS").upper()
@@ -162,8 +179,12 @@ class _Translator:
                 out.cluster["ssl.ca.location"] = ts
                 out.notes.append(("ssl.ca.location", f"from {self.where('ssl.truststore.location')} (PEM)"))
             else:
-                self.finding("ssl.truststore.location", f"{ts_type} truststore {ts}: librdkafka reads PEM; export the "
-                             "CA (keytool -exportcert -rfc) and set ssl.ca.location (its password is not needed)")
+                out.java |= {"ssl.truststore.location": ts, "ssl.truststore.type": ts_type}
+                if "ssl.truststore.password" in p:
+                    self.secret("ssl.truststore.password", "the truststore password", java=True)
+                self.finding("ssl.truststore.location", f"{ts_type} truststore {ts}: kept in java_kafka for Spark's "
+                             "source; mirrorflow's librdkafka clients read PEM: export the CA (keytool -exportcert "
+                             "-rfc) and set ssl.ca.location")
         elif "ssl.truststore.certificates" in p:
             explained.add("ssl.truststore.certificates")
             out.cluster["ssl.ca.pem"] = p["ssl.truststore.certificates"]
@@ -176,9 +197,14 @@ class _Translator:
                 if "ssl.key.password" in p:
                     self.secret("ssl.key.password", "the private key's password")
             else:
-                self.finding("ssl.keystore.location", f"{ks_type} keystore {ks}: librdkafka reads PKCS#12 or PEM; convert "
-                             "it (keytool -importkeystore -deststoretype PKCS12) and set ssl.keystore.location and "
-                             "ssl.keystore.password (secret, not copied)")
+                out.java |= {"ssl.keystore.location": ks, "ssl.keystore.type": ks_type}
+                for k in ("ssl.keystore.password", "ssl.key.password"):
+                    if k in p:
+                        self.secret(k, f"the {ks_type} keystore's {k.split('.')[1]} password", java=True)
+                self.finding("ssl.keystore.location", f"{ks_type} keystore {ks}: kept in java_kafka for Spark's "
+                             "source; mirrorflow's librdkafka clients read PKCS#12 or PEM: convert it (keytool "
+                             "-importkeystore -deststoretype PKCS12) and set ssl.keystore.location and "
+                             "ssl.keystore.password")
         for k in keys:
             if k not in explained:
                 self.finding(k, f"{shown(k, p[k])}: no store it belongs to, or no librdkafka equivalent")

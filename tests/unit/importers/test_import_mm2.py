@@ -123,10 +123,32 @@ def test_flow_without_enabled_is_kept_disabled():
     assert "MM2 runs no such flow by default" in res.yaml_text
 
 
-def test_jks_truststore_is_reported_not_guessed():
-    res = _imp(BASE + "A.security.protocol = SSL\nA.ssl.truststore.location = /t.jks\nA.ssl.truststore.password = pw\n")
-    assert "ssl.ca.location" not in load(res).clusters["A"].kafka_properties()
-    assert [f.where for f in res.findings] == ["A.ssl.truststore.location"]
+def test_jks_stores_go_to_java_kafka_and_are_reported():
+    res = _imp(BASE + "A.security.protocol = SSL\nA.ssl.truststore.location = /t.jks\nA.ssl.truststore.password = tpw\n"
+               "A.ssl.keystore.location = /k.jks\nA.ssl.keystore.password = kpw\nA.ssl.key.password = keypw\n")
+    a = load(res).clusters["A"]
+    assert "ssl.ca.location" not in a.kafka_properties()  # librdkafka cannot read JKS: never guessed
+    assert a.java_kafka_properties() == {
+        "ssl.truststore.location": "/t.jks", "ssl.truststore.type": "JKS",
+        "ssl.truststore.password": "value-of-A_SSL_TRUSTSTORE_PASSWORD",
+        "ssl.keystore.location": "/k.jks", "ssl.keystore.type": "JKS",
+        "ssl.keystore.password": "value-of-A_SSL_KEYSTORE_PASSWORD", "ssl.key.password": "value-of-A_SSL_KEY_PASSWORD"}
+    assert sorted(f.where for f in res.findings) == ["A.ssl.keystore.location", "A.ssl.truststore.location"]
+    assert not any(pw in res.yaml_text for pw in ("tpw", "kpw", "keypw"))
+
+
+def test_oauthbearer_client_credentials_map_to_librdkafkas_oidc():
+    res = _imp(BASE + "B.security.protocol = SASL_SSL\nB.sasl.mechanism = OAUTHBEARER\n"
+               "B.sasl.oauthbearer.token.endpoint.url = https://idp.example/token\n"
+               "B.sasl.login.callback.handler.class = "
+               "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler\n"
+               'B.sasl.jaas.config = org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required '
+               'clientId="mm2" clientSecret="oauth-S3cret" scope="kafka";\n')
+    b = load(res).clusters["B"].kafka_properties()
+    assert b["sasl.oauthbearer.method"] == "oidc" and b["sasl.oauthbearer.client.id"] == "mm2"
+    assert b["sasl.oauthbearer.scope"] == "kafka" and b["sasl.oauthbearer.token.endpoint.url"] == "https://idp.example/token"
+    assert b["sasl.oauthbearer.client.secret"] == "value-of-B_SASL_OAUTHBEARER_CLIENT_SECRET"
+    assert "oauth-S3cret" not in res.yaml_text and res.findings == ()
 
 
 def test_pkcs12_keystore_maps_with_placeholders():
