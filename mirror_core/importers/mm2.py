@@ -33,6 +33,8 @@ _ROLE_RE = re.compile(r"^(consumer|producer|admin)\.(.+)$")
 
 DEFAULT_POLICY = "org.apache.kafka.connect.mirror.DefaultReplicationPolicy"
 IDENTITY_POLICY = "org.apache.kafka.connect.mirror.IdentityReplicationPolicy"
+#: class names that keep topic names: Kafka's, and the one Strimzi shipped before Kafka had it
+IDENTITY_POLICIES = (IDENTITY_POLICY, "IdentityReplicationPolicy", "io.strimzi.kafka.connect.mirror.IdentityReplicationPolicy")
 
 #: Connector settings this importer reads (file-wide or per flow); everything else becomes a finding.
 CONNECTOR_KEYS = frozenset({
@@ -240,7 +242,7 @@ def flow_group(draft: Draft, gi: int, src: str, dst: str, settings: dict[str, Se
     # replication policy
     policy = get("replication.policy.class", DEFAULT_POLICY) or DEFAULT_POLICY
     sep = get("replication.policy.separator")
-    if policy in (IDENTITY_POLICY, "IdentityReplicationPolicy"):
+    if policy in IDENTITY_POLICIES:
         g["replication_policy"] = "identity"
         if sep is not None:
             draft.note(at + ("replication_policy",), f"{where('replication.policy.separator')} is not used by the identity policy")

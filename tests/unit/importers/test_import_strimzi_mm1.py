@@ -56,6 +56,19 @@ def test_strimzi_tls_client_auth_maps_to_file_placeholders():
     assert props["ssl.key.location"] == "value-of-ES_1_SSL_KEY_LOCATION"
 
 
+def test_strimzi_identity_policy_and_broker_default_replication_factor():
+    text = fixture_text("strimzi-bidirectional.yaml").replace(
+        "          replication.factor: 3\n          offset-syncs",
+        '          replication.factor: -1\n          replication.policy.separator: ""\n'
+        '          replication.policy.class: "io.strimzi.kafka.connect.mirror.IdentityReplicationPolicy"\n'
+        "          offset-syncs", 1)
+    res = import_config("strimzi", text, "kmm2.yaml")
+    fwd = load(res).groups[0]
+    assert fwd.replication_policy == "identity"
+    assert fwd.topics_mirroring.replication_factor.type == "mirror_source"
+    assert "spec.mirrors[0].sourceConnector.config.replication.factor" in [f.where for f in res.findings]
+
+
 def test_mm1_maps_both_files_and_keeps_the_group():
     res = mm1_import()
     cfg = load(res)
