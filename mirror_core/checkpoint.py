@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ from mirror_core.config import GroupConfig, MirrorsConfig
 from mirror_core.errors import KafkaOperationError
 from mirror_core.offsets import Checkpoint, Heartbeat, OffsetSync, OffsetSyncStore, checkpoint_for
 from mirror_core.policy import GroupFilter
+from mirror_core.positions import sync_destination
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,24 @@ def topic_mappings(cfg: MirrorsConfig, group: GroupConfig) -> list[TopicMapping]
             for m in selected_mirrors(cfg, group)]
 
 
+def sync_filter(group: GroupConfig) -> Callable[[OffsetSync, str | None], bool]:
+    """Whether a sync naming destination ``dest`` (None: written before syncs named it) is one of
+    ``group``'s: the sync topic is shared by every group reading one source cluster, and another group
+    may mirror the same source topic elsewhere (its syncs would make translation garbage)."""
+    from mirror_core.config import resolve_mirrors
+    from mirror_core.policy import build_replication_policy
+
+    policy = build_replication_policy(group)
+    explicit = {m.source_topic: m.destination_topic for m in resolve_mirrors(group) if m.source_topic}
+
+    def ours(sync: OffsetSync, dest: str | None) -> bool:
+        if dest is None:
+            return True
+        return dest == (explicit.get(sync.topic) or policy.format_remote_topic(group.source, sync.topic))
+
+    return ours
+
+
 @dataclass
 class _SyncTail:
     """What has been read of one offset-sync topic: the store, and per partition of the topic where the
@@ -74,20 +94,23 @@ class _SyncTail:
     first_offset: dict[int, int] = field(default_factory=dict)
 
 
-#: (destination bootstrap servers, offset-sync topic) -> what this process has read of it
-_SYNC_TAILS: dict[tuple[str, str], _SyncTail] = {}
+#: (destination bootstrap servers, offset-sync topic, group) -> what this process has read of it for the group
+#: (the topic is shared by every group reading one source cluster; each keeps only its own syncs)
+_SYNC_TAILS: dict[tuple[str, str, str], _SyncTail] = {}
 _SYNC_TAILS_LOCK = threading.Lock()
 
 
 def load_sync_store(cfg: MirrorsConfig, group: GroupConfig) -> OffsetSyncStore:
-    """The offset-sync history of the group, read from the destination (read_committed).
+    """The offset-sync history of the group (syncs of other groups' mirrors left out, see
+    :func:`sync_filter`), read from the destination (read_committed).
 
     Incremental: a process that asks again (``checkpoint --loop``, lag samples) reads only the syncs
     written since, so a round's cost does not grow with the topic's retention. The history is read afresh
     when the topic was re-created (its end moved back) or retention removed records from where the kept
     history starts (so memory stays bounded by what the topic retains)."""
     dst = cfg.cluster(group.destination)
-    key = (str(dst.kafka_properties().get("bootstrap.servers", "")), group.offset_syncs)
+    key = (str(dst.kafka_properties().get("bootstrap.servers", "")), group.offset_syncs, group.name)
+    ours = sync_filter(group)
     with _SYNC_TAILS_LOCK:
         try:
             ends = clients.end_offsets(dst, group.offset_syncs)
@@ -104,7 +127,9 @@ def load_sync_store(cfg: MirrorsConfig, group: GroupConfig) -> OffsetSyncStore:
         try:
             for p, (_low, high) in ends.items():
                 for m in clients.read_partition(dst, group.offset_syncs, p, tail.next_offset[p], high):
-                    tail.store.add(OffsetSync.from_record(m.key(), m.value()))
+                    sync = OffsetSync.from_record(m.key(), m.value())
+                    if ours(sync, sync_destination(m.headers())):
+                        tail.store.add(sync)
                 tail.next_offset[p] = high
         except BaseException:
             _SYNC_TAILS.pop(key, None)  # half read: the next call starts over

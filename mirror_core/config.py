@@ -588,6 +588,16 @@ def mirror_name(group: str, source_topic: str, destination_topic: str) -> str:
     return f"{group}__{source_topic}__{destination_topic}"
 
 
+def transactional_id(group: str, source_alias: str, source_topic: str, destination_topic: str) -> str:
+    """The stem of a mirror's exactly-once ``transactional.id`` (the writer appends ``:<partition>``).
+
+    The names are joined with ``:``, which no group name, cluster alias or topic name may contain, so two
+    mirrors never get the same id (the dotted form before it gave ``a.b -> c`` and ``a -> b.c`` one
+    producer, lock and position). It keeps the ``mirrorflow.`` prefix that prefixed ACLs match.
+    """
+    return "mirrorflow." + ":".join((group, source_alias, source_topic, destination_topic))
+
+
 def default_consumer_group(group: str, source_topic: str, destination_topic: str) -> str:
     return f"{group}.mirrorflow.{source_topic}__{destination_topic}"
 
@@ -731,6 +741,7 @@ def _cross_check(cfg: MirrorsConfig) -> list[ConfigIssue]:
     seen_names: dict[str, str] = {}
     seen_groups: dict[str, int] = {}
     seen_dst: dict[tuple[frozenset[str], str], str] = {}
+    seen_txids: dict[str, str] = {}
     for gi, g in enumerate(cfg.groups):
         gp = f"groups[{gi}]"
         if g.name in seen_groups:
@@ -778,6 +789,11 @@ def _cross_check(cfg: MirrorsConfig) -> list[ConfigIssue]:
                 issues.append(ConfigIssue(mp, f"derived destination topic {m.destination_topic!r} is not a valid topic name"))
             if same_cluster and m.source_topic == m.destination_topic:
                 issues.append(ConfigIssue(mp, f"mirrors topic {m.source_topic!r} onto itself on cluster {g.destination!r}"))
+            txid = transactional_id(g.name, g.source, m.source_topic or "", m.destination_topic)
+            if txid in seen_txids:
+                issues.append(ConfigIssue(mp, f"its writers would share transactional id {txid!r} with "
+                                              f"{seen_txids[txid]} (they would fence each other and share a position)"))
+            seen_txids.setdefault(txid, mp)
             key = (dst_brokers, m.destination_topic)
             if key in seen_dst:
                 issues.append(ConfigIssue(mp, f"destination topic {m.destination_topic!r} on {g.destination!r} is already written by {seen_dst[key]}"))

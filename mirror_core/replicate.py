@@ -35,13 +35,23 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from mirror_core import clients, wire
-from mirror_core.errors import KafkaOperationError, MirrorError
-from mirror_core.offsets import OffsetFormatError, OffsetSync, syncs_for_batch
+from mirror_core import wire
+from mirror_core.config import transactional_id
+from mirror_core.errors import MirrorError
+from mirror_core.offsets import OffsetSync, syncs_for_batch
 from mirror_core.partitioner import java_partition
+from mirror_core.positions import (
+    LegacySync,
+    committed_end_offset,
+    last_committed_position,
+    last_committed_sync,
+    sync_headers,
+)
+
+__all__ = ["committed_end_offset", "last_committed_position", "last_committed_sync"]  # moved to positions.py
 
 log = logging.getLogger(__name__)
 
@@ -126,10 +136,16 @@ class WriterSettings:
 
     @property
     def transactional_id(self) -> str:
-        return f"mirrorflow.{self.group}.{self.source_alias}.{self.source_topic}.{self.destination_topic}"
+        """The stem of this mirror's transactional ids: unambiguous (see :func:`config.transactional_id`)."""
+        return transactional_id(self.group, self.source_alias, self.source_topic, self.destination_topic)
 
     def transactional_id_for(self, partition: int) -> str:
-        return f"{self.transactional_id}.{partition}"
+        return f"{self.transactional_id}:{partition}"
+
+    def legacy_transactional_id_for(self, partition: int) -> str:
+        """The dotted id releases before issue 11 used (ambiguous): fenced once when a partition's
+        newest sync was written by such a release, so an old writer still running cannot commit again."""
+        return f"mirrorflow.{self.group}.{self.source_alias}.{self.source_topic}.{self.destination_topic}.{partition}"
 
 
 @dataclass(frozen=True)
@@ -396,13 +412,30 @@ def _producer(s: WriterSettings, partition: int) -> tuple[Producer, str]:
             _PRODUCER_LIMITS[txid] = s.destination_max_message_bytes
             _POSITIONS.pop(txid, None)  # a zombie may have committed since: re-read
         return _PRODUCERS[txid], txid
-    key = f"{s.transactional_id}.{partition}.alo"  # per partition too: flushes never wait for another's
+    key = f"{s.transactional_id}:{partition}:alo"  # per partition too: flushes never wait for another's
     if key in _PRODUCERS and _PRODUCER_LIMITS.get(key) != s.destination_max_message_bytes:
         _drop_producer(key, keep_position=True)
     if key not in _PRODUCERS:
         _PRODUCERS[key] = Producer(s.producer_config | base)
         _PRODUCER_LIMITS[key] = s.destination_max_message_bytes
     return _PRODUCERS[key], key
+
+
+_FENCED_LEGACY: set[str] = set()
+
+
+def fence_legacy_writer(s: WriterSettings, partition: int) -> None:
+    """Fence the partition's transactional id of releases before issue 11 (once per process): its
+    ``init_transactions`` aborts an open transaction of that id and stops a writer still using it."""
+    if s.delivery != "exactly_once":
+        return
+    txid = s.legacy_transactional_id_for(partition)
+    if txid in _FENCED_LEGACY:
+        return
+    p = Producer(s.producer_config | {"transactional.id": txid, "transaction.timeout.ms": 60000, "log_level": 3})
+    p.init_transactions(60)
+    _FENCED_LEGACY.add(txid)
+    log.info("%s: fenced the earlier release's transactional id of partition %d", s.mirror, partition)
 
 
 def release_producers() -> None:
@@ -420,78 +453,6 @@ def _drop_producer(key: str, keep_position: bool = False) -> None:
     _PRODUCER_LIMITS.pop(key, None)
     if not keep_position:
         _POSITIONS.pop(key, None)
-
-
-def last_committed_sync(consumer_config: dict[str, Any], syncs_topic: str, topic: str, partition: int,
-                        chunk: int = 2000, timeout: float = 30.0) -> OffsetSync | None:
-    """The newest committed offset sync for ``topic``/``partition``, or None.
-
-    Scans the offset-sync topic backwards from its end (read_committed) in chunks, so a restart reads
-    only the tail in the common case.
-    """
-    c = Consumer(consumer_config | {
-        "group.id": "mirrorflow-position-lookup", "enable.auto.commit": False,
-        "isolation.level": "read_committed", "log_level": 3, "enable.partition.eof": True,
-        # the scan ends at the partition's end, where a fetch would otherwise wait 500 ms for more data
-        "fetch.wait.max.ms": 10,
-    })
-    try:
-        md = c.list_topics(syncs_topic, timeout=timeout)
-        tmd = md.topics.get(syncs_topic)
-        if tmd is None or tmd.error is not None:
-            raise WriterError(f"offset-sync topic {syncs_topic!r} is missing on the destination; run provision")
-        best: OffsetSync | None = None
-        for p in tmd.partitions:
-            low, high = c.get_watermark_offsets(TopicPartition(syncs_topic, p), timeout=timeout)
-            end = high
-            found: OffsetSync | None = None
-            while end > low and found is None:
-                start = max(low, end - chunk)
-                found = _scan(c, syncs_topic, p, start, end, topic, partition, timeout)
-                end = start
-            if found is not None and (best is None or found.upstream_offset > best.upstream_offset):
-                best = found
-        return best
-    finally:
-        c.close()
-
-
-def last_committed_position(consumer_config: dict[str, Any], syncs_topic: str, topic: str, partition: int,
-                            chunk: int = 2000, timeout: float = 30.0) -> int | None:
-    """The upstream position of the newest committed offset sync for ``topic``/``partition``."""
-    sync = last_committed_sync(consumer_config, syncs_topic, topic, partition, chunk, timeout)
-    return None if sync is None else sync.upstream_offset
-
-
-def _scan(c: Consumer, syncs_topic: str, p: int, start: int, end: int, topic: str, partition: int,
-          timeout: float) -> OffsetSync | None:
-    """The last sync for ``topic``/``partition`` in [start, end) of the sync topic's partition ``p``."""
-    found: OffsetSync | None = None
-    try:
-        for msg in clients.scan(c, syncs_topic, p, start, end, timeout):
-            try:
-                sync = OffsetSync.from_record(msg.key(), msg.value())
-            except OffsetFormatError as exc:
-                # not ours to judge: something else wrote to the topic; it never stops the mirror
-                log.warning("%s[%d]@%d is not an offset sync, skipped: %s", syncs_topic, p, msg.offset(), exc)
-                continue
-            if sync.topic == topic and sync.partition == partition:
-                found = sync  # later records in the log supersede earlier ones
-    except KafkaOperationError as exc:
-        raise WriterError(str(exc)) from None
-    return found
-
-
-def committed_end_offset(consumer_config: dict[str, Any], topic: str, partition: int,
-                         timeout: float = 30.0) -> int:
-    """The destination partition's last stable offset (read_committed end): where the next record
-    written there lands at the earliest."""
-    c = Consumer(consumer_config | {"group.id": "mirrorflow-position-lookup", "enable.auto.commit": False,
-                                    "isolation.level": "read_committed", "log_level": 3})
-    try:
-        return int(c.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)[1])
-    finally:
-        c.close()
 
 
 def position_syncs(topic: str, partition: int, first_upstream: int, upstream_end: int, downstream: int
@@ -559,13 +520,14 @@ _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 class PartitionWriter:
     """Writes chunks of one source partition's records; see the module docstring for guarantees.
 
-    ``position_lookup`` returns the newest committed sync of a partition (or its upstream offset);
-    ``downstream_end`` returns a destination partition's committed end offset, used only to place a
-    position sync when no earlier sync is known (default: asks the destination).
+    ``position_lookup`` returns the newest committed sync of a partition (or its upstream offset); the
+    default reads the destination's sync topic for this writer's destination (:mod:`positions`).
+    ``downstream_end`` returns a destination partition's committed end offset, used to place a position
+    sync when no earlier sync is known and to check an earlier release's sync (default: asks the destination).
     """
 
     def __init__(self, settings: WriterSettings, translator: SchemaIdTranslator,
-                 position_lookup: PositionLookup,
+                 position_lookup: PositionLookup | None = None,
                  downstream_end: Callable[[str, int], int] | None = None):
         learned = _LEARNED_LIMITS.get(settings.destination_topic)
         if learned is not None and learned != settings.destination_max_message_bytes:
@@ -573,7 +535,9 @@ class PartitionWriter:
         self.s = settings
         self.translator = translator
         self.fast = FastPath(settings, translator)
-        self.position_lookup = position_lookup
+        self.position_lookup = position_lookup or (
+            lambda t, p: last_committed_sync(settings.producer_config, settings.offset_syncs_topic, t, p,
+                                             destination=settings.destination_topic))
         self.downstream_end = downstream_end or (
             lambda t, p: committed_end_offset(settings.producer_config, t, p))
 
@@ -629,19 +593,53 @@ class PartitionWriter:
         producer, key = _producer(self.s, partition)
         if self.s.delivery == "exactly_once":
             producer.begin_transaction()
-            producer.produce(self.s.offset_syncs_topic, key=sync.key_bytes(), value=sync.value_bytes(), partition=0)
+            self._emit_sync(producer, sync)
             producer.commit_transaction(60)
             _POSITIONS[key] = Position(upstream_end, last_downstream + 1)
         else:
-            producer.produce(self.s.offset_syncs_topic, key=sync.key_bytes(), value=sync.value_bytes(), partition=0)
+            self._emit_sync(producer, sync)
             if producer.flush(60):
                 raise WriterError(f"{self.s.mirror}: offset sync not acknowledged within 60 s")
 
+    def _emit_sync(self, producer: Producer, sync: OffsetSync) -> None:
+        """An offset sync in MM2's format (all on the sync topic's partition 0), naming our destination in
+        a header so another mirror of the same source topic never takes it for its own position."""
+        producer.produce(self.s.offset_syncs_topic, key=sync.key_bytes(), value=sync.value_bytes(), partition=0,
+                         headers=sync_headers(self.s.destination_topic))  # type: ignore[arg-type]
+
     # -- positions
+
+    def _dst_partition(self, partition: int) -> int:
+        if self.s.destination_partitions >= self.s.source_partitions:
+            return partition
+        return partition % self.s.destination_partitions
+
+    def _lookup(self, partition: int) -> OffsetSync | int | None:
+        """The committed position, moving over from an earlier release's syncs and transactional id once."""
+        found = self.position_lookup(self.s.source_topic, partition)
+        if not isinstance(found, LegacySync):
+            return found
+        # The newest sync predates syncs naming their destination: an earlier release wrote it, under the
+        # dotted transactional id. Fence that id (a writer of that release still running could commit
+        # after this lookup), then look again: what it committed before being fenced is visible now.
+        fence_legacy_writer(self.s, partition)
+        found = self.position_lookup(self.s.source_topic, partition)
+        if not isinstance(found, LegacySync):
+            return found
+        # Such a sync may be another mirror's of the same source topic (the defect it replaces): take it
+        # only if our destination holds at least as many records as it says were written there.
+        end = self.downstream_end(self.s.destination_topic, self._dst_partition(partition))
+        if found.downstream_offset > end:
+            log.warning("%s: %s[%d]: the sync of an earlier release (upstream %d -> downstream %d) is beyond "
+                        "%s[%d]'s end %d: another mirror's; not taken as this mirror's position",
+                        self.s.mirror, found.topic, partition, found.upstream_offset, found.downstream_offset,
+                        self.s.destination_topic, self._dst_partition(partition), end)
+            return None
+        return OffsetSync(found.topic, found.partition, found.upstream_offset, found.downstream_offset)
 
     def _position(self, key: str, partition: int) -> Position | None:
         if key not in _POSITIONS:
-            found = self.position_lookup(self.s.source_topic, partition)
+            found = self._lookup(partition)
             if isinstance(found, OffsetSync):
                 _POSITIONS[key] = Position(found.upstream_offset, found.downstream_offset)
             elif found is not None:
@@ -666,9 +664,7 @@ class PartitionWriter:
         if position is not None and position.downstream is not None:
             downstream = position.downstream
         else:
-            dst_partition = partition if self.s.destination_partitions >= self.s.source_partitions \
-                else partition % self.s.destination_partitions
-            downstream = self.downstream_end(self.s.destination_topic, dst_partition)
+            downstream = self.downstream_end(self.s.destination_topic, self._dst_partition(partition))
         return position_syncs(self.s.source_topic, partition, first_upstream, upstream_end, downstream), downstream
 
     # -- exactly once
@@ -718,8 +714,7 @@ class PartitionWriter:
                 pairs = [(u, d) for u, d in acks if d is not None]
                 syncs, downstream = self._syncs(partition, todo.offsets[0], pairs, upstream_end, position)
                 for sync in syncs:
-                    producer.produce(self.s.offset_syncs_topic, key=sync.key_bytes(), value=sync.value_bytes(),
-                                     partition=0)
+                    self._emit_sync(producer, sync)
                 t2 = time.monotonic()
                 producer.commit_transaction(60)
                 result.commit_ms += (time.monotonic() - t2) * 1000
@@ -928,7 +923,7 @@ class PartitionWriter:
         syncs, downstream = self._syncs(partition, chunk.offsets[0], pairs, upstream_end, _POSITIONS.get(key))
         t1 = time.monotonic()
         for sync in syncs:
-            producer.produce(self.s.offset_syncs_topic, key=sync.key_bytes(), value=sync.value_bytes(), partition=0)
+            self._emit_sync(producer, sync)
         if producer.flush(60):
             raise WriterError(f"{self.s.mirror}: offset syncs not acknowledged within 60 s")
         result.commit_ms += (time.monotonic() - t1) * 1000

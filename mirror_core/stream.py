@@ -615,7 +615,7 @@ class BatchWriter:
                 cc = self.plan.destination_consumer_config
 
                 def lookup(t: str, p: int) -> Any:
-                    return last_committed_sync(cc, s.offset_syncs_topic, t, p)
+                    return last_committed_sync(cc, s.offset_syncs_topic, t, p, destination=s.destination_topic)
 
                 w = self._writers[topic] = PartitionWriter(s, translator_for(self.plan, s), lookup)
             return w

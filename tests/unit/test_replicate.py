@@ -728,3 +728,85 @@ def test_at_least_once_on_error_fail_stops_before_any_sync(monkeypatch) -> None:
     with pytest.raises(replicate.WriterError, match=r"cannot mirror t\[1\]@6: unknown_schema_id"):
         writer.write(1, [rec(b"\x00" + struct.pack(">i", 77) + b"x", offset=6)])
     assert not [f for f in fake.full if f[0] in ("syncs", "g.dlq")]
+
+
+def test_item3_transactional_ids_are_unambiguous(monkeypatch) -> None:
+    """Mirrors ``a.b -> c`` and ``a -> b.c`` of one group must not share a transactional id (nor the
+    producer, lock and position keyed by it)."""
+    one = settings(source_topic="a.b", destination_topic="c")
+    two = settings(source_topic="a", destination_topic="b.c")
+    assert one.transactional_id_for(0) != two.transactional_id_for(0)
+    assert replicate.partition_lock(one, 0) is not replicate.partition_lock(two, 0)
+    ids_seen = {settings(group=g, source_topic=s, destination_topic=d).transactional_id_for(p)
+                for g, s, d, p in (("g", "t", "t.1", 0), ("g", "t", "t", 10), ("g.t", "t", "t", 0),
+                                   ("g", "t.t", "t", 0), ("g", "t", "t.t", 0))}
+    assert len(ids_seen) == 5
+    assert one.transactional_id_for(3).startswith("mirrorflow.")  # prefixed ACLs on "mirrorflow." still match
+
+    class _P:
+        def __init__(self, conf: dict) -> None:
+            self.conf = conf
+
+        def list_topics(self, *a, **k) -> None:
+            return None
+
+        def init_transactions(self, *a) -> None:
+            return None
+
+    monkeypatch.setattr(replicate, "Producer", _P)
+    for name in ("_PRODUCERS", "_POSITIONS", "_PRODUCER_LIMITS", "_LEARNED_LIMITS"):
+        monkeypatch.setattr(replicate, name, {})
+    p1, k1 = replicate._producer(one, 0)
+    p2, k2 = replicate._producer(two, 0)
+    assert p1 is not p2 and k1 != k2 and p1.conf["transactional.id"] != p2.conf["transactional.id"]
+
+
+def test_item3_config_refuses_colliding_transactional_ids(monkeypatch) -> None:
+    """Both mirrors validate (their ids differ); with an id scheme that collides, validation names the
+    two mirrors instead of letting their writers fence each other."""
+    from mirror_core import config as config_mod
+
+    text = """
+clusters: {src: {kafka: {bootstrap.servers: "s:9092"}}, dst: {kafka: {bootstrap.servers: "d:9092"}}}
+groups:
+  - name: g
+    source: src
+    destination: dst
+    serdes: {key: bytes, value: bytes}
+    mirrors:
+      - {source_topic: a.b, destination_topic: c}
+      - {source_topic: a, destination_topic: b.c}
+"""
+    parse_config(yaml.safe_load(text), env={})
+    monkeypatch.setattr(config_mod, "transactional_id",
+                        lambda group, alias, src, dst: f"mirrorflow.{group}.{alias}.{src}.{dst}", raising=False)
+    with pytest.raises(ConfigError, match=r"groups\[0\]\.mirrors\[1\].*transactional id.*groups\[0\]\.mirrors\[0\]"):
+        parse_config(yaml.safe_load(text), env={})
+
+
+@pytest.mark.parametrize(("dst_end", "expected"), [(50, 5), (10, 0)])
+def test_item2_item3_an_earlier_release_position_is_taken_once_its_writer_is_fenced(monkeypatch, dst_end,
+                                                                                  expected) -> None:
+    """Moving over: the newest sync has no destination header (an earlier release wrote it, under the
+    dotted transactional id). The writer fences that id, looks again, and takes the sync only if its
+    destination holds what the sync says was written there (else it was another mirror's)."""
+    from mirror_core.positions import LegacySync
+
+    fake = _FakeProducer()
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    fenced: list[str] = []
+    monkeypatch.setattr(replicate, "fence_legacy_writer", lambda s, p: fenced.append(s.legacy_transactional_id_for(p)))
+    lookups: list[int] = []
+
+    def lookup(t: str, p: int) -> OffsetSync:
+        lookups.append(p)
+        return LegacySync("t", 1, 5 if len(lookups) > 1 else 3, 40)  # the fenced writer had committed more
+
+    writer = replicate.PartitionWriter(settings(value_serde="bytes", source_topic="t", destination_topic="t"),
+                                       ids({}), lookup, downstream_end=lambda t, p: dst_end)
+    r = writer.write(1, [rec(b"v", offset=o) for o in range(8)])
+    assert fenced == ["mirrorflow.g.src.t.t.1"] and lookups == [1, 1]
+    assert r.replayed_skipped == expected and r.mirrored == 8 - expected
+    syncs = [f for f in fake.full if f[0] == "syncs"]
+    assert syncs and all(f[4] == (("mirrorflow.destination", b"t"),) for f in syncs)  # new syncs name it

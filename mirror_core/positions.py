@@ -1,0 +1,188 @@
+"""Where a partition writer resumes: the newest committed offset sync of its (source partition, destination).
+
+Two promises, each a defect of the lookup before issue 11:
+
+* **Its own position.** Syncs are MirrorMaker 2 ``OffsetSync`` records keyed by (source topic, partition)
+  only, and the sync topic is shared by every group reading one source cluster. Two mirrors of one source
+  topic (``orders -> orders`` and ``orders -> orders-archive``) would take each other's position. Every
+  sync the writer emits therefore carries the header :data:`DESTINATION_HEADER` (the destination topic);
+  MM2's readers ignore headers, so the format stays MM2's. The lookup takes the newest sync whose header
+  names its destination. A sync without the header was written by an earlier release: it is a
+  :class:`LegacySync`, taken only when nothing newer names the destination (see the writer's
+  ``_position`` for how it is checked and the old transactional id fenced).
+* **Every transaction that ended before the lookup started.** A read_committed consumer stops at the
+  partition's last stable offset (LSO): a transaction still open there (another partition's commit in
+  flight, a killed writer's zombie until it times out, another group's job sharing the sync topic) hides
+  every sync committed after its first record, and a lookup that stopped there would return an older
+  position and write the replayed range again. The lookup reads the high watermark first and waits until
+  the LSO has passed it (every transaction with a record below it has ended), up to ``settle_timeout``,
+  then fails with one clear line instead of guessing. The writer fences its own partition's earlier
+  producers (``init_transactions``) before it looks up, so its own zombie never makes it wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from mirror_core import clients
+from mirror_core.errors import KafkaOperationError, MirrorError
+from mirror_core.offsets import OffsetFormatError, OffsetSync
+
+log = logging.getLogger(__name__)
+
+#: header of every offset sync the writer emits: the destination topic the sync's positions are in
+DESTINATION_HEADER = "mirrorflow.destination"
+
+#: how long a lookup waits for transactions open on the sync partition to end: longer than the writers'
+#: 60 s transaction timeout plus the broker's 10 s abort check, so a zombie's transaction always ends first
+SETTLE_TIMEOUT_S = 120.0
+
+
+class PositionLookupError(MirrorError):
+    """The committed position cannot be established (missing sync topic, transactions that never end)."""
+
+
+@dataclass(frozen=True, order=True)
+class LegacySync(OffsetSync):
+    """A sync without :data:`DESTINATION_HEADER`: written before syncs named their destination, so it may
+    belong to another mirror of the same source topic."""
+
+
+def sync_headers(destination_topic: str) -> list[tuple[str, bytes]]:
+    """The headers of a sync the writer of ``destination_topic`` emits."""
+    return [(DESTINATION_HEADER, destination_topic.encode())]
+
+
+def sync_destination(headers: list[tuple[str, bytes | None]] | None) -> str | None:
+    """The destination a sync record names, or None for a sync written before syncs named it."""
+    for name, value in headers or ():
+        if name == DESTINATION_HEADER and value is not None:
+            return value.decode(errors="replace")
+    return None
+
+
+def _consumer(consumer_config: dict[str, Any], isolation: str) -> Consumer:
+    return Consumer(consumer_config | {
+        "group.id": "mirrorflow-position-lookup", "enable.auto.commit": False,
+        "isolation.level": isolation, "log_level": 3, "enable.partition.eof": True,
+        # the scan ends at the partition's end, where a fetch would otherwise wait 500 ms for more data
+        "fetch.wait.max.ms": 10,
+    })
+
+
+def settled_end(committed: Consumer, uncommitted: Consumer, topic: str, partition: int, timeout: float,
+                settle_timeout: float) -> int:
+    """The partition's last stable offset once it has passed the high watermark read at the start: every
+    transaction with a record below that mark has ended (committed or aborted), so a read_committed scan
+    up to the returned offset sees every commit that happened before this call."""
+    tp = TopicPartition(topic, partition)
+    high = int(uncommitted.get_watermark_offsets(tp, timeout=timeout)[1])
+    deadline = time.monotonic() + settle_timeout
+    waited = False
+    delay = 0.02
+    while True:
+        stable = int(committed.get_watermark_offsets(tp, timeout=timeout)[1])
+        if stable >= high:
+            if waited:
+                log.info("%s[%d]: open transactions ended (last stable offset %d)", topic, partition, stable)
+            return stable
+        if time.monotonic() >= deadline:
+            raise PositionLookupError(
+                f"offset-sync topic {topic}[{partition}]: a transaction open below offset {high} (last stable "
+                f"offset {stable}) did not end within {settle_timeout:.0f} s, so the newest committed position "
+                f"cannot be known; another writer (or a job of another group sharing this sync topic) holds "
+                f"a transaction open")
+        if not waited:
+            log.info("%s[%d]: waiting for open transactions to end (last stable offset %d, high watermark %d) "
+                     "before reading a position", topic, partition, stable, high)
+            waited = True
+        time.sleep(delay)  # polling the broker's LSO, bounded by the deadline above
+        delay = min(0.5, delay * 2)
+
+
+def last_committed_sync(consumer_config: dict[str, Any], syncs_topic: str, topic: str, partition: int,
+                        chunk: int = 2000, timeout: float = 30.0, destination: str | None = None,
+                        settle_timeout: float = SETTLE_TIMEOUT_S) -> OffsetSync | None:
+    """The newest committed offset sync for ``topic``/``partition`` (of ``destination``), or None.
+
+    With ``destination``, only syncs naming it count, and a sync from before syncs named their
+    destination comes back as a :class:`LegacySync` when none newer names it. Without, any sync of the
+    partition counts (readers that do not care which mirror wrote it). Waits for transactions open on
+    the sync topic (:func:`settled_end`), then scans backwards from the end in chunks, so a restart reads
+    only the tail in the common case.
+    """
+    c = _consumer(consumer_config, "read_committed")
+    u = _consumer(consumer_config, "read_uncommitted")
+    try:
+        md = c.list_topics(syncs_topic, timeout=timeout)
+        tmd = md.topics.get(syncs_topic)
+        if tmd is None or tmd.error is not None:
+            raise PositionLookupError(f"offset-sync topic {syncs_topic!r} is missing on the destination; "
+                                      f"run provision")
+        best: OffsetSync | None = None
+        for p in tmd.partitions:
+            low = int(c.get_watermark_offsets(TopicPartition(syncs_topic, p), timeout=timeout)[0])
+            end = settled_end(c, u, syncs_topic, p, timeout, settle_timeout)
+            found: OffsetSync | None = None
+            while end > low and found is None:
+                start = max(low, end - chunk)
+                found = _scan(c, syncs_topic, p, start, end, topic, partition, destination, timeout)
+                end = start
+            if found is not None and (best is None or found.upstream_offset > best.upstream_offset):
+                best = found
+        return best
+    finally:
+        c.close()
+        u.close()
+
+
+def last_committed_position(consumer_config: dict[str, Any], syncs_topic: str, topic: str, partition: int,
+                            chunk: int = 2000, timeout: float = 30.0, destination: str | None = None) -> int | None:
+    """The upstream position of the newest committed offset sync for ``topic``/``partition``."""
+    sync = last_committed_sync(consumer_config, syncs_topic, topic, partition, chunk, timeout, destination)
+    return None if sync is None else sync.upstream_offset
+
+
+def _scan(c: Consumer, syncs_topic: str, p: int, start: int, end: int, topic: str, partition: int,
+          destination: str | None, timeout: float) -> OffsetSync | None:
+    """The last sync for ``topic``/``partition`` (of ``destination``) in [start, end) of the sync topic's
+    partition ``p``."""
+    found: OffsetSync | None = None
+    try:
+        for msg in clients.scan(c, syncs_topic, p, start, end, timeout):
+            try:
+                sync = OffsetSync.from_record(msg.key(), msg.value())
+            except OffsetFormatError as exc:
+                # not ours to judge: something else wrote to the topic; it never stops the mirror
+                log.warning("%s[%d]@%d is not an offset sync, skipped: %s", syncs_topic, p, msg.offset(), exc)
+                continue
+            if sync.topic != topic or sync.partition != partition:
+                continue
+            if destination is None:
+                found = sync  # later records in the log supersede earlier ones
+                continue
+            named = sync_destination(msg.headers())
+            if named == destination:
+                found = sync
+            elif named is None:
+                found = LegacySync(sync.topic, sync.partition, sync.upstream_offset, sync.downstream_offset)
+    except KafkaOperationError as exc:
+        raise PositionLookupError(str(exc)) from None
+    return found
+
+
+def committed_end_offset(consumer_config: dict[str, Any], topic: str, partition: int,
+                         timeout: float = 30.0) -> int:
+    """The destination partition's last stable offset (read_committed end): where the next record
+    written there lands at the earliest."""
+    c = Consumer(consumer_config | {"group.id": "mirrorflow-position-lookup", "enable.auto.commit": False,
+                                    "isolation.level": "read_committed", "log_level": 3})
+    try:
+        return int(c.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)[1])
+    finally:
+        c.close()

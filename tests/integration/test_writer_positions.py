@@ -1,0 +1,188 @@
+"""The partition writer's position on real brokers (issue 11 items 2 and 6): its own position when two
+mirrors read one source topic, and a lookup that sees past transactions open on the sync partition.
+
+The writer is driven the way the Spark job drives it (:class:`mirror_core.stream.BatchWriter`), without
+Spark: a restart is a new process's view (producers and positions forgotten, the old producer fenced).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+import yaml
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from mirror_core import clients, replicate
+from mirror_core.checkpoint import load_sync_store
+from mirror_core.config import MirrorsConfig, parse_config
+from mirror_core.positions import PositionLookupError, last_committed_sync
+from mirror_core.replicate import Columns, WriterSettings
+from mirror_core.stream import BatchWriter, WriterPlan
+
+pytestmark = pytest.mark.integration
+
+
+def two_groups(clusters, syncs: str, topic: str) -> MirrorsConfig:
+    """Groups ``live`` (topic -> topic.live) and ``archive`` (topic -> topic.archive) of one source cluster,
+    sharing its offset-sync topic, as every group reading one source alias does by default."""
+    text = clusters.config_yaml(f"""
+groups:
+  - name: live-{topic}
+    source: src
+    destination: dst
+    serdes: {{key: bytes, value: bytes}}
+    offset_syncs_topic: {syncs}
+    mirrors: [{{source_topic: {topic}, destination_topic: {topic}.live}}]
+  - name: archive-{topic}
+    source: src
+    destination: dst
+    serdes: {{key: bytes, value: bytes}}
+    offset_syncs_topic: {syncs}
+    mirrors: [{{source_topic: {topic}, destination_topic: {topic}.archive}}]
+""")
+    return parse_config(yaml.safe_load(text), env={})
+
+
+def create(bootstrap: str, *topics: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(t, 1, 1) for t in topics]).values():
+        f.result(30)
+
+
+def writer_settings(cfg: MirrorsConfig, gi: int, topic: str) -> WriterSettings:
+    g = cfg.groups[gi]
+    dst = g.mirrors[0].destination_topic
+    assert dst is not None
+    return WriterSettings(
+        group=g.name, mirror=f"{g.name}__{topic}__{dst}", source_alias="src", destination_alias="dst",
+        source_topic=topic, destination_topic=dst, source_partitions=1, destination_partitions=1,
+        delivery="exactly_once", key_serde="bytes", value_serde="bytes", on_error="dead_letter",
+        dlq_topic=g.dlq_topic, offset_syncs_topic=g.offset_syncs, provenance=False,
+        producer_config=clients.kafka_config(cfg.cluster("dst")))
+
+
+def columns(start: int, stop: int) -> Columns:
+    return Columns(list(range(start, stop)), [str(i).encode() for i in range(start, stop)],
+                   [b"v%d" % i for i in range(start, stop)], [1_700_000_000_000 + i for i in range(start, stop)])
+
+
+def feed(s: WriterSettings, cols: Columns, end: int) -> None:
+    """One micro-batch of the source partition 0 through the Spark job's writer, up to ``end``."""
+    bw = BatchWriter(WriterPlan({s.source_topic: s}, {}, {s.source_topic: {0: end}}, s.producer_config, None))
+    bw.feed(s.source_topic, 0, cols)
+
+
+def keys(cfg: MirrorsConfig, topic: str) -> list[int]:
+    dst = cfg.cluster("dst")
+    (low, high), = clients.end_offsets(dst, topic).values()
+    return [int(m.key()) for m in clients.read_partition(dst, topic, 0, low, high)]
+
+
+def test_item2_two_mirrors_of_one_source_topic_keep_their_own_positions(clusters, unique):
+    """``archive`` starts after ``live`` mirrored 300 records: it must mirror its own 200, not take live's
+    sync (upstream 300) as its position; and each group's checkpoints translate through its own syncs."""
+    topic = unique("shared")
+    syncs = f"{topic}.syncs.internal"
+    create(clusters.dst_bootstrap, syncs, f"{topic}.live", f"{topic}.archive")
+    cfg = two_groups(clusters, syncs, topic)
+    live, archive = writer_settings(cfg, 0, topic), writer_settings(cfg, 1, topic)
+    feed(live, columns(0, 300), 300)
+    feed(archive, columns(100, 300), 300)  # archive mirrors from offset 100 on (e.g. a later start)
+    assert keys(cfg, f"{topic}.live") == list(range(300))
+    assert keys(cfg, f"{topic}.archive") == list(range(100, 300))
+    # a restart of both (new processes): each resumes from its own position, nothing written twice
+    replicate.release_producers()
+    feed(live, columns(0, 350), 350)
+    feed(archive, columns(100, 350), 350)
+    assert keys(cfg, f"{topic}.live") == list(range(350))
+    assert keys(cfg, f"{topic}.archive") == list(range(100, 350))
+    # the checkpoint readers: upstream 300 is downstream 300 on live, 200 on archive (+ commit markers)
+    live_store, archive_store = load_sync_store(cfg, cfg.groups[0]), load_sync_store(cfg, cfg.groups[1])
+    assert live_store.translate(topic, 0, 300).downstream_offset == 301  # one commit marker before
+    assert archive_store.translate(topic, 0, 300).downstream_offset == 201
+    assert archive_store.translate(topic, 0, 50).downstream_offset is None  # archive never had offset 50
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def foreign_open_transaction(bootstrap: str, topic: str, txid: str) -> Producer:
+    """A transaction of another writer (another group's job sharing the sync topic), left open on the
+    sync partition with one record in it."""
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": txid, "transaction.timeout.ms": 120000})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, key=b"not ours", value=b"x", partition=0)
+    assert p.flush(30) == 0
+    return p
+
+
+def test_item6_lookup_waits_for_lso_past_open_foreign_transaction(clusters, unique):
+    """A foreign transaction open on the sync partition hides the writer's newest committed sync from a
+    read_committed read. A restarted writer must wait for it to end and resume from that sync, not from
+    the older one the LSO shows: 0 duplicates."""
+    topic = unique("lso")
+    syncs = f"{topic}.syncs.internal"
+    create(clusters.dst_bootstrap, syncs, f"{topic}.live", f"{topic}.archive")
+    cfg = two_groups(clusters, syncs, topic)
+    s = writer_settings(cfg, 0, topic)
+    feed(s, columns(0, 100), 100)
+    foreign = foreign_open_transaction(clusters.dst_bootstrap, syncs, unique("foreign-txn"))
+    feed(s, columns(100, 200), 200)  # committed, but its syncs sit behind the open transaction
+    replicate.release_producers()  # the job restarts: a new process, nothing known
+
+    lines = _Lines()
+    logging.getLogger("mirror_core.positions").addHandler(lines)
+    logging.getLogger("mirror_core.positions").setLevel(logging.INFO)
+    errors: list[BaseException] = []
+
+    def replay() -> None:
+        try:
+            feed(s, columns(0, 250), 250)  # Spark replays the uncommitted batch from the start
+        except BaseException as exc:  # reported by the test below
+            errors.append(exc)
+
+    t = threading.Thread(target=replay)
+    try:
+        t.start()
+        deadline = time.monotonic() + 60
+        while t.is_alive() and not any("waiting for open transactions" in ln for ln in lines.lines):
+            assert time.monotonic() < deadline, "the replay neither finished nor waited"
+            t.join(0.05)
+        waited = t.is_alive()
+        foreign.commit_transaction(30)
+        t.join(120)
+    finally:
+        logging.getLogger("mirror_core.positions").removeHandler(lines)
+    assert not t.is_alive() and not errors, errors
+    got = keys(cfg, f"{topic}.live")
+    assert len(got) - len(set(got)) == 0, f"{len(got) - len(set(got))} duplicates"
+    assert got == list(range(250))
+    assert waited, "the lookup did not wait for the open transaction"
+
+
+def test_item6_lookup_fails_clearly_when_a_transaction_never_ends(clusters, unique):
+    """No guessing: past the deadline the lookup stops with one line naming the sync partition."""
+    topic = unique("stuck")
+    syncs = f"{topic}.syncs.internal"
+    create(clusters.dst_bootstrap, syncs)
+    foreign = foreign_open_transaction(clusters.dst_bootstrap, syncs, unique("foreign-txn"))
+    try:
+        with pytest.raises(PositionLookupError, match=rf"{syncs}\[0\]: a transaction open below offset 1 .* did "
+                                                       r"not end within 2 s"):
+            last_committed_sync({"bootstrap.servers": clusters.dst_bootstrap}, syncs, topic, 0,
+                                destination=f"{topic}.live", settle_timeout=2)
+    finally:
+        foreign.abort_transaction(30)
+    assert last_committed_sync({"bootstrap.servers": clusters.dst_bootstrap}, syncs, topic, 0,
+                               destination=f"{topic}.live", settle_timeout=30) is None
