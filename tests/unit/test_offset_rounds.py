@@ -48,6 +48,9 @@ class _Msg:
     def value(self) -> bytes | None:
         return self._v
 
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return None  # a sync without the destination header (as an earlier release wrote): every group's
+
 
 class _Producer:
     """Delivers every record, or fails every delivery with ``error`` (as a broker rejection does)."""
