@@ -106,6 +106,8 @@ class RegisteredSchema:
     schema_type: str
     schema_str: str
     references: tuple[SchemaReference, ...] = ()
+    #: the registry-global GUID (UUID text) of the schema, on registries that report one (Confluent 8+)
+    guid: str | None = None
 
     @property
     def schema(self) -> Schema:
@@ -377,6 +379,36 @@ class RegistryClient:
         raw = self._request("GET", f"/schemas/ids/{int(schema_id)}")
         return Schema(str(raw.get("schemaType") or "AVRO"), str(raw["schema"]), _parse_refs(raw.get("references")))
 
+    def schema_by_guid(self, guid: str) -> Schema | None:
+        """The schema with this GUID (UUID text), or None when the registry does not know it or has no
+        GUID API (Apicurio answers 404 without an error code)."""
+        try:
+            raw = self._request("GET", f"/schemas/guids/{_q(guid)}")
+        except RegistryError as exc:
+            if is_not_found(exc) or exc.http_status in (404, 405, 501):
+                return None
+            raise
+        if not isinstance(raw, dict) or "schema" not in raw:
+            return None
+        return Schema(str(raw.get("schemaType") or "AVRO"), str(raw["schema"]), _parse_refs(raw.get("references")))
+
+    def ids_for_guid(self, guid: str) -> list[int]:
+        """The schema ids that have this GUID (``GET /schemas/guids/{guid}/ids``); ``[]`` when unknown or
+        when the registry has no such API."""
+        try:
+            raw = self._request("GET", f"/schemas/guids/{_q(guid)}/ids")
+        except RegistryError as exc:
+            if is_not_found(exc) or exc.http_status in (404, 405, 501):
+                return []
+            raise
+        out: list[int] = []
+        for item in raw if isinstance(raw, list) else []:
+            if isinstance(item, dict) and item.get("id") is not None:
+                out.append(int(item["id"]))
+            elif isinstance(item, int):
+                out.append(item)
+        return out
+
     def subject_versions_for_id(self, schema_id: int, deleted: bool = False) -> list[tuple[str, int]]:
         """``(subject, version)`` pairs that use this schema id (with ``deleted``, soft-deleted versions
         too); ``[]`` if unknown."""
@@ -541,6 +573,7 @@ class RegistryClient:
             schema_type=str(raw.get("schemaType") or default_type).upper(),
             schema_str=str(raw["schema"]),
             references=_parse_refs(raw.get("references")),
+            guid=str(raw["guid"]) if raw.get("guid") else None,
         )
 
 

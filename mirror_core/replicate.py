@@ -186,12 +186,15 @@ class BatchResult:
 
 
 class SchemaIdTranslator:
-    """Source schema id -> destination id; a miss asks ``resolver`` (which registers under the mapped
-    subject) and extends the cache. ``resolver`` returns None when the id is unknown at the source."""
+    """Source schema id -> destination id, and source GUID -> destination GUID; a miss asks ``resolver``
+    (which registers under the mapped subject; its ``guid`` method resolves GUIDs) and extends the cache.
+    Either returns None when the reference cannot be resolved: the record is dead-lettered (a GUID too:
+    passing it through unchanged would leave destination consumers unable to decode the record)."""
 
     def __init__(self, id_map: dict[int, int], resolver: Callable[[int], int | None] | None = None):
         self.id_map = dict(id_map)
         self.resolver = resolver
+        self.guid_map: dict[bytes, bytes] = {}
         self.misses = 0  # in all threads
         self._lock = threading.Lock()  # the driver writes a topic's partitions from several threads
         self._local = threading.local()
@@ -207,6 +210,20 @@ class SchemaIdTranslator:
                     dst = self.resolver(source_id)
                     if dst is not None:
                         self.id_map[source_id] = dst
+        return dst
+
+    def lookup_guid(self, source_guid: bytes) -> bytes | None:
+        dst = self.guid_map.get(source_guid)
+        resolve_guid = getattr(self.resolver, "guid", None)
+        if dst is None and resolve_guid is not None:
+            with self._lock:
+                dst = self.guid_map.get(source_guid)
+                if dst is None:
+                    self.misses += 1
+                    self._local.misses = self.thread_misses() + 1
+                    dst = resolve_guid(source_guid)
+                    if dst is not None:
+                        self.guid_map[source_guid] = dst
         return dst
 
     def thread_misses(self) -> int:
@@ -251,12 +268,13 @@ def decide(rec: SourceRecord, s: WriterSettings, translator: SchemaIdTranslator)
         header_name = f"__{field_name}_schema_id"
         if any(h == header_name and v is not None for h, v in headers):
             # the id travels in a header; the payload is not framed
-            new_headers, err = wire.rewrite_header_ids(headers, translator.lookup, only=header_name)
+            new_headers, err = wire.rewrite_header_ids(headers, translator.lookup, only=header_name,
+                                                       guid_map=translator.lookup_guid)
             if err is not None:
                 return DeadLetter(err.reason, f"{field_name}: {err.detail}")
             headers = new_headers
             continue
-        out = wire.translate_payload(data, translator.lookup)
+        out = wire.translate_payload(data, translator.lookup, translator.lookup_guid)
         if isinstance(out, wire.WireError):
             return DeadLetter(out.reason, f"{field_name}: {out.detail}")
         if field_name == "key":

@@ -38,6 +38,7 @@ import logging
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
@@ -88,6 +89,10 @@ class Registry(Protocol):
     def subject_versions_for_id(self, schema_id: int, deleted: bool = False) -> list[tuple[str, int]]: ...
 
     def schema_by_id(self, schema_id: int) -> Schema: ...
+
+    def schema_by_guid(self, guid: str) -> Schema | None: ...
+
+    def ids_for_guid(self, guid: str) -> list[int]: ...
 
     def subject_compatibility(self, subject: str) -> str | None: ...
 
@@ -526,7 +531,8 @@ DEFAULT_NOT_FOUND_BACKOFF = 0.5
 
 
 class SchemaResolver:
-    """The partition writer's resolver: source schema id -> destination id, registering on a miss.
+    """The partition writer's resolver: source schema id -> destination id (``resolver(id)``) and source
+    GUID -> destination GUID (``resolver.guid(guid)``), registering on a miss.
 
     The id's subject is found on the source (soft-deleted versions included: a record written before
     its subject was soft-deleted still decodes there; preferring the topic's own ``-key`` / ``-value``
@@ -556,6 +562,8 @@ class SchemaResolver:
         self._sleep, self._clock = sleep, clock
         self._ids: dict[int, int] = {}
         self._unknown_ids: dict[int, float] = {}  # id -> when it was found unknown
+        self._guids: dict[bytes, bytes] = {}
+        self._unknown_guids: dict[bytes, float] = {}
         self._lock = threading.Lock()
 
     # -- ids
@@ -577,6 +585,58 @@ class SchemaResolver:
             got = self._register(content, self.own.get(subject, subject), subject).schema_id
             self._ids[source_id] = got
             return got
+
+    # -- GUIDs
+
+    def guid(self, source_guid: bytes) -> bytes | None:
+        """Source schema GUID (16 bytes) -> the destination's GUID of the same schema, registered under
+        the mapped subject on a miss; None when it cannot be resolved (the record is dead-lettered): the
+        source does not know the GUID (after the not-found retries) or has no GUID API, no source
+        subject uses the schema, or the destination reports no GUIDs (Apicurio: ids only)."""
+        with self._lock:
+            if source_guid in self._guids:
+                return self._guids[source_guid]
+            if self._still_unknown(self._unknown_guids, source_guid):
+                return None
+            text = str(uuid.UUID(bytes=bytes(source_guid)))
+            got = self._resolve_guid(text)
+            if got is None:
+                self._unknown_guids[source_guid] = self._clock()
+                return None
+            self._guids[source_guid] = got
+            return got
+
+    def _resolve_guid(self, text: str) -> bytes | None:
+        schema = self._patiently(lambda: self.src.schema_by_guid(text))
+        if schema is None:
+            log.warning("schema GUID %s is unknown to the source registry %s (or it has no GUID API)", text,
+                        self.src.url)
+            return None
+        subject = self._source_subject_of(schema, text)
+        if subject is None:
+            log.warning("no subject on the source registry %s uses schema GUID %s", self.src.url, text)
+            return None
+        dst_subject = self.own.get(subject, subject)
+        registered = self._register(schema, dst_subject, subject)
+        dst_guid = registered.guid or self.dst.version(dst_subject, registered.version).guid
+        if dst_guid is None:
+            log.warning("destination registry %s reports no schema GUIDs: records framed with GUID %s cannot be "
+                        "mirrored (registered as %s version %d, id %d)", self.dst.url, text, dst_subject,
+                        registered.version, registered.schema_id)
+            return None
+        return uuid.UUID(dst_guid).bytes
+
+    def _source_subject_of(self, schema: Schema, guid_text: str) -> str | None:
+        """The source subject holding this schema: the topic's own subjects first, else any subject
+        using one of the GUID's ids (soft-deleted versions included)."""
+        for subject in sorted(self.own, key=lambda su: not su.endswith("-value")):
+            if self.src.lookup(subject, schema.schema_str, schema.schema_type, schema.references) is not None:
+                return subject
+        for schema_id in self.src.ids_for_guid(guid_text):
+            uses = self.src.subject_versions_for_id(schema_id, deleted=True)
+            if uses:
+                return next((su for su, _ in uses if su in self.own), uses[0][0])
+        return None
 
     # -- helpers
 

@@ -553,23 +553,36 @@ def _offsets_json(text: str | None, skip: int) -> dict[str, dict[int, int]]:
 # --------------------------------------------------------------------------- executor side
 
 
-def make_resolver(registries: tuple[Any, Any] | None, source_topic: str, destination_topic: str
-                  ) -> Callable[[int], int | None] | None:
-    """On a schema-id miss: register the source schema under the mapped subject on the destination.
+class LazySchemaResolver:
+    """On a schema-id or GUID miss: register the source schema under the mapped subject on the destination
+    (:class:`mirror_core.schemas.SchemaResolver`). Lazy: the registry clients are only built on the first
+    miss (most batches have none)."""
 
-    Lazy: the registry clients are only built on the first miss (most batches have none)."""
-    if registries is None:
-        return None
-    resolver: list[Callable[[int], int | None]] = []
+    def __init__(self, registries: tuple[Any, Any], source_topic: str, destination_topic: str):
+        self.registries, self.source_topic, self.destination_topic = registries, source_topic, destination_topic
+        self._resolver: Any = None
 
-    def resolve(source_id: int) -> int | None:
-        if not resolver:
+    def _get(self) -> Any:
+        if self._resolver is None:
             from mirror_core import schemas
 
-            resolver.append(schemas.make_id_resolver(registries[0], registries[1], source_topic, destination_topic))
-        return resolver[0](source_id)
+            self._resolver = schemas.make_id_resolver(self.registries[0], self.registries[1], self.source_topic,
+                                                      self.destination_topic)
+        return self._resolver
 
-    return resolve
+    def __call__(self, source_id: int) -> int | None:
+        return self._get()(source_id)  # type: ignore[no-any-return]
+
+    def guid(self, source_guid: bytes) -> bytes | None:
+        return self._get().guid(source_guid)  # type: ignore[no-any-return]
+
+
+def make_resolver(registries: tuple[Any, Any] | None, source_topic: str, destination_topic: str
+                  ) -> LazySchemaResolver | None:
+    """The schema resolver of one mirror's writers (None without registries)."""
+    if registries is None:
+        return None
+    return LazySchemaResolver(registries, source_topic, destination_topic)
 
 
 #: per Python worker: one translator per (group, source topic, destination topic), so ids resolved on a

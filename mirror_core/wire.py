@@ -11,10 +11,12 @@ puts the schema reference in a ``__key_schema_id`` / ``__value_schema_id`` heade
 (``0x01`` + 16 bytes, what the client writes) or the id form (``0x00`` + int32), followed by Protobuf
 message indexes when the schema is Protobuf. Both are handled exactly like payload framing.
 
-Ids are registry-local: every rewrite goes through an id map (source id -> destination id). GUIDs are
-registry-global identifiers of a schema; they are equal on both sides only when the destination was
-populated preserving them (IMPORT mode, schema exporters). So a GUID is mapped through ``guid_map``
-when one is given (an unmapped GUID is then an error), and passes through unchanged otherwise.
+Ids are registry-local: every rewrite goes through an id map (source id -> destination id). GUIDs
+identify a schema's content within one registry; the destination's GUID for the same schema is found
+through the registries (the partition writer's resolver registers the schema under the mapped subject
+and asks the destination for its GUID). So a GUID is mapped through ``guid_map`` (an unmapped GUID is
+then an ``unknown_schema_guid`` error, and the record is dead-lettered); only the low-level
+:func:`translate_value` without a ``guid_map`` passes GUIDs through unchanged.
 
 Only the 4 id bytes (or 16 GUID bytes) ever change; every other byte is kept as is. Nothing here
 decodes a payload. A record that cannot be translated yields a :class:`WireError` value with a stable
@@ -181,12 +183,13 @@ def _translate(value: bytes | None, ids: Lookup, guids: Callable[[bytes], bytes 
     return value if new_guid == ref.guid else b"\x01" + bytes(new_guid) + value[GUID_FRAME_LEN:]
 
 
-def translate_payload(data: bytes, lookup: Lookup) -> bytes | WireError:
-    """Rewrite the schema id of a framed (non-null) payload via ``lookup``; GUIDs pass through.
+def translate_payload(data: bytes, lookup: Lookup, guid_lookup: Callable[[bytes], bytes | None] | None = None
+                      ) -> bytes | WireError:
+    """Rewrite the schema id (via ``lookup``) or GUID (via ``guid_lookup``) of a framed (non-null) payload.
 
-    Kept for the partition writer; equivalent to ``translate_value(data, lookup)`` for non-null data.
+    The partition writer's form of ``translate_value(data, lookup, guid_lookup)`` for non-null data.
     """
-    out = _translate(data, lookup, None)
+    out = _translate(data, lookup, guid_lookup)
     if out is None:  # pragma: no cover - data is never None here
         return WireError(TOO_SHORT, "null payload")
     return out

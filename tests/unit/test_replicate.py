@@ -55,10 +55,16 @@ def test_value_schema_id_header_is_translated_and_payload_untouched() -> None:
     assert out.headers == (("a", b"1"), ("__value_schema_id", b"\x00" + struct.pack(">i", 42)), ("z", None))
 
 
-def test_guid_header_passes_through_and_unknown_header_id_is_dead_lettered() -> None:
+def test_item10_unresolvable_guid_is_dead_lettered_not_passed_through() -> None:
+    """A GUID the destination cannot decode must not reach it unchanged (item 10 of issue 11)."""
     guid = b"\x01" + bytes(range(16))
     out = decide(rec(b"body", (("__value_schema_id", guid),)), settings(), ids({}))
-    assert isinstance(out, OutRecord) and out.headers == (("__value_schema_id", guid),) and out.value == b"body"
+    assert isinstance(out, DeadLetter) and out.reason == "unknown_schema_guid" and "__value_schema_id" in out.detail
+    framed = decide(rec(guid + b"body"), settings(), ids({}))
+    assert isinstance(framed, DeadLetter) and framed.reason == "unknown_schema_guid" and framed.detail.startswith("value")
+
+
+def test_unknown_header_id_is_dead_lettered() -> None:
     bad = decide(rec(b"body", (("__value_schema_id", b"\x00" + struct.pack(">i", 9)),)), settings(), ids({}))
     assert isinstance(bad, DeadLetter) and bad.reason == "unknown_schema_id" and "__value_schema_id" in bad.detail
 

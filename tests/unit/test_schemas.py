@@ -9,8 +9,9 @@ tests can check what happened and in which order.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 import pybreaker
@@ -107,6 +108,12 @@ class FakeRegistry:
 
     def subject_versions_for_id(self, schema_id: int, deleted: bool = False) -> list[tuple[str, int]]:
         return [(s, v.version) for s, vs in self.subjects_.items() for v in vs if v.schema_id == schema_id]
+
+    def schema_by_guid(self, guid: str) -> Schema | None:
+        return None  # like Apicurio: no GUID API
+
+    def ids_for_guid(self, guid: str) -> list[int]:
+        return []
 
     def schema_by_id(self, schema_id: int) -> Schema:
         for vs in self.subjects_.values():
@@ -549,3 +556,74 @@ def test_item11_lagging_registry_not_found_is_retried_with_backoff(dst):
     assert resolve(424242) is None
     assert src.id_lookups - before == 4 and slept == [0.5, 1.0, 2.0]
     assert resolve(424242) is None and src.id_lookups - before == 4
+
+
+@dataclass
+class GuidRegistry(FakeRegistry):
+    """A registry that reports schema GUIDs (Confluent 8+): one GUID per schema id, different per registry."""
+
+    def guid_of(self, schema_id: int) -> str:
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{self.url}/{schema_id}"))
+
+    def _with_guid(self, v: RegisteredSchema | None) -> RegisteredSchema | None:
+        return None if v is None else replace(v, guid=self.guid_of(v.schema_id))
+
+    def version(self, subject: str, version: int | str = "latest") -> RegisteredSchema:
+        got = self._with_guid(super().version(subject, version))
+        assert got is not None
+        return got
+
+    def lookup(self, subject: str, schema_str: str, schema_type: str = "AVRO",
+               references: Sequence[SchemaReference] = (), normalize: bool = False) -> RegisteredSchema | None:
+        return self._with_guid(super().lookup(subject, schema_str, schema_type, references))
+
+    def schema_by_guid(self, guid: str) -> Schema | None:
+        for vs in self.subjects_.values():
+            for v in vs:
+                if self.guid_of(v.schema_id) == guid:
+                    return v.schema
+        return None
+
+    def ids_for_guid(self, guid: str) -> list[int]:
+        return sorted({v.schema_id for vs in self.subjects_.values() for v in vs if self.guid_of(v.schema_id) == guid})
+
+
+def test_item10_guid_framed_records_get_the_destination_guid():
+    """0x01+GUID framing (payload and header) is resolved like an id: source GUID -> schema -> registered
+    under the mapped subject on the destination -> the destination's GUID; only those 16 bytes change."""
+    from mirror_core.replicate import DeadLetter, OutRecord, SchemaIdTranslator, SourceRecord, WriterSettings, decide
+
+    src, dst = GuidRegistry(url="http://src", next_id=0), GuidRegistry(url="http://dst", next_id=500)
+    (sid,) = src.add("orders-value", V1)
+    (other,) = src.add("shared-types", V2)  # a subject that is not the topic's own (record-name strategy)
+    g_src, g_other = uuid.UUID(src.guid_of(sid)).bytes, uuid.UUID(src.guid_of(other)).bytes
+    resolver = make_id_resolver(src, dst, "orders", "dr.orders", not_found_retries=0)
+    translator = SchemaIdTranslator({}, resolver)
+    s = WriterSettings(group="g", mirror="m", source_alias="src", destination_alias="dst", source_topic="orders",
+                       destination_topic="dr.orders", source_partitions=1, destination_partitions=1,
+                       delivery="exactly_once", key_serde="bytes", value_serde="avro", on_error="dead_letter",
+                       dlq_topic="dlq", offset_syncs_topic="syncs", provenance=False, producer_config={})
+
+    def rec(value: bytes, headers: tuple = ()) -> SourceRecord:
+        return SourceRecord("orders", 0, 1, b"k", value, headers, 1)
+
+    out = decide(rec(b"\x01" + g_src + b"avro-body"), s, translator)
+    assert isinstance(out, OutRecord)
+    registered = dst.version("dr.orders-value", 1)
+    g_dst = uuid.UUID(registered.guid or "").bytes
+    assert g_dst != g_src and out.value == b"\x01" + g_dst + b"avro-body"
+
+    out = decide(rec(b"unframed", (("__value_schema_id", b"\x01" + g_other + b"\x00"),)), s, translator)
+    assert isinstance(out, OutRecord) and out.value == b"unframed"
+    assert out.headers == (("__value_schema_id", b"\x01" + uuid.UUID(dst.version("shared-types", 1).guid or "").bytes
+                            + b"\x00"),)
+
+    # unknown at the source: dead-lettered with the reason, never passed through
+    dl = decide(rec(b"\x01" + bytes(16) + b"x"), s, translator)
+    assert isinstance(dl, DeadLetter) and dl.reason == "unknown_schema_guid"
+
+    # a destination that reports no GUIDs (Apicurio): the schema is registered, the record dead-lettered
+    plain = FakeRegistry(url="http://plain", next_id=900)
+    t2 = SchemaIdTranslator({}, make_id_resolver(src, plain, "orders", "dr.orders", not_found_retries=0))
+    dl = decide(rec(b"\x01" + g_src + b"avro-body"), s, t2)
+    assert isinstance(dl, DeadLetter) and dl.reason == "unknown_schema_guid"
