@@ -21,7 +21,9 @@ from typing import Any
 from pydantic import SecretStr
 
 #: Kafka / registry client property names whose values are secrets.
-SECRET_KEY_RE = re.compile(r"(password|secret|sasl\.jaas\.config|basic\.auth\.user\.info|token)", re.I)
+#: inline private keys (librdkafka ``ssl.key.pem``, Java ``ssl.keystore.key``) are secrets too
+SECRET_KEY_RE = re.compile(
+    r"(password|secret|sasl\.jaas\.config|basic\.auth\.user\.info|token|ssl\.key\.pem|ssl\.keystore\.key)", re.I)
 
 #: ``scheme://userinfo@`` anywhere in a text; userinfo cannot contain ``/``, whitespace or ``@``
 _USERINFO_IN_TEXT = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"]+@")

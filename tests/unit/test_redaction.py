@@ -91,3 +91,17 @@ def test_item14_logging_keeps_libraries_quiet_and_redacts():
             if h not in before:
                 root.removeHandler(h)
 
+
+
+def test_inline_private_keys_are_secrets():
+    """librdkafka's ssl.key.pem (what `mirrorflow import viooh` maps viooh's :private-key to) and Java's
+    ssl.keystore.key hold a private key inline: kept as SecretStr and redacted like a password."""
+    from pydantic import SecretStr
+
+    from mirror_core.config import ClusterConfig
+
+    pem = "-----BEGIN PRIVATE KEY-----MIIEv-----END PRIVATE KEY-----"
+    c = ClusterConfig(kafka={"bootstrap.servers": "b:9092", "ssl.key.pem": pem},
+                      java_kafka={"ssl.keystore.key": pem})
+    assert isinstance(c.kafka["ssl.key.pem"], SecretStr) and isinstance(c.java_kafka["ssl.keystore.key"], SecretStr)
+    assert "MIIEv" not in repr(c) and "MIIEv" not in str(redact_config({"ssl.key.pem": pem}))
