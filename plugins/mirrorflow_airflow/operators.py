@@ -338,16 +338,13 @@ class FailoverReportOperator(BaseOperator):
         failed = False
         for task_id, kind in self.steps:
             if kind == "approval":
-                answer = ti.xcom_pull(task_ids=task_id)
-                chosen = (answer or {}).get("chosen_options") or []
-                if "Approve" in chosen:
-                    continue
-                stopped_at = task_id
-                if "Reject" in chosen:
-                    reason = f"rejected by {(answer or {}).get('responded_by_user') or 'a person'}"
-                else:
-                    reason, failed = "not reached (an earlier task failed)", True
-                break
+                # a Reject makes the ApprovalOperator skip what follows (its skip list is an XCom);
+                # an Approve leaves no trace here, so it shows as the next step having run
+                skipped = ti.xcom_pull(task_ids=task_id, key="skipmixin_key")
+                if skipped:
+                    stopped_at, reason = task_id, "rejected at the approval"
+                    break
+                continue
             data = ti.xcom_pull(task_ids=task_id, key=STEP_REPORT_KEY)
             if data is None:
                 stopped_at, reason, failed = task_id, "did not complete", True

@@ -1,0 +1,108 @@
+"""dag.test() of the failover DAG on the real clusters, approvals answered through Airflow's public API.
+
+One group, three runs in a row: Reject at the first approval (nothing changes), Reject at the second
+(offsets were synced before it; the stream is left running), then Approve twice: the consumer group
+that was half-way through the topic on the source continues on the destination with no gap and no
+re-read, and the stream is stopped for good.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mirror_core.config import load_config
+from mirror_core.failover import stop_marker
+from tests.dags import support
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+
+PARAMS = {"max_lag_records": 100000, "max_lag_seconds": 86400, "quiet_seconds": 2}
+
+
+def run_failover(dag: Any, cg: str, answers: dict[str, str]) -> tuple[Any, support.Approver]:
+    approver = support.Approver(dag.dag_id, answers, timeout=600)
+    with approver.running():
+        dr = dag.test(run_conf={"consumer_groups": [cg], **PARAMS})
+    assert not approver.errors and not approver.watchdog_fired, approver.errors
+    return dr, approver
+
+
+def set_paused(dag_id: str, paused: bool) -> None:
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import update
+
+    with create_session() as session:
+        session.execute(update(DagModel).where(DagModel.dag_id == dag_id).values(is_paused=paused))
+
+
+def is_paused(dag_id: str) -> bool | None:
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        dm = session.get(DagModel, dag_id)
+        return None if dm is None else bool(dm.is_paused)
+
+
+def test_failover_reject_reject_then_approve(clusters: Any, unique: Any, tmp_path: Path, airflow_db: Path,
+                                             monkeypatch: Any) -> None:
+    s = support.scenario(clusters, unique, tmp_path, partitions=2, records=80)
+    support.commit_source_group(s, {0: 15, 1: 25})
+    dags = support.load_dags(s.config, monkeypatch)
+    dst_topic = f"{s.topic}.mirror"
+    group = load_config(s.config).group(s.name)
+    dr = dags[s.dag_id("stream")].test()
+    assert dr.state == "success", support.task_states(dr)
+    set_paused(s.dag_id("stream"), False)  # switched on, as a user does (new DAGs start paused)
+    failover = dags[s.dag_id("failover")]
+
+    # 1. Reject "stop the producers": the run ends cleanly, nothing anywhere changed
+    dr, approver = run_failover(failover, s.consumer_group, {"approve_stop_producers": "Reject"})
+    assert dr.state == "success", support.task_states(dr)
+    assert approver.answered == [("approve_stop_producers", "Reject", 200)]
+    report = support.xcom(dr.dag_id, dr.run_id, "report")
+    assert report["completed"] is False and report["stopped_at"] == "approve_stop_producers"
+    assert report["reason"] == "rejected at the approval"
+    states = support.task_states(dr)
+    assert {t: states[t] for t in ("wait_for_quiet", "final_drain", "final_sync", "verify_parity", "finalize")} == {
+        t: "skipped" for t in ("wait_for_quiet", "final_drain", "final_sync", "verify_parity", "finalize")}
+    assert support.committed(s.dst, s.consumer_group, dst_topic, 2) == {0: -1001, 1: -1001}
+    assert not stop_marker(group).exists()
+
+    # 2. Reject "switch consumers": offsets were synced before it, nothing after (stream left running)
+    support.produce(s, 10)  # new records while the producers "still run": the final drain mirrors them
+    dr, approver = run_failover(failover, s.consumer_group, {"approve_stop_producers": "Approve",
+                                                             "approve_switch_consumers": "Reject"})
+    assert dr.state == "success", support.task_states(dr)
+    report = support.xcom(dr.dag_id, dr.run_id, "report")
+    assert report["stopped_at"] == "approve_switch_consumers" and report["steps"]["verify"]["ok"]
+    assert support.task_states(dr)["finalize"] == "skipped"
+    assert not stop_marker(group).exists()
+    assert is_paused(s.dag_id("stream")) is not True
+    assert support.committed(s.dst, s.consumer_group, dst_topic, 2) == {
+        p: o["destination_committed"] for p, o in ((o["partition"], o) for o in report["offsets"])}
+
+    # 3. Approve both: the group moves; the stream is stopped and stays stopped
+    support.commit_source_group(s, {0: 30, 1: 33})  # the consumers went on reading on the source meanwhile
+    dr, approver = run_failover(failover, s.consumer_group, {"approve_stop_producers": "Approve",
+                                                             "approve_switch_consumers": "Approve"})
+    assert dr.state == "success", support.task_states(dr)
+    assert [a[:2] for a in approver.answered] == [("approve_stop_producers", "Approve"),
+                                                  ("approve_switch_consumers", "Approve")]
+    report = support.xcom(dr.dag_id, dr.run_id, "report")
+    assert report["completed"] is True and report["stopped_at"] is None
+    assert report["records_verified"] == sum(s.produced.values()) == 90
+    assert sorted((o["partition"], o["source_committed"]) for o in report["offsets"]) == [(0, 30), (1, 33)]
+    resumed = support.resume_on_destination(s, dst_topic)
+    assert resumed[0] == support.keys(s.src, s.topic, 0, start=30)  # 0 gaps, 0 re-reads
+    assert resumed[1] == support.keys(s.src, s.topic, 1, start=33)
+    assert resumed[0] and resumed[1]
+    assert stop_marker(group).exists() and is_paused(s.dag_id("stream")) is True
+    finalize = support.xcom(dr.dag_id, dr.run_id, "finalize", key="step_report")
+    assert finalize["details"]["stream_stopped"] is True
+    dr = dags[s.dag_id("stream")].test()  # a stream run after the failover launches no job
+    assert support.task_states(dr) == {"mirror_stream": "skipped"}
