@@ -356,7 +356,8 @@ RESERVED_SOURCE_OPTIONS: dict[str, str] = {
     "startingoffsetsbytimestampstrategy": "a mirror starts from the earliest offset, then from its checkpoint",
     "endingoffsets": "a stream has no end offsets",
     "includeheaders": "headers are always mirrored",
-    "failondataloss": "records that expired on the source are reported by the mirror's own checks",
+    "failondataloss": ("the mirror reports records that expired on the source (mirrorflow_records_expired_total) "
+                       "and mirrors a re-created topic from its start"),
     "minpartitions": "one Kafka partition must stay in one Spark task (order, one transactional writer)",
     "maxrecordsperpartition": "one Kafka partition must stay in one Spark task (order, one transactional writer)",
     "maxoffsetspertrigger": "use spark.max_offsets_per_trigger",

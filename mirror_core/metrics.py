@@ -8,6 +8,10 @@ Names (all labelled by ``group`` and ``mirror``):
 - ``mirrorflow_records_replay_skipped_total`` — records skipped because already mirrored (exactly-once)
 - ``mirrorflow_records_loop_skipped_total`` — records not mirrored back (provenance header)
 - ``mirrorflow_schema_id_cache_misses_total`` — schema ids resolved on the fly (registered on a miss)
+- ``mirrorflow_source_offsets_rewound_total`` — offsets a source partition's end moved back by (topic
+  deleted and re-created, or its log truncated); the partition is mirrored again from its start
+- ``mirrorflow_records_expired_total`` — records removed from the source by retention before they were
+  mirrored (a gap between the last mirrored offset and the next one read)
 - ``mirrorflow_batch_duration_seconds`` — histogram of micro-batch durations (label ``group`` only)
 - ``mirrorflow_writer_seconds_total`` — writer task time by ``phase`` (label ``group`` and ``phase``:
   ``input`` = waiting for Spark's Arrow batches and converting them, ``setup`` = producer start and
@@ -31,6 +35,10 @@ REPLAYED = Counter("mirrorflow_records_replay_skipped", "Records skipped as alre
                    registry=REGISTRY)
 LOOPED = Counter("mirrorflow_records_loop_skipped", "Records not mirrored back (provenance)", _L, registry=REGISTRY)
 MISSES = Counter("mirrorflow_schema_id_cache_misses", "Schema ids resolved on a cache miss", _L, registry=REGISTRY)
+REWOUND = Counter("mirrorflow_source_offsets_rewound", "Offsets a source partition's end moved back by", _L,
+                  registry=REGISTRY)
+EXPIRED = Counter("mirrorflow_records_expired", "Records expired on the source before they were mirrored", _L,
+                  registry=REGISTRY)
 BATCH_SECONDS = Histogram("mirrorflow_batch_duration_seconds", "Micro-batch duration", ("group",),
                           registry=REGISTRY, buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
 PHASE_SECONDS = Counter("mirrorflow_writer_seconds", "Writer task time by phase", ("group", "phase"),

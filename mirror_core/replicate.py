@@ -48,6 +48,7 @@ from mirror_core.positions import (
     committed_end_offset,
     last_committed_position,
     last_committed_sync,
+    source_end_offset,
     sync_headers,
 )
 
@@ -133,6 +134,9 @@ class WriterSettings:
     #: the destination topic's ``max.message.bytes`` override, when it has one: records whose
     #: single-record batch is larger are dead-lettered before producing (the broker would reject them)
     destination_max_message_bytes: int | None = None
+    #: source librdkafka config (contains secrets: never log): lets the writer check a committed position
+    #: against the source partition's end (a re-created topic starts again from 0)
+    source_consumer_config: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def transactional_id(self) -> str:
@@ -546,7 +550,8 @@ class PartitionWriter:
 
     def __init__(self, settings: WriterSettings, translator: SchemaIdTranslator,
                  position_lookup: PositionLookup | None = None,
-                 downstream_end: Callable[[str, int], int] | None = None):
+                 downstream_end: Callable[[str, int], int] | None = None,
+                 source_end: Callable[[str, int], int] | None = None):
         learned = _LEARNED_LIMITS.get(settings.destination_topic)
         if learned is not None and learned != settings.destination_max_message_bytes:
             settings = dataclasses.replace(settings, destination_max_message_bytes=learned)
@@ -558,6 +563,9 @@ class PartitionWriter:
                                              destination=settings.destination_topic))
         self.downstream_end = downstream_end or (
             lambda t, p: committed_end_offset(settings.producer_config, t, p))
+        cc = settings.source_consumer_config
+        #: a source partition's end (high watermark); None: not checked
+        self.source_end = source_end or (None if cc is None else lambda t, p: source_end_offset(cc, t, p))
 
     def write(self, partition: int, records: Iterable[SourceRecord] | Columns,
               upstream_end: int | None = None) -> BatchResult:
@@ -668,6 +676,20 @@ class PartitionWriter:
                 _POSITIONS[key] = Position(0)
         return _POSITIONS.get(key)
 
+    def _beyond_source_end(self, key: str, partition: int, position: Position) -> bool:
+        """The committed position lies beyond the source partition's end: it was written for an earlier
+        incarnation of the topic (deleted and re-created) or a log that was truncated since, and the records
+        below it are new. Asked only when records would be skipped as already mirrored (a replay)."""
+        if self.source_end is None:
+            return False
+        end = self.source_end(self.s.source_topic, partition)
+        if end >= position.upstream:
+            return False
+        log.warning("%s: %s[%d]: the committed position %d is beyond the source's end %d (topic re-created or "
+                    "log truncated): mirroring the partition from its start", self.s.mirror, self.s.source_topic,
+                    partition, position.upstream, end)
+        return True
+
     def _syncs(self, partition: int, first_upstream: int, pairs: list[tuple[int, int]], upstream_end: int,
                position: Position | None) -> tuple[list[OffsetSync], int | None]:
         """The chunk's offset syncs and the downstream position after it (None: nothing to record)."""
@@ -694,6 +716,9 @@ class PartitionWriter:
             producer, key = _producer(self.s, partition)
             position = self._position(key, partition)
             start = 0 if position is None else bisect.bisect_left(chunk.offsets, position.upstream)
+            if start and position is not None and self._beyond_source_end(key, partition, position):
+                position = _POSITIONS[key] = Position(0)  # the topic was re-created: its records are new
+                start = 0
             todo = chunk.slice(start, len(chunk)) if start else chunk
             result.replayed_skipped = start
             t1 = time.monotonic()

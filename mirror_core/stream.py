@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from mirror_core.replicate import (
     Columns,
     PartitionWriter,
     SchemaIdTranslator,
+    SourceRecord,
     WriterSettings,
     last_committed_sync,
 )
@@ -70,6 +71,10 @@ class WriterPlan:
     #: their records are passed over. A record of any other topic without settings fails the batch.
     ignored: frozenset[str] = frozenset()
     group: str = ""
+    #: (topic, partition) -> (previous batch end, this batch end) where the source's end moved back (the
+    #: topic was re-created or its log truncated): Spark drops that range, :meth:`MirrorRuntime.write_rewound`
+    #: writes it from the partition's start
+    rewound: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
 
 
 #: reads one file of a Spark checkpoint (a plain path or a URI such as ``s3a://...``): its text, or None when
@@ -133,6 +138,8 @@ class MirrorRuntime:
         self.known_topics: set[str] = set()
         #: source topic -> its mirror's ``topics_mirroring.allow_placement_change``
         self.placement_change_allowed: dict[str, bool] = {}
+        #: the planned batch's start offsets (see :meth:`batch_starts`)
+        self._starts: dict[int, dict[str, dict[int, int]]] = {}
         #: source topic -> its mirror's ``topics_mirroring.partition_count`` rule
         self.partition_rules: dict[str, Any] = {}
         self._secrets_dir: Path | None = None
@@ -166,6 +173,7 @@ class MirrorRuntime:
                 ensure_heartbeats_topic(dst_admin, hb.destination_topic, src_state, dst_state, hb.source_topic)
                 dst_state = read_state(dst_admin)
         producer_cfg = clients.kafka_config(self.dst)
+        source_cfg = clients.kafka_config(self.src)
         self.known_topics = set(src_state.topics)
         for sel in chosen:
             m = sel.mirror
@@ -184,7 +192,7 @@ class MirrorRuntime:
                 key_serde=m.settings.serdes.key, value_serde=m.settings.serdes.value,
                 on_error=m.settings.on_error, dlq_topic=self.group.dlq_topic,
                 offset_syncs_topic=self.group.offset_syncs, provenance=provenance,
-                producer_config=producer_cfg,
+                producer_config=producer_cfg, source_consumer_config=source_cfg,
                 destination_max_message_bytes=int(max_bytes) if max_bytes else None,
             )
             self.consumer_groups[sel.source_topic] = m.consumer_group
@@ -254,12 +262,84 @@ class MirrorRuntime:
         if unknown or grown:
             self.prepare()
         self.check_placement(batch_id)
+        starts = self.batch_starts(batch_id)
+        self._starts = {batch_id: starts}
+        rewound = rewound_partitions(starts, ends, set(self.settings))
+        if rewound:
+            from mirror_core import metrics
+
+            for (t, p), (before, end) in sorted(rewound.items()):
+                log.warning("%s: %s[%d]: the source's end offset moved back from %d to %d (%d offsets; topic "
+                            "re-created or log truncated): mirroring the partition again from its start",
+                            self.group.name, t, p, before, end, before - end)
+                metrics.REWOUND.labels(self.group.name, self.settings[t].mirror).inc(before - end)
         regs = None
         if self.src.schema_registry and self.dst.schema_registry:
             regs = (self.src.schema_registry, self.dst.schema_registry)
         return WriterPlan(dict(self.settings), dict(self.id_map), ends,
                           clients.kafka_config(self.dst), regs,
-                          ignored=frozenset(self.known_topics - set(self.settings)), group=self.group.name)
+                          ignored=frozenset(self.known_topics - set(self.settings)), group=self.group.name,
+                          rewound=rewound)
+
+    def batch_starts(self, batch_id: int) -> dict[str, dict[int, int]]:
+        """Where micro-batch ``batch_id`` starts per partition: the batch before's ends, or for the first
+        batch the source's initial offsets (negative: symbolic, e.g. earliest)."""
+        if batch_id < 0:
+            return {}
+        if batch_id == 0:
+            return read_initial_offsets(self.checkpoint_dir(), self.read_checkpoint)
+        return read_batch_end_offsets(self.checkpoint_dir(), batch_id - 1, self.read_checkpoint)
+
+    def write_rewound(self, plan: WriterPlan) -> list[dict[str, Any]]:
+        """Write, from the driver, the records of partitions whose end moved back, from the partition's
+        start to the batch end. Spark's source (``failOnDataLoss=false``) drops a range that moved back,
+        so without this the re-created topic's first records would never be mirrored; the writer, finding
+        its committed position beyond the source's end, takes them as new."""
+        if not plan.rewound:
+            return []
+        bw = BatchWriter(plan)
+        for (t, p), (_before, end) in sorted(plan.rewound.items()):
+            low = clients.end_offsets(self.src, t).get(p, (0, 0))[0]
+            buf: list[SourceRecord] = []
+            for m in clients.read_partition(self.src, t, p, low, end):
+                buf.append(SourceRecord(t, p, m.offset(), m.key(), m.value(), tuple(m.headers() or ()),
+                                        m.timestamp()[1]))
+                if len(buf) >= CHUNK_RECORDS:
+                    bw.feed(t, p, Columns.from_records(buf))
+                    buf = []
+            if buf:
+                bw.feed(t, p, Columns.from_records(buf))
+            bw.finish(t, p)
+        return bw.rows()
+
+    def report_expired(self, batch_id: int, rows: list[dict[str, Any]]) -> int:
+        """Records that retention removed from the source before they were mirrored: a partition whose first
+        record read in this batch lies past the batch's start while the source's log now starts past it.
+        Logged with the counts and counted in ``mirrorflow_records_expired_total``; returns the total."""
+        from mirror_core import metrics
+
+        starts = self._starts.get(batch_id)
+        if starts is None:
+            starts = self.batch_starts(batch_id)
+        lows: dict[str, dict[int, tuple[int, int]]] = {}
+        total = 0
+        for r in rows:
+            start = starts.get(r["topic"], {}).get(r["partition"], -1)
+            first = r.get("first_offset")
+            s = self.settings.get(r["topic"])
+            if s is None or first is None or start < 0 or first <= start:
+                continue
+            if r["topic"] not in lows:
+                lows[r["topic"]] = clients.end_offsets(self.src, r["topic"])
+            low = lows[r["topic"]].get(r["partition"], (0, 0))[0]
+            if low <= start:
+                continue  # a gap of compaction, aborted records or markers: nothing lost
+            lost = min(first, low) - start
+            total += lost
+            log.warning("%s: %s[%d]: %d records (offsets %d-%d) expired on the source (retention) before they "
+                        "were mirrored", self.group.name, r["topic"], r["partition"], lost, start, start + lost - 1)
+            metrics.EXPIRED.labels(self.group.name, s.mirror).inc(lost)
+        return total
 
     def check_placement(self, batch_id: int) -> None:
         """Refuse a switch of existing partitions from keeping their numbers to key hashing.
@@ -403,6 +483,7 @@ class MirrorRuntime:
         self.commit_source_offsets(commits)
         lats = [x for r in rows for x in (r["latency_ms"] or [])]
         totals["latency_p50_ms"] = round(statistics.median(lats), 1) if lats else None
+        totals["expired"] = self.report_expired(batch_id, rows)
         totals["batch_id"] = batch_id
         totals["seconds"] = round(seconds, 3)
         # task time summed over partitions (tasks overlap, so the sum can exceed the batch's seconds)
@@ -454,6 +535,20 @@ def default_provenance(configured: bool | None, source_topic: str, destination_t
     if configured is not None:
         return configured
     return source_topic == destination_topic
+
+
+def rewound_partitions(starts: dict[str, dict[int, int]], ends: dict[str, dict[int, int]], topics: set[str]
+                       ) -> dict[tuple[str, int], tuple[int, int]]:
+    """Partitions of ``topics`` whose batch end lies below the batch start: ``(start, end)`` each. Pure."""
+    out = {}
+    for t, parts in ends.items():
+        if t not in topics:
+            continue
+        for p, end in parts.items():
+            start = starts.get(t, {}).get(p, -1)
+            if start >= 0 and 0 <= end < start:
+                out[(t, p)] = (start, end)
+    return out
 
 
 def effective_max_offsets(spark: Any) -> int | None:

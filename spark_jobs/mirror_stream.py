@@ -146,6 +146,7 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
             rt.stop_warm_up()
             release_producers()  # the tasks' producers fence the driver's
             rows = [r.asDict() for r in df.mapInArrow(arrow_writer(plan), RESULT_DDL).collect()]
+        rows += rt.write_rewound(plan)  # partitions whose end moved back: Spark dropped their range
         t2 = time.monotonic()
         summary = rt.after_batch(batch_id, rows, t2 - t0)
         summary["written_by"] = "driver" if on_driver else "tasks"

@@ -141,3 +141,64 @@ groups:
             raise
         err = job.stderr.read() if job.stderr else ""
     assert rc == 0, err[-3000:]
+
+
+def test_item5_expired_records_are_reported_and_a_recreated_topic_is_mirrored_from_its_start(
+        clusters, unique, tmp_path):
+    """Records that retention removed before they were mirrored are reported (log line with the counts);
+    a source topic deleted and re-created is detected (its end moved back) and mirrored from its start."""
+    import time
+
+    from confluent_kafka import KafkaException, TopicPartition
+    from confluent_kafka.admin import NewTopic
+    from test_mirror_e2e import run_once
+
+    topic = unique("recreate")
+    name = topic.replace("-", "")
+    create_topic(clusters.src_bootstrap, topic, 1)
+    produce(clusters.src_bootstrap, topic, 20, 1, "a")
+    text = clusters.config_yaml(f"""
+groups:
+  - name: {name}
+    source: src
+    destination: dst
+    serdes: {{key: bytes, value: bytes}}
+    offset_syncs_topic: "{name}.syncs.internal"
+    dead_letter_topic: "{name}.dlq"
+    heartbeats: {{enabled: false}}
+    topics_mirroring: {{replication_factor: {{type: fix, value: 1}}}}
+    spark: {{master: "local[2]", checkpoint_dir: "{tmp_path / 'ckpt'}"}}
+    mirrors:
+      - {{source_topic: {topic}, destination_topic: {topic}.m}}
+""")
+    path = tmp_path / "mirrors.yaml"
+    path.write_text(text)
+
+    def keys() -> list[bytes]:
+        return [m.key() for ms in read_all(clusters.dst_bootstrap, f"{topic}.m", timeout=30).values() for m in ms]
+
+    run_once(path, name)
+    assert keys() == [f"a{i}".encode() for i in range(20)]
+
+    # retention: offsets 20-24 are removed before the mirror runs again
+    produce(clusters.src_bootstrap, topic, 10, 1, "b")
+    admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
+    admin.delete_records([TopicPartition(topic, 0, 25)])[TopicPartition(topic, 0, 25)].result(30)
+    proc = run_once(path, name)
+    assert "5 records (offsets 20-24) expired on the source" in proc.stderr, proc.stderr[-3000:]
+    assert keys()[20:] == [f"b{i}".encode() for i in range(5, 10)]
+
+    # the topic is deleted and created again with 5 new records
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+            break
+        except KafkaException:
+            assert time.monotonic() < deadline, "the topic could not be created again"
+            time.sleep(0.5)
+    produce(clusters.src_bootstrap, topic, 5, 1, "c")
+    proc = run_once(path, name)
+    assert "moved back from 30 to 5" in proc.stderr, proc.stderr[-3000:]
+    assert keys()[25:] == [f"c{i}".encode() for i in range(5)]

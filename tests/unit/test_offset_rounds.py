@@ -172,3 +172,25 @@ def test_item9_sync_history_is_read_incrementally(monkeypatch) -> None:
     log[:] = [OffsetSync("t", 0, 3, 1)]
     third = checkpoint.load_sync_store(cfg, g)
     assert third.latest("t", 0) == OffsetSync("t", 0, 3, 1) and third.oldest("t", 0) == OffsetSync("t", 0, 3, 1)
+
+
+def test_item5_writer_mirrors_a_recreated_partition_from_its_start(monkeypatch) -> None:
+    """The committed position (100) is beyond the source partition's end (3): the topic was re-created, so
+    its records 0-2 are new and are mirrored, not skipped as already mirrored. A real replay is still skipped."""
+    fake = _Producer()
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    s = WriterSettings(group="g", mirror="g__t__t", source_alias="src", destination_alias="dst",
+                       source_topic="t", destination_topic="t", source_partitions=1, destination_partitions=1,
+                       delivery="exactly_once", key_serde="bytes", value_serde="bytes", on_error="dead_letter",
+                       dlq_topic="g.dlq", offset_syncs_topic="syncs", provenance=False, producer_config={})
+    ends = {"t": 3}
+    kwargs: dict[str, Any] = {"downstream_end": lambda t, p: 250}
+    if "source_end" in replicate.PartitionWriter.__init__.__code__.co_varnames:
+        kwargs["source_end"] = lambda t, p: ends[t]
+    w = replicate.PartitionWriter(s, SchemaIdTranslator({}), lambda t, p: OffsetSync("t", 0, 100, 250), **kwargs)
+    recs = [SourceRecord("t", 0, o, b"k", b"v%d" % o, (), 0) for o in range(3)]
+    r = w.write(0, recs, upstream_end=3)
+    assert r.mirrored == 3 and r.replayed_skipped == 0
+    again = w.write(0, recs, upstream_end=3)  # Spark replays the batch: now it is already mirrored
+    assert again.mirrored == 0 and again.replayed_skipped == 3
