@@ -31,6 +31,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from mirror_core import clients
 from mirror_core.errors import KafkaOperationError, MirrorError
+from mirror_core.logs import LIBRDKAFKA_LOG
 from mirror_core.offsets import OffsetFormatError, OffsetSync
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ def sync_destination(headers: list[tuple[str, bytes | None]] | None) -> str | No
 def _consumer(consumer_config: dict[str, Any], isolation: str) -> Consumer:
     return Consumer(consumer_config | {
         "group.id": "mirrorflow-position-lookup", "enable.auto.commit": False,
-        "isolation.level": isolation, "log_level": 3, "enable.partition.eof": True,
+        "isolation.level": isolation, "log_level": 3, "logger": LIBRDKAFKA_LOG, "enable.partition.eof": True,
         # the scan ends at the partition's end, where a fetch would otherwise wait 500 ms for more data
         "fetch.wait.max.ms": 10,
     })

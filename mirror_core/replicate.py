@@ -41,6 +41,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from mirror_core import wire
 from mirror_core.config import transactional_id
 from mirror_core.errors import MirrorError
+from mirror_core.logs import LIBRDKAFKA_LOG
 from mirror_core.offsets import OffsetSync, syncs_for_batch
 from mirror_core.partitioner import java_partition
 from mirror_core.positions import (
@@ -416,7 +417,8 @@ def partition_lock(s: WriterSettings, partition: int) -> threading.RLock:
 
 def _producer(s: WriterSettings, partition: int) -> tuple[Producer, str]:
     """A long-lived producer per (writer, partition) in this process (call with its partition_lock)."""
-    base: dict[str, Any] = {"enable.idempotence": True, "acks": "all", "linger.ms": 5, "log_level": 3}
+    base: dict[str, Any] = {"enable.idempotence": True, "acks": "all", "linger.ms": 5, "log_level": 3,
+                            "logger": LIBRDKAFKA_LOG}
     if s.destination_max_message_bytes is not None:
         # keep batches of small records under the topic's limit (a single larger record still goes alone)
         base["batch.size"] = max(1, min(1_000_000, s.destination_max_message_bytes - 100))
@@ -454,7 +456,8 @@ def fence_legacy_writer(s: WriterSettings, partition: int) -> None:
     txid = s.legacy_transactional_id_for(partition)
     if txid in _FENCED_LEGACY:
         return
-    p = Producer(s.producer_config | {"transactional.id": txid, "transaction.timeout.ms": 60000, "log_level": 3})
+    p = Producer(s.producer_config | {"transactional.id": txid, "transaction.timeout.ms": 60000, "log_level": 3,
+                                      "logger": LIBRDKAFKA_LOG})
     p.init_transactions(60)
     _FENCED_LEGACY.add(txid)
     log.info("%s: fenced the earlier release's transactional id of partition %d", s.mirror, partition)
