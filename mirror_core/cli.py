@@ -391,6 +391,81 @@ def run(
 
 @app.command()
 @handle_errors
+def failover(
+    config: ConfigArg,
+    group: Annotated[str, typer.Option("--group", "-g", help="The group whose consumers move to its destination.")],
+    step: Annotated[str, typer.Option("--step", help="preflight | lag | quiet | drain | sync | verify | finalize | "
+                                      "resume (remove the stop marker).")],
+    consumer_groups: Annotated[list[str] | None, typer.Option(
+        "--consumer-group", "-c", help="A source consumer group to move (repeat for several).")] = None,
+    max_lag_records: Annotated[int, typer.Option(help="lag: records under which producers may stop.")] = 1000,
+    max_lag_seconds: Annotated[float, typer.Option(help="lag: seconds under which producers may stop.")] = 60.0,
+    quiet_seconds: Annotated[float, typer.Option(help="quiet: how long the source must stay without new records.")] = 30.0,
+    wait: Annotated[float, typer.Option(help="lag / quiet: keep checking for up to this many seconds.")] = 600.0,
+    no_stream: Annotated[bool, typer.Option(
+        "--no-stream", help="quiet: no stream runs now (a `drain` comes next), so do not wait for lag 0.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """One step of moving a group's consumers to its destination, by hand: the same steps the Airflow
+    failover DAG runs. In order: preflight, lag, (stop the producers), quiet, drain (unless a stream runs),
+    sync, verify, (switch the consumers), finalize. Exit 0 when the step passed, 1 when not."""
+    import subprocess
+    import time
+
+    from mirror_core import failover as fo
+    from mirror_core.config import load_config
+    from mirror_core.errors import ConfigError, ConfigIssue
+
+    if step not in fo.STEPS[:-1] + ("resume",):
+        raise ConfigError(ConfigIssue("--step", f"unknown step {step!r} (use {', '.join(fo.STEPS[:-1])} or resume)"))
+    cfg = load_config(config)
+    g = cfg.group(group)
+    needs_groups = step in ("preflight", "sync")
+    params = fo.FailoverParams.from_mapping({
+        "consumer_groups": list(consumer_groups or []) or (["-"] if not needs_groups else []),
+        "max_lag_records": max_lag_records, "max_lag_seconds": max_lag_seconds, "quiet_seconds": quiet_seconds})
+    if step == "resume":
+        cleared = fo.clear_stream_stop(g)
+        out.print(f"{g.name}: stop marker {'removed' if cleared else 'was not there'} ({fo.stop_marker(g)})",
+                  markup=False, highlight=False)
+        return
+    if step == "drain":
+        _reachable(cfg, [g], registries=True)
+        code = subprocess.call([sys.executable, "-m", "spark_jobs.mirror_stream", str(config), "--group", g.name,
+                                "--once"])
+        if code:
+            raise typer.Exit(code)
+        rep = fo.lag_check(cfg, g, fo.FailoverParams(params.consumer_groups, 0, float("inf")))
+    else:
+        _reachable(cfg, [g], registries=step == "preflight")
+        if step == "preflight":
+            rep = fo.preflight(cfg, g, params)
+        elif step == "lag":
+            deadline = time.monotonic() + wait
+            rep = fo.lag_check(cfg, g, params)
+            while not rep.ok and time.monotonic() < deadline:
+                err.print(f"{g.name}: {rep.summary}", markup=False, highlight=False)
+                time.sleep(5)
+                rep = fo.lag_check(cfg, g, params)
+        elif step == "quiet":
+            rep = fo.wait_quiet(cfg, g, params, wait, require_lag_zero=not no_stream)
+        elif step == "sync":
+            rep = fo.final_sync(cfg, g, params)
+        elif step == "verify":
+            rep = fo.verify(cfg, g)
+        else:
+            rep = fo.finalize(cfg, g)
+    if as_json:
+        print(json.dumps(rep.as_dict(), indent=2, default=str))
+    else:
+        out.print(f"{g.name}: {rep.step}: {'ok' if rep.ok else 'NOT OK'}: {rep.summary}", markup=False,
+                  highlight=False)
+    if not rep.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+@handle_errors
 def demo(records: Annotated[int, typer.Option(help="Sample records to produce.")] = 30000) -> None:
     """Local clusters, sample Avro data mirrored by Spark, then checkpoints, lag and parity."""
     from mirror_core import demo as demo_mod
