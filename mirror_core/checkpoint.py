@@ -196,7 +196,8 @@ def emit_checkpoints(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncSt
     remapped = remapped_topics(cfg, group, mappings)
     previous = load_checkpoints(cfg, group)
     current = dict(previous)
-    offsets = source_group_offsets(cfg, group, set(by_src))
+    with clients.acting_on(group.source, cfg.cluster(group.source)):
+        offsets = source_group_offsets(cfg, group, set(by_src))
     producer = clients.producer(cfg.cluster(group.destination), **{"enable.idempotence": True, "acks": "all"})
     failed: list[str] = []
     for gid, offs in offsets.items():
@@ -317,13 +318,15 @@ def run_round(cfg: MirrorsConfig, group: GroupConfig, force: bool = False) -> Ro
     store = load_sync_store(cfg, group)
     checkpoints: dict[tuple[str, str, int], Any] = {}
     if group.offsets.emit_checkpoints or group.offsets.sync_group_offsets:
-        checkpoints = emit_checkpoints(cfg, group, store, mappings, report)
+        with clients.acting_on(group.destination, cfg.cluster(group.destination)):
+            checkpoints = emit_checkpoints(cfg, group, store, mappings, report)
     if group.offsets.sync_group_offsets:
         wanted = {r.group for r in report.groups}
         remapped = remapped_topics(cfg, group, mappings)
         untranslatable = frozenset(m.destination_topic for m in mappings if m.source_topic in remapped)
-        sync_group_offsets(cfg, group, {k: v for k, v in checkpoints.items() if k[0] in wanted}, report, force,
-                           untranslatable)
+        with clients.acting_on(group.destination, cfg.cluster(group.destination)):
+            sync_group_offsets(cfg, group, {k: v for k, v in checkpoints.items() if k[0] in wanted}, report, force,
+                               untranslatable)
     if group.heartbeats.enabled:
         report.heartbeat = emit_heartbeat(cfg, group)
     return report

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,97 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
 from mirror_core.config import SECRET_KEY_RE, ClusterConfig
-from mirror_core.errors import KafkaOperationError
+from mirror_core.errors import AccessDeniedError, KafkaOperationError
 from mirror_core.logs import LIBRDKAFKA_LOG
 from mirror_core.tls import write_private
 
 #: librdkafka logs through ``logging`` (``librdkafka`` logger; connection failures at DEBUG)
 _QUIET: dict[str, Any] = {"log_level": 3, "logger": LIBRDKAFKA_LOG}
+
+
+def principal(cluster: ClusterConfig) -> str:
+    """Who the cluster sees connecting, in words (never a secret): the SASL user, the OAUTHBEARER client,
+    the TLS client certificate, or nobody."""
+    props = cluster.kafka_properties()
+    proto = props.get("security.protocol", "PLAINTEXT").upper()
+    mech = props.get("sasl.mechanism", "GSSAPI").upper()
+    if proto.startswith("SASL"):
+        if mech == "OAUTHBEARER":
+            return f"OAUTHBEARER client {props.get('sasl.oauthbearer.client.id', '(token)')!r}"
+        if mech == "GSSAPI":
+            return f"Kerberos principal {props.get('sasl.kerberos.principal', '(default)')!r}"
+        return f"user {props.get('sasl.username', '?')!r} ({mech})"
+    if proto == "SSL" and (props.get("ssl.certificate.location") or props.get("ssl.keystore.location")):
+        return f"the certificate in {props.get('ssl.certificate.location') or props.get('ssl.keystore.location')}"
+    return "an anonymous client"
+
+
+def refusal(alias: str, cluster: ClusterConfig, code: str | None, detail: str) -> str | None:
+    """One line for an authentication, TLS or authorization failure on ``alias`` (None: not one of those)."""
+    where = f"cluster {alias!r} (bootstrap {cluster.bootstrap_servers})"
+    who = principal(cluster)
+    text = detail.lower()
+    if code == "_AUTHENTICATION" or "authentication failed" in text or "sasl authentication error" in text:
+        return f"{where} refused {who}: authentication failed (wrong password, unknown user or mechanism)"
+    if code == "_SSL" or "certificate verify failed" in text or "ssl handshake failed" in text:
+        ca = cluster.kafka_properties().get("ssl.ca.location")
+        trust = f"the CA in ssl.ca.location {ca!r}" if ca else "the system's CA certificates (no ssl.ca.location)"
+        why = "the broker's certificate is not trusted by " + trust if "verify failed" in text else "TLS handshake failed"
+        return f"{where} refused the TLS connection of {who}: {why}"
+    if code and code.endswith("AUTHORIZATION_FAILED"):
+        return (f"{where} denied {who}: {detail} - a missing ACL (`mirrorflow acls CONFIG` lists the ones the "
+                "mirror needs)")
+    return None
+
+
+@contextmanager
+def acting_on(alias: str, cluster: ClusterConfig) -> Iterator[None]:
+    """Re-raise an authorization / authentication / TLS failure inside as one :class:`AccessDeniedError`
+    line naming the cluster and its principal; other errors pass unchanged."""
+    from confluent_kafka import KafkaException
+
+    try:
+        yield
+    except AccessDeniedError:
+        raise
+    except KafkaOperationError as exc:
+        line = refusal(alias, cluster, exc.code, str(exc))
+        if line is None:
+            raise
+        raise _denied(line, exc.code) from None
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        code = err.name() if err is not None and hasattr(err, "name") else None
+        detail = err.str() if err is not None and hasattr(err, "str") else str(exc)
+        line = refusal(alias, cluster, code, detail)
+        if line is None:
+            raise
+        raise _denied(line, code) from None
+
+
+def _denied(line: str, code: str | None) -> AccessDeniedError:
+    """The error for ``line`` (which already names the code), keeping the code for callers."""
+    exc = AccessDeniedError(line)
+    exc.code = code
+    return exc
+
+
+def check_transactional_access(alias: str, cluster: ClusterConfig, transactional_id: str,
+                               timeout: float = 30.0) -> None:
+    """Raise :class:`AccessDeniedError` (one line) when ``cluster`` refuses ``transactional_id`` to this
+    principal. Writers find it out inside Spark tasks otherwise, where it surfaces as a stack trace."""
+    from confluent_kafka import KafkaException
+
+    p = producer(cluster, **{"transactional.id": transactional_id, "transaction.timeout.ms": 60000})
+    try:
+        with acting_on(alias, cluster):
+            p.init_transactions(timeout)
+    except AccessDeniedError as exc:
+        raise _denied(f"{exc} (transactional id {transactional_id!r})", exc.code) from None
+    except KafkaException:
+        pass  # not an access problem (e.g. a slow coordinator): the writers will say more
+    finally:
+        del p
 
 
 def kafka_config(cluster: ClusterConfig, **extra: Any) -> dict[str, Any]:

@@ -94,3 +94,8 @@ class UnreachableError(MirrorError):
     The message names each one (cluster alias and bootstrap servers, or registry URL without
     credentials) and what the client saw.
     """
+
+
+class AccessDeniedError(KafkaOperationError):
+    """A cluster refused the configured principal: authentication failed, TLS was not trusted, or an
+    ACL is missing. The message names the cluster, the principal and what was refused."""

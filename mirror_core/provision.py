@@ -69,8 +69,10 @@ def plan_group(cfg: MirrorsConfig, group: GroupConfig) -> GroupPlan:
     src = cfg.cluster(group.source)
     dst = cfg.cluster(group.destination)
     want_acls = any(m.settings.topics_mirroring.sync_acls for m in resolve_mirrors(group))
-    src_state = read_state(clients.admin(src), with_acls=want_acls)
-    dst_state = read_state(clients.admin(dst), with_acls=want_acls)
+    with clients.acting_on(group.source, src):
+        src_state = read_state(clients.admin(src), with_acls=want_acls)
+    with clients.acting_on(group.destination, dst):
+        dst_state = read_state(clients.admin(dst), with_acls=want_acls)
     topic_plan = plan_topics(group, src_state, dst_state)
     selector = TopicFilter(tuple(resolve_mirrors(group)), build_replication_policy(group), group.source,
                            group.destination)
@@ -145,7 +147,8 @@ def apply_topics(cfg: MirrorsConfig, group: GroupConfig, plan: GroupPlan) -> Pro
     result = ProvisionResult(group.name)
     for a in plan.topics.errors:
         result.errors.append(f"{a.mirror}: {a.topic}: {a.reason}")
-    result.done += apply_topic_plan(clients.admin(cfg.cluster(group.destination)), plan.topics)
+    with clients.acting_on(group.destination, cfg.cluster(group.destination)):
+        result.done += apply_topic_plan(clients.admin(cfg.cluster(group.destination)), plan.topics)
     return result
 
 

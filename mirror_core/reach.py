@@ -38,22 +38,35 @@ def connect_timeout() -> float:
 
 
 def kafka_problem(alias: str, cluster: ClusterConfig, timeout: float) -> str | None:
-    """None when ``cluster`` answers a metadata request within ``timeout``; else one line saying why not."""
-    seen: list[str] = []
+    """None when ``cluster`` answers a metadata request within ``timeout``; else one line saying why not.
+
+    A refused login or an untrusted certificate is reported as soon as the client sees it (naming the
+    principal), not after the timeout: retrying would not change the answer."""
+    seen: list[KafkaError] = []
 
     def on_error(err: KafkaError) -> None:
         if err.code() != KafkaError._ALL_BROKERS_DOWN:
-            seen.append(err.str())
+            seen.append(err)
 
     admin = clients.admin(cluster, error_cb=on_error)
-    try:
-        admin.list_topics(timeout=timeout)
-        return None
-    except KafkaException as exc:
+    deadline = time.monotonic() + timeout
+    last: KafkaException | None = None
+    while True:
+        try:
+            admin.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
+            return None
+        except KafkaException as exc:
+            last = exc
         admin.poll(0)  # deliver the client's own errors (why it could not connect)
-        why = seen[-1] if seen else exc.args[0].str()
-        bootstrap = cluster.kafka_properties().get("bootstrap.servers", "?")
-        return f"cluster {alias!r} (bootstrap {bootstrap}) is unreachable: {why} (waited {timeout:g}s)"
+        for err in seen:
+            line = clients.refusal(alias, cluster, err.name(), err.str())
+            if line is not None:
+                return line
+        if time.monotonic() >= deadline:
+            break
+    why = seen[-1].str() if seen else last.args[0].str()
+    bootstrap = cluster.kafka_properties().get("bootstrap.servers", "?")
+    return f"cluster {alias!r} (bootstrap {bootstrap}) is unreachable: {why} (waited {timeout:g}s)"
 
 
 def registry_problem(alias: str, registry: SchemaRegistryConfig, timeout: float) -> str | None:

@@ -29,7 +29,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from mirror_core import artifacts
+from mirror_core import artifacts, clients
 from mirror_core.config import GroupConfig, MirrorsConfig, load_config
 from mirror_core.errors import MirrorError
 from mirror_core.logs import setup_logging
@@ -102,9 +102,12 @@ def hadoop_checkpoint_reader(spark: SparkSession) -> Any:
 
 
 def prepare(rt: MirrorRuntime) -> None:
-    """Provision the group's topics and schemas, then warm its writers up in the background."""
+    """Provision the group's topics and schemas, check the destination lets its principal use the group's
+    transactional ids (exactly_once), then warm its writers up in the background."""
     for line in rt.prepare():
         log.info("%s: %s", rt.group.name, line)
+    if any(s.delivery == "exactly_once" for s in rt.settings.values()):
+        clients.check_transactional_access(rt.group.destination, rt.dst, f"mirrorflow.{rt.group.name}.access-check")
     rt.warm_up()
 
 
@@ -265,9 +268,13 @@ def wait_for_batch_end(query: StreamingQuery, timeout: float = 120.0) -> None:
 
 def failure_reason(text: str) -> str:
     """The writer's own message out of a Spark failure's nested traces (else the first line)."""
-    found = re.findall(r"(?:WriterError|MirrorError|PlanError|PlacementChangeError|UnknownTopicError): ([^\n]+)", text)
+    found = re.findall(r"(?:WriterError|MirrorError|PlanError|PlacementChangeError|UnknownTopicError|AccessDeniedError): ([^\n]+)", text)
     if found:
         return found[-1].strip()
+    kafka = re.findall(r'KafkaError\{[^}]*code=(\w+)[^}]*str="([^"]*)"', text)
+    if kafka:
+        code, detail = kafka[-1]
+        return f"kafka: {detail} ({code})"
     return text.strip().splitlines()[0] if text.strip() else "unknown error"
 
 

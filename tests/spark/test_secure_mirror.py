@@ -47,6 +47,7 @@ def free_port() -> int:
 
 def config_text(sc, groups: list[tuple[str, str, str, str, int]], tmp: Path) -> str:
     """Clusters reached as the two mirror principals; passwords and CA only by ${ENV}."""
+    (tmp / "events").mkdir(exist_ok=True)
     def cluster(bootstrap: str, registry: str, side: str) -> str:
         return f"""
   {side}:
@@ -171,7 +172,6 @@ def test_secured_mirror_least_privilege_both_modes_no_password_leaks(secure_clus
             runs.append((name, delivery, topic, app_group, free_port()))
     cfg_path = tmp_path / "secure.yaml"
     cfg_path.write_text(config_text(sc, runs, tmp_path))
-    (tmp_path / "events").mkdir()
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'plugins'}",
            "MIRRORFLOW_SRC_USERNAME": local.SOURCE_USER, "MIRRORFLOW_SRC_PASSWORD": sec.password(local.SOURCE_USER),
            "MIRRORFLOW_DST_USERNAME": local.DESTINATION_USER,
@@ -182,8 +182,8 @@ def test_secured_mirror_least_privilege_both_modes_no_password_leaks(secure_clus
     for g in cfg.groups:
         grants = required_acls(cfg, g)
         for bootstrap, cluster in ((sc.src_bootstrap, "src"), (sc.dst_bootstrap, "dst")):
-            apply_acls(AdminClient(sc.admin_config(bootstrap) | {"log_level": 3}),
-                       [x for x in grants if x.cluster == cluster])
+            admin = AdminClient(sc.admin_config(bootstrap) | {"log_level": 3})
+            apply_acls(admin, [x for x in grants if x.cluster == cluster])
 
     outputs: list[str] = []
     with Snapshots([r[4] for r in runs]) as snaps:
@@ -235,3 +235,56 @@ def test_secured_mirror_least_privilege_both_modes_no_password_leaks(secure_clus
               "metrics": "\n".join(snaps.metrics)}
     leaks = [(where, user) for where, text in places.items() for user, pw in sec.passwords if pw in text]
     assert leaks == []
+
+
+def one_error_line(res: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in res.stderr.splitlines() if line.strip() and "WARN" not in line
+             and not line.startswith(("WARNING: Using incubator", "%"))]
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr and "\tat " not in res.stderr, res.stderr[-3000:]
+    errors = [line for line in lines if "error" in line.lower() or "cannot start" in line]
+    assert len(errors) == 1, res.stderr[-3000:]
+    return errors[0]
+
+
+def test_wrong_password_untrusted_certificate_and_missing_acl_are_one_line_each(secure_clusters, unique, tmp_path):
+    """Each refusal: exit 1 within seconds, one line naming the cluster, the principal and what was refused."""
+    sc = secure_clusters
+    sec = sc.security
+    topic, name = unique("refused"), unique("rg").replace("-", "_")
+    admin_src = AdminClient(sc.admin_config(sc.src_bootstrap) | {"log_level": 3})
+    admin_src.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    cfg_path = tmp_path / "refused.yaml"
+    cfg_path.write_text(config_text(sc, [(name, "exactly_once", topic, unique("app"), 0)], tmp_path))
+    base = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'plugins'}", "MIRRORFLOW_LOCAL_CA": str(sec.ca_file),
+            "MIRRORFLOW_SRC_USERNAME": local.SOURCE_USER, "MIRRORFLOW_SRC_PASSWORD": sec.password(local.SOURCE_USER),
+            "MIRRORFLOW_DST_USERNAME": local.DESTINATION_USER,
+            "MIRRORFLOW_DST_PASSWORD": sec.password(local.DESTINATION_USER)}
+
+    t0 = time.monotonic()
+    line = one_error_line(cli("lag", str(cfg_path), "--group", name, env=base | {"MIRRORFLOW_SRC_PASSWORD": "nope"}))
+    assert time.monotonic() - t0 < 30  # refused, not waited out
+    assert "cluster 'src'" in line and "'mirror-source'" in line and "authentication failed" in line
+
+    line = one_error_line(cli("provision", str(cfg_path), "--group", name,
+                              env=base | {"MIRRORFLOW_LOCAL_CA": "/etc/ssl/certs/ca-certificates.crt"}))
+    assert "cluster 'src'" in line and "'mirror-source'" in line and "certificate is not trusted" in line
+    assert "schema registry of cluster 'dst'" in line  # the registries' TLS refusal is in the same line
+
+    # no ACL granted yet: the destination refuses to create the group's topics
+    line = one_error_line(cli("provision", str(cfg_path), "--group", name, env=base))
+    assert "cluster 'dst'" in line and "'mirror-destination'" in line and "TOPIC_AUTHORIZATION_FAILED" in line
+    cfg = parse_config(yaml.safe_load(cfg_path.read_text()), env=base)
+    grants = required_acls(cfg, cfg.groups[0])
+    for bootstrap, cluster in ((sc.src_bootstrap, "src"), (sc.dst_bootstrap, "dst")):
+        admin = AdminClient(sc.admin_config(bootstrap) | {"log_level": 3})
+        apply_acls(admin, [x for x in grants if x.cluster == cluster and x.resource_type != "TRANSACTIONAL_ID"])
+    res = cli("provision", str(cfg_path), "--group", name, env=base)
+    assert res.returncode == 0, res.stderr[-2000:]
+    # everything but the transactional ids: the job stops before Spark's tasks run, in one line
+    job = subprocess.run([sys.executable, "-m", "spark_jobs.mirror_stream", str(cfg_path), "--group", name, "--once"],
+                         cwd=ROOT, env=base, capture_output=True, text=True, timeout=300)
+    line = one_error_line(job)
+    assert "cluster 'dst'" in line and "'mirror-destination'" in line
+    assert "TRANSACTIONAL_ID_AUTHORIZATION_FAILED" in line or "Transactional Id authorization failed" in line
+    assert f"mirrorflow.{name}." in line
