@@ -143,6 +143,7 @@ groups:
     assert rc == 0, err[-3000:]
 
 
+@pytest.mark.slow  # three --once runs of the job (about 3 minutes on 2 cores)
 def test_item5_expired_records_are_reported_and_a_recreated_topic_is_mirrored_from_its_start(
         clusters, unique, tmp_path):
     """Records that retention removed before they were mirrored are reported (log line with the counts);
