@@ -138,8 +138,8 @@ class MirrorRuntime:
         self.known_topics: set[str] = set()
         #: source topic -> its mirror's ``topics_mirroring.allow_placement_change``
         self.placement_change_allowed: dict[str, bool] = {}
-        #: the planned batch's start offsets (see :meth:`batch_starts`)
-        self._starts: dict[int, dict[str, dict[int, int]]] = {}
+        #: the planned batch's start and end offsets (see :meth:`batch_starts`)
+        self._starts: dict[int, tuple[dict[str, dict[int, int]], dict[str, dict[int, int]]]] = {}
         #: source topic -> its mirror's ``topics_mirroring.partition_count`` rule
         self.partition_rules: dict[str, Any] = {}
         self._secrets_dir: Path | None = None
@@ -263,7 +263,7 @@ class MirrorRuntime:
             self.prepare()
         self.check_placement(batch_id)
         starts = self.batch_starts(batch_id)
-        self._starts = {batch_id: starts}
+        self._starts = {batch_id: (starts, ends)}
         rewound = rewound_partitions(starts, ends, set(self.settings))
         if rewound:
             from mirror_core import metrics
@@ -313,33 +313,39 @@ class MirrorRuntime:
         return bw.rows()
 
     def report_expired(self, batch_id: int, rows: list[dict[str, Any]]) -> int:
-        """Records that retention removed from the source before they were mirrored: a partition whose first
-        record read in this batch lies past the batch's start while the source's log now starts past it.
-        Logged with the counts and counted in ``mirrorflow_records_expired_total``; returns the total."""
+        """Records that retention removed from the source before they were mirrored: a partition of the batch
+        whose first record read lies past the batch's start (or that brought no record at all although its
+        range was not empty) while the source's log now starts past that start. Logged with the counts and
+        counted in ``mirrorflow_records_expired_total``; returns the total."""
         from mirror_core import metrics
 
-        starts = self._starts.get(batch_id)
-        if starts is None:
-            starts = self.batch_starts(batch_id)
+        starts, ends = self._starts.get(batch_id) or (self.batch_starts(batch_id), self.batch_ends(batch_id))
+        first = {(r["topic"], r["partition"]): r.get("first_offset") for r in rows}
         lows: dict[str, dict[int, tuple[int, int]]] = {}
         total = 0
-        for r in rows:
-            start = starts.get(r["topic"], {}).get(r["partition"], -1)
-            first = r.get("first_offset")
-            s = self.settings.get(r["topic"])
-            if s is None or first is None or start < 0 or first <= start:
+        for t, parts in ends.items():
+            s = self.settings.get(t)
+            if s is None:
                 continue
-            if r["topic"] not in lows:
-                lows[r["topic"]] = clients.end_offsets(self.src, r["topic"])
-            low = lows[r["topic"]].get(r["partition"], (0, 0))[0]
-            if low <= start:
-                continue  # a gap of compaction, aborted records or markers: nothing lost
-            lost = min(first, low) - start
-            total += lost
-            log.warning("%s: %s[%d]: %d records (offsets %d-%d) expired on the source (retention) before they "
-                        "were mirrored", self.group.name, r["topic"], r["partition"], lost, start, start + lost - 1)
-            metrics.EXPIRED.labels(self.group.name, s.mirror).inc(lost)
+            for p, end in parts.items():
+                start = starts.get(t, {}).get(p, -1)
+                read = first.get((t, p))
+                if start < 0 or end <= start or (read is not None and read <= start):
+                    continue  # nothing planned, moved back, or read from where the mirror stood
+                if t not in lows:
+                    lows[t] = clients.end_offsets(self.src, t)
+                low = lows[t].get(p, (0, 0))[0]
+                if low <= start:
+                    continue  # a gap of compaction, aborted records or markers: nothing lost
+                lost = min(read if read is not None else end, low) - start
+                total += lost
+                log.warning("%s: %s[%d]: %d records (offsets %d-%d) expired on the source (retention) before "
+                            "they were mirrored", self.group.name, t, p, lost, start, start + lost - 1)
+                metrics.EXPIRED.labels(self.group.name, s.mirror).inc(lost)
         return total
+
+    def batch_ends(self, batch_id: int) -> dict[str, dict[int, int]]:
+        return read_batch_end_offsets(self.checkpoint_dir(), batch_id, self.read_checkpoint)
 
     def check_placement(self, batch_id: int) -> None:
         """Refuse a switch of existing partitions from keeping their numbers to key hashing.

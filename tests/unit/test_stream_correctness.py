@@ -117,3 +117,22 @@ def test_item8_restart_refuses_to_switch_existing_partitions_to_hash_placement(t
     rt.placement_change_allowed = {"t": False}
     (ck / "3").write_text(f'v1\n{meta}\n{{"t":{{"0":13,"1":12,"2":1,"3":0}}}}')
     assert rt.writer_plan(3).settings["t"].destination_partitions == 2  # already hashed in batch 2: no switch
+
+
+def test_item5_records_expired_before_they_were_mirrored_are_counted(tmp_path, monkeypatch) -> None:
+    """Batch 3 planned t[0] 20-30 and t[1] 5-9: retention left t[0] starting at 30 (no record read: all 10
+    expired) and t[1] at 7 (read from 7: 2 expired). A gap that retention does not explain counts nothing."""
+    from mirror_core import clients, metrics
+
+    ck = tmp_path / "g" / "offsets"
+    ck.mkdir(parents=True)
+    meta = '{"batchWatermarkMs":0}'
+    (ck / "2").write_text(f'v1\n{meta}\n{{"t":{{"0":20,"1":5,"2":4}}}}')
+    (ck / "3").write_text(f'v1\n{meta}\n{{"t":{{"0":30,"1":9,"2":8}}}}')
+    rt = _runtime(tmp_path)
+    rt.settings = {"t": _settings(3, 3)}
+    monkeypatch.setattr(clients, "end_offsets", lambda cluster, topic, **kw: {0: (30, 30), 1: (7, 9), 2: (0, 8)})
+    rows = [{"topic": "t", "partition": 1, "first_offset": 7}, {"topic": "t", "partition": 2, "first_offset": 6}]
+    before = metrics.EXPIRED.labels("g", "g__t__t")._value.get()
+    assert rt.report_expired(3, rows) == 12
+    assert metrics.EXPIRED.labels("g", "g__t__t")._value.get() - before == 12
