@@ -769,7 +769,7 @@ def _cross_check(cfg: MirrorsConfig) -> list[ConfigIssue]:
             for side_name in ("key", "value"):
                 if getattr(serdes, side_name) in _SCHEMA_SERDES and g.schemas.enabled:
                     for alias in (g.source, g.destination):
-                        if cfg.clusters[alias].schema_registry is None:
+                        if cfg.clusters[alias].schema_registry is None and not cfg.clusters[alias].schema_registry_connection:
                             issues.append(ConfigIssue(
                                 f"{mp}.serdes.{side_name}",
                                 f"serde {getattr(serdes, side_name)!r} needs a schema_registry on cluster {alias!r}",

@@ -24,7 +24,6 @@ os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_HOME / 'airflo
 os.environ["AIRFLOW__CORE__AUTH_MANAGER"] = (
     "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
 os.environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = "True"
-os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"
 
 
 @pytest.fixture(scope="session")
