@@ -138,6 +138,8 @@ class MirrorRuntime:
         self.known_topics: set[str] = set()
         #: source topic -> its mirror's ``topics_mirroring.allow_placement_change``
         self.placement_change_allowed: dict[str, bool] = {}
+        #: the offset-log files read last (see :meth:`batch_ends`)
+        self._offset_log: dict[int, dict[str, dict[int, int]]] = {}
         #: the planned batch's start and end offsets (see :meth:`batch_starts`)
         self._starts: dict[int, tuple[dict[str, dict[int, int]], dict[str, dict[int, int]]]] = {}
         #: source topic -> its mirror's ``topics_mirroring.partition_count`` rule
@@ -251,7 +253,7 @@ class MirrorRuntime:
 
     def writer_plan(self, batch_id: int) -> WriterPlan:
         """Settings for this batch; provisions topics a flow has just discovered."""
-        ends = read_batch_end_offsets(self.checkpoint_dir(), batch_id, self.read_checkpoint)
+        ends = self.batch_ends(batch_id)
         unknown = [t for t in ends if t not in self.settings and t not in self.known_topics]
         grown = [t for t, parts in ends.items()
                  if t in self.settings and parts and max(parts) >= self.settings[t].source_partitions]
@@ -288,7 +290,7 @@ class MirrorRuntime:
             return {}
         if batch_id == 0:
             return read_initial_offsets(self.checkpoint_dir(), self.read_checkpoint)
-        return read_batch_end_offsets(self.checkpoint_dir(), batch_id - 1, self.read_checkpoint)
+        return self.batch_ends(batch_id - 1)
 
     def write_rewound(self, plan: WriterPlan) -> list[dict[str, Any]]:
         """Write, from the driver, the records of partitions whose end moved back, from the partition's
@@ -345,7 +347,16 @@ class MirrorRuntime:
         return total
 
     def batch_ends(self, batch_id: int) -> dict[str, dict[int, int]]:
-        return read_batch_end_offsets(self.checkpoint_dir(), batch_id, self.read_checkpoint)
+        """End offsets of micro-batch ``batch_id`` from Spark's offset log. An offset-log file never changes
+        once written, so the last few are kept: each batch reads one file (an object-store GET on s3a)."""
+        got = self._offset_log.get(batch_id)
+        if got is None:
+            got = read_batch_end_offsets(self.checkpoint_dir(), batch_id, self.read_checkpoint)
+            if got:
+                self._offset_log[batch_id] = got
+                for old in [b for b in self._offset_log if b < batch_id - 2]:
+                    del self._offset_log[old]
+        return got
 
     def check_placement(self, batch_id: int) -> None:
         """Refuse a switch of existing partitions from keeping their numbers to key hashing.
@@ -359,7 +370,7 @@ class MirrorRuntime:
                   and not self.placement_change_allowed.get(s.source_topic, False)]
         if not hashed or batch_id < 1:
             return
-        before = read_batch_end_offsets(self.checkpoint_dir(), batch_id - 1, self.read_checkpoint)
+        before = self.batch_ends(batch_id - 1)
         for s in hashed:
             parts = before.get(s.source_topic)
             if parts and max(parts) < s.destination_partitions and not self._destination_grows(s.source_topic):
@@ -426,11 +437,8 @@ class MirrorRuntime:
     def batch_records(self, batch_id: int) -> int | None:
         """How many offsets micro-batch ``batch_id`` spans (from Spark's offset log; the first batch from the
         source's initial offsets), or None when unknown (a new topic or partition, a symbolic offset)."""
-        ends = read_batch_end_offsets(self.checkpoint_dir(), batch_id, self.read_checkpoint)
-        if batch_id == 0:
-            starts = read_initial_offsets(self.checkpoint_dir(), self.read_checkpoint)
-        else:
-            starts = read_batch_end_offsets(self.checkpoint_dir(), batch_id - 1, self.read_checkpoint)
+        ends = self.batch_ends(batch_id)
+        starts = self.batch_starts(batch_id)
         if not ends or not starts:
             return None
         total = 0
