@@ -21,6 +21,7 @@ from confluent_kafka.admin import AdminClient
 from mirror_core.config import SECRET_KEY_RE, ClusterConfig
 from mirror_core.errors import AccessDeniedError, KafkaOperationError
 from mirror_core.logs import LIBRDKAFKA_LOG
+from mirror_core.redaction import ClientConfig
 from mirror_core.tls import write_private
 
 #: librdkafka logs through ``logging`` (``librdkafka`` logger; connection failures at DEBUG)
@@ -112,10 +113,9 @@ def check_transactional_access(alias: str, cluster: ClusterConfig, transactional
         del p
 
 
-def kafka_config(cluster: ClusterConfig, **extra: Any) -> dict[str, Any]:
-    conf: dict[str, Any] = dict(cluster.kafka_properties())
-    conf.update(extra)
-    return conf
+def kafka_config(cluster: ClusterConfig, **extra: Any) -> ClientConfig:
+    """The cluster's librdkafka config (secrets revealed for the client, redacted when printed)."""
+    return ClientConfig({**cluster.kafka_properties(), **extra})
 
 
 def admin(cluster: ClusterConfig, **extra: Any) -> AdminClient:
@@ -171,7 +171,7 @@ def _jaas(props: dict[str, str]) -> str | None:
 
 
 def java_kafka_options(cluster: ClusterConfig, secrets_dir: Path | None = None, name: str = "cluster"
-                       ) -> dict[str, str]:
+                       ) -> ClientConfig:
     """Java Kafka client properties for the same cluster (Spark's Kafka source, MirrorMaker 2).
 
     Maps librdkafka's security settings: SASL (PLAIN, SCRAM-*, OAUTHBEARER with OIDC client credentials)
@@ -183,7 +183,7 @@ def java_kafka_options(cluster: ClusterConfig, secrets_dir: Path | None = None, 
     With ``secrets_dir``, no secret is returned: they are written to ``<secrets_dir>/<name>.properties``
     (0600) and the options refer to them through Kafka's FileConfigProvider, so they stay out of Spark's
     options, plans, logs and configuration dumps. A PEM key store (key and chain in one file, as Java
-    wants it) is written there too. Without it, secrets are inline: hand the result to a client only.
+    wants it) is written there too. Without it, secrets are inline: hand the result to a client only (it prints redacted).
     """
     props = cluster.kafka_properties()
     out = {k: props[k] for k in _PASS_THROUGH if k in props}
@@ -215,18 +215,18 @@ def java_kafka_options(cluster: ClusterConfig, secrets_dir: Path | None = None, 
             out["ssl.key.password"] = props["ssl.key.password"]
     out.update(cluster.java_kafka_properties())
     if secrets_dir is None:
-        return out
+        return ClientConfig(out)
     secret = {k: out.pop(k) for k in _JAVA_SECRET_KEYS if k in out}
     secret |= {k: out.pop(k) for k in list(out) if SECRET_KEY_RE.search(k)}
     if not secret:
-        return out
+        return ClientConfig(out)
     path = secrets_dir / f"{name}.properties"
     write_private(path, "".join(f"{k}={_properties_escape(v)}\n" for k, v in secret.items()).encode())
     out["config.providers"] = _PROVIDER
     out[f"config.providers.{_PROVIDER}.class"] = _FILE_PROVIDER
     for k in secret:
         out[k] = f"${{{_PROVIDER}:{path}:{k}}}"
-    return out
+    return ClientConfig(out)
 
 
 def _properties_escape(value: str) -> str:

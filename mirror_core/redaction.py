@@ -7,6 +7,8 @@
   error messages, tracebacks).
 * :func:`is_secret_key` / :func:`redact_config` tell which client properties are secrets and give a copy
   of a librdkafka-style config that is safe to print (for reprs of values that carry client configs).
+* :class:`ClientConfig` holds a whole client configuration: a dict to the client it is handed to,
+  shown redacted by ``repr``/``str`` (settings objects that carry one print safely).
 * :class:`RedactingFormatter` is the last line of defence for logs: whatever a library puts in a log
   line or a traceback, URL userinfo never reaches the output.
 """
@@ -57,6 +59,50 @@ def redact_config(conf: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+class ClientConfig(dict[str, Any]):
+    """A whole Kafka client configuration (librdkafka or Java properties) that may hold secrets.
+
+    To a client it is the plain dict it expects (confluent-kafka copies it as it is); to anything that
+    prints it -- ``repr``/``str``, so a log line, an exception message, or the repr of a settings object
+    that holds one -- it shows :func:`redact_config`'s copy: secret values masked, URL userinfo removed.
+    Read-only, so a revealed copy never hides inside one; ``conf | extra`` gives a new ``ClientConfig``.
+    Pickles as itself (Spark ships settings that hold one to executors).
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"ClientConfig({redact_config(self)!r})"
+
+    __str__ = __repr__
+
+    def __or__(self, other: Mapping[str, Any]) -> ClientConfig:  # type: ignore[override]
+        return ClientConfig({**self, **other})
+
+    def __ror__(self, other: Mapping[str, Any]) -> ClientConfig:  # type: ignore[override,misc]
+        return ClientConfig({**other, **self})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ClientConfig, (dict(self),))
+
+    def __copy__(self) -> ClientConfig:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ClientConfig:
+        return self
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a ClientConfig is read-only: build a new one with conf | {...}")
+
+    __setitem__ = __delitem__ = __ior__ = _read_only  # type: ignore[assignment]
+    clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
+
+
+def client_config(conf: Mapping[str, Any]) -> ClientConfig:
+    """``conf`` as a :class:`ClientConfig` (itself when it already is one)."""
+    return conf if isinstance(conf, ClientConfig) else ClientConfig(conf)
 
 
 class SecretUrl(SecretStr):

@@ -52,6 +52,7 @@ from mirror_core.positions import (
     source_end_offset,
     sync_headers,
 )
+from mirror_core.redaction import ClientConfig, client_config
 
 __all__ = ["committed_end_offset", "last_committed_position", "last_committed_sync"]  # moved to positions.py
 
@@ -131,13 +132,20 @@ class WriterSettings:
     dlq_topic: str
     offset_syncs_topic: str
     provenance: bool
-    producer_config: dict[str, Any]  # destination librdkafka config (contains secrets: never log)
+    #: the destination's librdkafka config: it holds secrets, so it is a ClientConfig (printed redacted,
+    #: as is this object's repr); a plain mapping given here is turned into one
+    producer_config: ClientConfig
     #: the destination topic's ``max.message.bytes`` override, when it has one: records whose
     #: single-record batch is larger are dead-lettered before producing (the broker would reject them)
     destination_max_message_bytes: int | None = None
     #: source librdkafka config (contains secrets: never log): lets the writer check a committed position
     #: against the source partition's end (a re-created topic starts again from 0)
-    source_consumer_config: dict[str, Any] | None = field(default=None, repr=False)
+    source_consumer_config: ClientConfig | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "producer_config", client_config(self.producer_config))
+        if self.source_consumer_config is not None:
+            object.__setattr__(self, "source_consumer_config", client_config(self.source_consumer_config))
 
     @property
     def transactional_id(self) -> str:

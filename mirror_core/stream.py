@@ -28,6 +28,7 @@ from mirror_core import clients
 from mirror_core.config import GroupConfig, MirrorsConfig, default_consumer_group, mirror_name, resolve_mirrors
 from mirror_core.errors import MirrorError
 from mirror_core.policy import ReplicationPolicy, TopicFilter, TopicSelection, build_replication_policy
+from mirror_core.redaction import ClientConfig, client_config
 from mirror_core.replicate import (
     BatchResult,
     Columns,
@@ -65,7 +66,7 @@ class WriterPlan:
     settings: dict[str, WriterSettings]
     id_map: dict[int, int]
     end_offsets: dict[str, dict[int, int]]
-    destination_consumer_config: dict[str, Any]
+    destination_consumer_config: ClientConfig  # secrets: printed redacted (a plain mapping is turned into one)
     registries: tuple[Any, Any] | None  # (source SchemaRegistryConfig, destination SchemaRegistryConfig)
     #: source topics this group looked at and deliberately does not mirror (not selected by its mirrors):
     #: their records are passed over. A record of any other topic without settings fails the batch.
@@ -75,6 +76,9 @@ class WriterPlan:
     #: topic was re-created or its log truncated): Spark drops that range, :meth:`MirrorRuntime.write_rewound`
     #: writes it from the partition's start
     rewound: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "destination_consumer_config", client_config(self.destination_consumer_config))
 
 
 #: reads one file of a Spark checkpoint (a plain path or a URI such as ``s3a://...``): its text, or None when
@@ -203,8 +207,9 @@ class MirrorRuntime:
 
     # -- the Spark source
 
-    def source_options(self, once: bool) -> dict[str, str]:
-        """Options for Spark's Kafka source (``spark.readStream.format("kafka")``)."""
+    def source_options(self, once: bool) -> ClientConfig:
+        """Options for Spark's Kafka source (``spark.readStream.format("kafka")``); they may hold the
+        source's secrets inline, so they print redacted."""
         java = clients.java_kafka_options(self.src, self.secrets_dir(), f"{self.group.name}-source")
         opts = {f"kafka.{k}": v for k, v in java.items()}
         opts |= SOURCE_DEFAULTS | self.group.spark.source_options
@@ -231,7 +236,7 @@ class MirrorRuntime:
             if hb is not None and hb in self.settings and hb not in explicit:
                 explicit.append(hb)
             opts["subscribe"] = ",".join(explicit)
-        return opts
+        return ClientConfig(opts)
 
     def secrets_dir(self) -> Path:
         """Where the Spark source's secrets go (0600 files the Kafka clients read through a config

@@ -1,4 +1,9 @@
-"""Item 14 of issue 11: registry credentials carried in a URL never reach a log, an error or a repr."""
+"""Item 14 of issue 11: registry credentials carried in a URL never reach a log, an error or a repr.
+
+Issue 15 ("Secrets") widens it: the same password is planted in every secret a cluster setting can hold
+(Kafka ``sasl.password`` and ``ssl.key.password``, the registry's ``basic.auth.user.info`` and URL
+userinfo) and looked for in the output of every CLI command (and of the Spark job that ``run`` starts),
+and in the reprs of the settings objects that carry client configs to the writers."""
 
 from __future__ import annotations
 
@@ -14,7 +19,9 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
+from mirror_core import clients
 from mirror_core.config import load_config
+from mirror_core.stream import MirrorRuntime
 
 pytestmark = pytest.mark.integration
 
@@ -27,10 +34,17 @@ def with_userinfo(url: str) -> str:
     return f"{scheme}://alice:{PASSWORD}@{rest}"
 
 
-def mirrorflow(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def mirrorflow(*args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
     """The CLI as a user runs it: a separate process, its own logging set-up."""
     return subprocess.run([sys.executable, "-m", "mirror_core.cli", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env=os.environ.copy())
+                          text=True, timeout=timeout, env=os.environ | env)
+
+
+def planted_kafka(bootstrap: str) -> str:
+    """A cluster's kafka block with the password in every secret property (the test clusters are
+    PLAINTEXT, so the clients keep working: librdkafka and the Java client use them only with SASL/SSL)."""
+    return (f'{{bootstrap.servers: "{bootstrap}", sasl.username: mf-user, sasl.password: "{PASSWORD}", '
+            f'ssl.key.password: "{PASSWORD}"}}')
 
 
 def test_item14_registry_password_never_logged(clusters, unique, tmp_path):
@@ -48,11 +62,11 @@ def test_item14_registry_password_never_logged(clusters, unique, tmp_path):
     cfg.write_text(f"""
 clusters:
   src:
-    kafka: {{bootstrap.servers: "{clusters.src_bootstrap}"}}
-    schema_registry: {{url: "{with_userinfo(clusters.src_registry)}"}}
+    kafka: {planted_kafka(clusters.src_bootstrap)}
+    schema_registry: {{url: "{with_userinfo(clusters.src_registry)}", basic.auth.user.info: "mf-user:{PASSWORD}"}}
   dst:
-    kafka: {{bootstrap.servers: "{clusters.dst_bootstrap}"}}
-    schema_registry: {{url: "{with_userinfo(clusters.dst_registry)}"}}
+    kafka: {planted_kafka(clusters.dst_bootstrap)}
+    schema_registry: {{url: "{with_userinfo(clusters.dst_registry)}", basic.auth.user.info: "mf-user:{PASSWORD}"}}
 groups:
   - name: {group}
     source: src
@@ -72,14 +86,29 @@ groups:
     for shown in (repr(loaded), str(loaded), repr(reg), str(reg.url), reg.model_dump_json(), f"{reg.url}"):
         assert PASSWORD not in shown and "alice" not in shown, shown
     assert reg.url.get_secret_value() == with_userinfo(clusters.src_registry).rstrip("/")
+    # the objects that carry client configs to the writers and to Spark's source (issue 15)
+    rt = MirrorRuntime(loaded, loaded.groups[0])
+    list(rt.prepare())
+    settings = rt.settings[topic]
+    assert settings.producer_config["sasl.password"] == PASSWORD  # what the client gets
+    for shown in (repr(settings), str(settings), repr(rt.writer_plan(-1)), repr(rt.source_options(once=True)),
+                  repr(clients.kafka_config(loaded.cluster("dst"))), repr(clients.java_kafka_options(loaded.cluster("src")))):
+        assert PASSWORD not in shown, shown
 
     outputs = {}
     for args in (["validate", str(cfg)], ["plan", str(cfg)], ["provision", str(cfg)],
                  ["run", str(cfg), "--group", group, "--once"], ["checkpoint", str(cfg)], ["lag", str(cfg)],
-                 ["verify", str(cfg)], ["-v", "plan", str(cfg), "--json"]):
+                 ["verify", str(cfg)], ["-v", "plan", str(cfg), "--json"], ["lag", str(cfg), "--json"],
+                 ["verify", str(cfg), "--json"], ["plan", str(cfg), "--group", "no-such-group"]):
         res = mirrorflow(*args)
         outputs[" ".join(args[:2])] = res
         assert PASSWORD not in res.stdout + res.stderr, (args, res.stderr[-3000:])
+    # an error about a cluster that cannot be reached names it, and nothing secret
+    down = tmp_path / "down.yaml"
+    down.write_text(cfg.read_text().replace(f'"{clusters.dst_bootstrap}"', '"127.0.0.1:1"'))
+    res = mirrorflow("lag", str(down), MIRRORFLOW_CONNECT_TIMEOUT="2")
+    assert res.returncode == 1 and "127.0.0.1:1" in res.stdout + res.stderr, res.stderr[-3000:]
+    assert PASSWORD not in res.stdout + res.stderr, res.stderr[-3000:]
     # the commands did talk to the registries through those URLs (the credentials were usable)
     assert outputs["provision " + str(cfg)].returncode == 0, outputs["provision " + str(cfg)].stderr[-3000:]
     assert outputs["run " + str(cfg)].returncode == 0, outputs["run " + str(cfg)].stderr[-3000:]

@@ -105,3 +105,69 @@ def test_inline_private_keys_are_secrets():
                       java_kafka={"ssl.keystore.key": pem})
     assert isinstance(c.kafka["ssl.key.pem"], SecretStr) and isinstance(c.java_kafka["ssl.keystore.key"], SecretStr)
     assert "MIIEv" not in repr(c) and "MIIEv" not in str(redact_config({"ssl.key.pem": pem}))
+
+
+# --------------------------------------------------------------------------- issue 15: whole client configs
+
+PW = "pl4nted-pw"
+
+
+def _planted_cluster_yaml(host: str) -> str:
+    props = (f'bootstrap.servers: "{host}:9092", security.protocol: SASL_SSL, sasl.mechanism: PLAIN, '
+             f'sasl.username: u, sasl.password: "{PW}", ssl.key.password: "{PW}"')
+    return (f'{{kafka: {{{props}}}, schema_registry: {{url: "https://u:{PW}@reg:8081", '
+            f'basic.auth.user.info: "u:{PW}"}}}}')
+
+
+def test_client_config_is_a_plain_dict_to_clients_and_redacted_when_shown():
+    from confluent_kafka import Producer
+
+    from mirror_core.redaction import ClientConfig
+
+    conf = ClientConfig({"bootstrap.servers": "h:1", "sasl.password": PW, "sasl.jaas.config": f'x password="{PW}";',
+                         "log_level": 0})
+    for shown in (repr(conf), str(conf), f"{conf}", repr([conf]), repr({"c": conf})):
+        assert PW not in shown and "h:1" in shown
+    assert conf["sasl.password"] == PW and dict(conf)["sasl.password"] == PW  # the client gets the value
+    Producer(ClientConfig({k: v for k, v in conf.items() if k != "sasl.jaas.config"}))  # taken as the dict it is
+    more = conf | {"acks": "all"}
+    assert isinstance(more, ClientConfig) and more["acks"] == "all" and PW not in repr(more)
+    assert isinstance({"x": "1"} | conf, ClientConfig)
+    back = pickle.loads(pickle.dumps(conf))
+    assert isinstance(back, ClientConfig) and back == conf
+    with pytest.raises(TypeError, match="read-only"):
+        conf["sasl.password"] = "other"
+    with pytest.raises(TypeError, match="read-only"):
+        conf.update({"a": "b"})
+
+
+def test_settings_objects_that_hold_client_configs_print_no_secret(tmp_path):
+    """WriterSettings and WriterPlan carry the destination's config to the executors; Java client options
+    can carry a JAAS line: their reprs (what a log line or an exception shows) hide the secrets."""
+    import yaml
+
+    from mirror_core import clients
+    from mirror_core.config import parse_config
+    from mirror_core.replicate import WriterSettings
+    from mirror_core.stream import MirrorRuntime, WriterPlan
+
+    cfg = parse_config(yaml.safe_load(f"""
+clusters: {{src: {_planted_cluster_yaml("a")}, dst: {_planted_cluster_yaml("b")}}}
+groups:
+  - {{name: g, source: src, destination: dst, serdes: {{key: bytes, value: bytes}}, mirrors: [{{source_topic: a}}]}}
+"""), env={})
+    dst = cfg.cluster("dst")
+    ws = WriterSettings(
+        group="g", mirror="m", source_alias="src", destination_alias="dst", source_topic="a", destination_topic="a",
+        source_partitions=1, destination_partitions=1, delivery="exactly_once", key_serde="bytes",
+        value_serde="bytes", on_error="dead_letter", dlq_topic="d", offset_syncs_topic="s", provenance=False,
+        producer_config=dict(clients.kafka_config(dst)))  # even a plain dict given by a caller
+    plan = WriterPlan({"a": ws}, {}, {}, dict(clients.kafka_config(dst)), (dst.schema_registry, dst.schema_registry))
+    options = MirrorRuntime(cfg, cfg.groups[0]).source_options(once=True)
+    assert ws.producer_config["sasl.password"] == PW  # what the client gets
+    assert PW in clients.java_kafka_options(dst)["sasl.jaas.config"]  # inline without a secrets directory
+    shown = [repr(ws), str(ws), repr(plan), repr(options), repr(cfg), repr(dst), repr(clients.kafka_config(dst)),
+             repr(clients.java_kafka_options(dst)), repr(pickle.loads(pickle.dumps(ws)))]
+    for text in shown:
+        assert PW not in text, text
+    assert "sasl.username" in repr(ws) and "**********" in repr(ws)
