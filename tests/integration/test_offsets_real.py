@@ -25,6 +25,10 @@ from mirror_core.replicate import PartitionWriter, SchemaIdTranslator, WriterSet
 
 pytestmark = pytest.mark.integration
 
+#: record timestamps an hour before the session: inside the topics' retention (days-old timestamps are
+#: deleted by the brokers' retention check, which runs every 5 minutes)
+RECENT_MS = int(time.time() * 1000) - 3_600_000
+
 
 def make_config(clusters, tmp_path, name, topic, group_include, config_exclude="[]"):
     text = clusters.config_yaml(f"""
@@ -94,7 +98,7 @@ def produce(bootstrap, topic, partitions, per_partition, start=0):
             while True:
                 try:
                     p.produce(topic, key=f"{part}:{i}".encode(), value=f"v{i}".encode(), partition=part,
-                              timestamp=1_700_000_000_000 + i)
+                              timestamp=RECENT_MS + i)
                     break
                 except BufferError:
                     p.poll(0.05)

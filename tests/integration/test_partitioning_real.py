@@ -5,6 +5,8 @@ key's records keep their order."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -39,8 +41,9 @@ def test_fewer_destination_partitions_place_keys_like_a_java_producer(clusters, 
         key_serde="bytes", value_serde="bytes", on_error="dead_letter", dlq_topic=f"{name}.dlq",
         offset_syncs_topic=syncs, provenance=False, producer_config=clients.kafka_config(dst))
     writer = PartitionWriter(settings, SchemaIdTranslator({}), lambda t, p: None, downstream_end=lambda t, p: 0)
+    now_ms = int(time.time() * 1000)  # inside retention (days-old records are deleted by the broker)
     for p in range(4):
-        recs = [SourceRecord("t", p, o, k, f"{p}:{o}".encode(), (), 1_700_000_000_000 + o)
+        recs = [SourceRecord("t", p, o, k, f"{p}:{o}".encode(), (), now_ms + o)
                 for o, k in enumerate(keys + [None, None] + keys)]  # every key twice, in order
         assert writer.write(p, recs).mirrored == len(recs)
 

@@ -112,6 +112,9 @@ def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters
     ids = [src_sr.register_schema(f"{topic}-value", Schema(json.dumps(s), "AVRO")) for s in (V1, V2, V3)]
     parsed = [parse_schema(s) for s in (V1, V2, V3)]
     p = Producer({"bootstrap.servers": clusters.src_bootstrap, "enable.idempotence": True})
+    # an hour ago: well inside the topics' retention (timestamps days old are deleted by the brokers'
+    # retention check, every 5 minutes, whenever it runs between the produce and the read)
+    base_ts = int(time.time() * 1000) - 3_600_000
     expected = []  # (partition, key, source value, timestamp, headers, the value's record as decoded)
     for i in range(300):
         v = i % 3
@@ -119,16 +122,16 @@ def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters
         value = None if i % 50 == 49 else avro(ids[v], parsed[v], rec)  # tombstones
         key = None if i % 7 == 0 else f"k{i}".encode()
         headers = [("h", str(i).encode()), ("empty", b"")]
-        ts = 1_700_000_000_000 + i
+        ts = base_ts + i
         p.produce(topic, key=key, value=value, partition=i % 3, headers=headers, timestamp=ts)
         fields = [f["name"] for f in (V1, V2, V3)[v]["fields"]]
         expected.append((i % 3, key, value, ts, headers, {f: rec[f] for f in fields}))
     # a record whose schema id the source registry does not know: dead-lettered, the rest goes on
     bad = b"\x00" + struct.pack(">I", 987654) + b"\x02"
-    p.produce(topic, key=b"bad", value=bad, partition=1, timestamp=1_700_000_001_000)
+    p.produce(topic, key=b"bad", value=bad, partition=1, timestamp=base_ts + 1000)
     after_bad = avro(ids[0], parsed[0], {"id": 1000})
-    p.produce(topic, key=b"after-bad", value=after_bad, partition=1, timestamp=1_700_000_001_001)
-    expected.append((1, b"after-bad", after_bad, 1_700_000_001_001, [], {"id": 1000}))
+    p.produce(topic, key=b"after-bad", value=after_bad, partition=1, timestamp=base_ts + 1001)
+    expected.append((1, b"after-bad", after_bad, base_ts + 1001, [], {"id": 1000}))
     assert p.flush(30) == 0
     # an aborted transaction on the source: none of it may reach the destination
     tp = Producer({"bootstrap.servers": clusters.src_bootstrap, "transactional.id": unique("tx")})

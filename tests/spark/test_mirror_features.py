@@ -281,7 +281,7 @@ def test_broker_size_rejection_is_retried_record_by_record(clusters, unique):
 
     cc = {"bootstrap.servers": clusters.dst_bootstrap}
     w = PartitionWriter(s, SchemaIdTranslator({}), lambda tt, p: last_committed_sync(cc, f"{t}.syncs", tt, p))
-    recs = [SourceRecord(t, 0, i, str(i).encode(), b"x" * 10_000 if i == 50 else b"y" * 50, (), 1_700_000_000_000)
+    recs = [SourceRecord(t, 0, i, str(i).encode(), b"x" * 10_000 if i == 50 else b"y" * 50, (), int(time.time() * 1000))
             for i in range(100)]
     r = w.write(0, recs)
     assert (r.mirrored, r.dead_lettered) == (99, 1)
