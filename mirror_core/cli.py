@@ -374,19 +374,44 @@ def run(
     config: ConfigArg,
     group: Annotated[str, typer.Option("--group", "-g", help="The group to mirror.")],
     once: Annotated[bool, typer.Option("--once", help="Drain what is there now, then stop.")] = False,
+    stop_timeout: Annotated[float | None, typer.Option(
+        "--stop-timeout", help="Seconds a stop (SIGTERM, Ctrl-C) may take before every process of the job is "
+                               "killed. Default: the group's spark.stop_timeout (30s).", min=1)] = None,
 ) -> None:
     """Run a group's streaming mirror (Spark, local master from the config)."""
+    import signal
     import subprocess
 
     from mirror_core.config import load_config
+    from mirror_core.process import stop_tree
 
     cfg = load_config(config)
+    g = cfg.group(group)
     # reject a bad config or group, or an unreachable cluster or registry, before Spark starts
-    _reachable(cfg, [cfg.group(group)], registries=True)
-    cmd = [sys.executable, "-m", "spark_jobs.mirror_stream", str(config), "--group", group]
+    _reachable(cfg, [g], registries=True)
+    timeout = stop_timeout or g.spark.stop_timeout
+    cmd = [sys.executable, "-m", "spark_jobs.mirror_stream", str(config), "--group", group,
+           "--stop-timeout", str(timeout)]
     if once:
         cmd.append("--once")
-    raise typer.Exit(subprocess.call(cmd))
+    # its own session: a terminal's Ctrl-C reaches only this process, which stops the job's whole tree
+    job = subprocess.Popen(cmd, start_new_session=True)
+    stopping: list[int] = []
+
+    def stop(signum: int, _frame: Any) -> None:
+        if stopping:
+            return
+        stopping.append(signum)
+        err.print(f"stopping the mirror (up to {timeout:.0f}s)...", highlight=False)
+        rep = stop_tree(job.pid, timeout)
+        if not rep.graceful:
+            err.print(f"the mirror did not stop within {timeout:.0f}s; killed {len(rep.killed)} processes",
+                      highlight=False)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stop)
+    rc = job.wait()
+    raise typer.Exit(1 if rc < 0 else rc)
 
 
 @app.command()

@@ -410,6 +410,9 @@ class SparkConfig(_Frozen):
     #: where the Spark Kafka source's secrets are written (0600 files read by the Kafka clients on the
     #: driver and the executors); default: a private temporary directory on the driver's host
     secrets_dir: str | None = None
+    #: a stop (signal, Airflow task kill) ends the job's whole process tree within this many seconds:
+    #: the running micro-batch may finish first, then whatever is left is killed
+    stop_timeout: Duration = 30.0
     conf: dict[str, str] = Field(default_factory=dict)
     #: extra options for Spark's Kafka source (``kafka.<consumer property>``, ``fetchOffset.*``, ...),
     #: over mirrorflow's defaults; not the ones the mirror's guarantees rest on (see RESERVED_SOURCE_OPTIONS)
@@ -428,6 +431,11 @@ class SparkConfig(_Frozen):
             if why:
                 raise ValueError(f"{key!r} cannot be set here: {why}")
         return v
+
+    @field_validator("stop_timeout", mode="before")
+    @classmethod
+    def _stop_timeout(cls, v: Any) -> float:
+        return parse_duration(v)
 
     @field_validator("trigger")
     @classmethod

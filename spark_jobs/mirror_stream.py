@@ -29,10 +29,11 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from mirror_core import artifacts, clients
+from mirror_core import artifacts, clients, process
 from mirror_core.config import GroupConfig, MirrorsConfig, load_config
 from mirror_core.errors import MirrorError
 from mirror_core.logs import setup_logging
+from mirror_core.process import DEFAULT_STOP_TIMEOUT
 from mirror_core.replicate import release_producers
 from mirror_core.stream import RESULT_DDL, CollectError, MirrorRuntime, arrow_writer, write_batches
 from spark_jobs import jvm_archive
@@ -196,10 +197,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("config")
     ap.add_argument("--group", required=True)
     ap.add_argument("--once", action="store_true", help="drain what is there now, then stop")
+    ap.add_argument("--stop-timeout", type=float, default=None,
+                    help="seconds a stop may take before the job's processes are killed (default: spark.stop_timeout)")
     args = ap.parse_args(argv)
     setup_logging()
+    # before anything that can block (provisioning, the JVM's start): a stop is bounded from the start
+    stopper = Stopper(args.group, args.stop_timeout or DEFAULT_STOP_TIMEOUT)
+    stopper.install()
     cfg = load_config(args.config)
     group = cfg.group(args.group)
+    if args.stop_timeout is None:
+        stopper.timeout = group.spark.stop_timeout
     from mirror_core import metrics
     from mirror_core.failover import stream_stop_requested
 
@@ -219,33 +227,103 @@ def main(argv: list[str] | None = None) -> int:
         except MirrorError as exc:
             log.error("%s: cannot start the mirror: %s", group.name, exc)
             spark.stop()
-            return 1
+            return stopper.finished(1)
+    if stopper.requested:
+        spark.stop()
+        return stopper.finished(0)
     query = build_query(spark, cfg, group, once=args.once, runtime=rt, prepared=True)
-    return run_until_done(query, group.name, lambda: stream_stop_requested(group))
+    rc = run_until_done(query, group.name, stopper, lambda: stream_stop_requested(group))
+    rt.stop_warm_up(timeout=1.0)
+    spark.stop()  # the JVM ends its Python workers; then this process ends the JVM
+    return stopper.finished(rc)
 
 
-def run_until_done(query: StreamingQuery, group_name: str, stop_requested: Any = None) -> int:
-    """Wait for the query; SIGTERM/SIGINT, or ``stop_requested()`` returning a reason (a failover's stop
-    marker), stop it between batches. Returns the exit code: 0 when it finished or was stopped, 1 when
-    it failed (one clear line naming the record that stopped it)."""
-    stop = threading.Event()
+class Stopper:
+    """Bounded stop of this job and every process it started (Spark's JVM and its Python workers).
 
-    def request_stop(signum: int, _frame: Any) -> None:
-        log.info("%s: signal %d, stopping after the current batch", group_name, signum)
-        stop.set()
+    SIGTERM, SIGINT, SIGHUP, or the death of the process that started the job (``spark-submit`` killed by
+    Airflow's ``on_kill``, ``mirrorflow run`` killed) request a stop: the running micro-batch may finish
+    (its transactions commit), the query and Spark stop. If that has not happened ``timeout`` seconds
+    after the request (brokers unreachable, a batch stuck), every process below this one is killed and
+    this one exits with 1: an open destination transaction is then aborted when the mirror next starts
+    (its writer fences it), so nothing is lost or duplicated."""
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, request_stop)
+    #: shares of the timeout: the graceful path may use the first, the forced stop starts at the second;
+    #: the rest is for killing (whoever started the job kills what is left at the full timeout)
+    GRACEFUL_SHARE = 0.7
+    FORCE_AT = 0.85
+
+    def __init__(self, group_name: str, timeout: float):
+        self.group_name = group_name
+        self.timeout = timeout
+        self._requested = threading.Event()
+        self._done = threading.Event()
+        self._requested_at = float("inf")
+        self._parent = os.getppid()
+
+    @property
+    def requested(self) -> bool:
+        return self._requested.is_set()
+
+    def graceful_left(self) -> float:
+        """Seconds the graceful path still has (its budget ends before the forced stop)."""
+        return max(0.0, self._requested_at + self.GRACEFUL_SHARE * self.timeout - time.monotonic())
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda signum, _frame: self.request(f"signal {signum}"))
+        threading.Thread(target=self._watch_parent, name="mirrorflow-parent-watch", daemon=True).start()
+
+    def request(self, why: str) -> None:
+        if self._requested.is_set():
+            return
+        self._requested_at = time.monotonic()
+        self._requested.set()
+        log.info("%s: %s, stopping (after the current batch; everything ends within %.0fs)", self.group_name, why,
+                 self.timeout)
+        threading.Thread(target=self._force_at_deadline, name="mirrorflow-stop-deadline", daemon=True).start()
+
+    def finished(self, rc: int) -> int:
+        """The job's work is over; returns ``rc``. A requested stop's deadline stays armed until the process
+        has exited: a shutdown that hangs (a non-daemon thread, the JVM) is still bounded."""
+        self._done.set()
+        return rc
+
+    def _watch_parent(self) -> None:
+        while not self._done.wait(1.0):
+            if os.getppid() != self._parent:
+                self.request(f"parent process {self._parent} ended")
+                return
+
+    def _force_at_deadline(self) -> None:
+        time.sleep(max(0.0, self._requested_at + self.FORCE_AT * self.timeout - time.monotonic()))
+
+        left = process.tree(os.getpid())[1:]
+        log.error("%s: not stopped within %.0fs; killing %d processes (an open transaction is aborted when "
+                  "the mirror next starts)", self.group_name, self.timeout, len(left))
+        process.kill_all(left, wait=max(1.0, (1.0 - self.FORCE_AT) * self.timeout / 2))
+        logging.shutdown()
+        os._exit(1)
+
+
+def run_until_done(query: StreamingQuery, group_name: str, stopper: Stopper | None = None,
+                   stop_requested: Any = None) -> int:
+    """Wait for the query; a stop request (a signal, the parent's death, or ``stop_requested()`` returning a
+    reason: a failover's stop marker) lets the running micro-batch finish (within the stop's graceful
+    budget), then stops the query. Returns the exit code: 0 when it finished or was stopped, 1 when it
+    failed (one clear line naming the record that stopped it)."""
+    if stopper is None:
+        stopper = Stopper(group_name, DEFAULT_STOP_TIMEOUT)
+        stopper.install()
     try:
-        while not stop.is_set():
+        while not stopper.requested:
             if query.awaitTermination(1):
                 break
             reason = stop_requested() if stop_requested is not None else None
             if reason:
-                log.info("%s: stopping after the current batch: %s", group_name, reason)
-                stop.set()
-        if stop.is_set():
-            wait_for_batch_end(query)
+                stopper.request(reason)  # a failover's stop marker
+        if stopper.requested:
+            wait_for_batch_end(query, timeout=stopper.graceful_left())
             query.stop()
         query.awaitTermination()
     except StreamingQueryException as exc:

@@ -1,0 +1,216 @@
+"""Stopping a mirror is bounded and leaves no process behind; exactly_once loses and duplicates nothing.
+
+Three ways a mirror is stopped: SIGTERM to ``mirrorflow run`` (a user, a service manager), the death of
+the process that started the job (Airflow's ``SparkSubmitOperator.on_kill`` SIGKILLs ``spark-submit``),
+and a stop while the brokers are unreachable (frozen with SIGSTOP: connections hang, nothing answers).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from test_mirror_e2e import _dst_count, create_topic, group_yaml, read_all, run_once  # tests/spark is on sys.path
+
+from mirror_core import artifacts, process
+
+pytestmark = [pytest.mark.spark, pytest.mark.integration]
+ROOT = Path(__file__).resolve().parents[2]
+STOP_TIMEOUT = 20.0
+
+
+class Producing:
+    """Keys 0, 1, 2, ... over 3 partitions, about 2000 records/s, until :meth:`stop`, which returns the
+    total: the mirror is mid-stream whenever it is stopped."""
+
+    def __init__(self, bootstrap: str, topic: str, tmp_path: Path, limit: int | None = None):
+        self.stop_file = tmp_path / f"{topic}.stop"
+        self.proc = subprocess.Popen([sys.executable, "-c", f"""
+import os, time
+from confluent_kafka import Producer
+p = Producer({{"bootstrap.servers": "{bootstrap}", "enable.idempotence": True, "linger.ms": 20}})
+i = 0
+while not os.path.exists("{self.stop_file}") and i < {limit or 10**9}:
+    try:
+        p.produce("{topic}", key=str(i).encode(), value=str(i).encode() * 3, partition=i % 3)
+        i += 1
+    except BufferError:
+        p.poll(0.05)
+    if i % 200 == 0:
+        p.poll(0); time.sleep(0.1)
+assert p.flush(60) == 0
+print(i)
+"""], stdout=subprocess.PIPE, text=True)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> int:
+        self.stop_file.touch()
+        out, _ = self.proc.communicate(timeout=120)
+        assert self.proc.returncode == 0
+        return int(out.strip())
+
+
+def wait_until(what: str, check, timeout: float = 180.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"job exited ({proc.returncode}) while waiting for {what}")
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def job_tree(pid: int, workers: bool, timeout: float = 60.0) -> list[psutil.Process]:
+    """The job's processes once Spark's JVM (and, with ``workers``, its Python workers) run."""
+    deadline = time.monotonic() + timeout
+    procs: list[psutil.Process] = []
+    while time.monotonic() < deadline:
+        procs = process.alive(process.tree(pid))
+        names = [p.name() for p in procs]
+        if "java" in names and (not workers or names.count("python") + names.count("python3") >= 3):
+            return procs
+        time.sleep(0.5)
+    return procs
+
+
+def ended_within(procs: list[psutil.Process], seconds: float) -> float:
+    """Seconds until every process of ``procs`` is gone; fails if some outlive ``seconds``."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        if not process.alive(procs):
+            return time.monotonic() - t0
+        time.sleep(0.1)
+    left = [" ".join(p.cmdline())[:120] for p in process.alive(procs)]
+    process.kill_all(procs)
+    raise AssertionError(f"{len(left)} processes still running {seconds:.0f}s after the stop: {left}")
+
+
+def assert_exactly_once(bootstrap: str, topic: str, total: int) -> None:
+    got = read_all(bootstrap, topic, timeout=180)
+    keys = [int(m.key()) for ms in got.values() for m in ms]
+    assert len(keys) == total, f"{len(keys)} records for {total} produced ({len(keys) - len(set(keys))} duplicates)"
+    assert set(keys) == set(range(total))
+    for part, ms in got.items():
+        ks = [int(m.key()) for m in ms]
+        assert ks == sorted(ks), f"partition {part} out of order"
+
+
+def test_sigterm_to_mirrorflow_run_ends_every_process_and_keeps_exactly_once(clusters, unique, tmp_path):
+    topic = unique("stop")
+    create_topic(clusters.src_bootstrap, topic, 3)
+    # written by the tasks: Spark's Python workers are part of the tree too
+    path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes",
+                           spark=f', stop_timeout: "{STOP_TIMEOUT:.0f}s", driver_batch_max_records: 0')
+    gname = cfg.groups[0].name
+    producer = Producing(clusters.src_bootstrap, topic, tmp_path)
+    log = tmp_path / "job.log"
+    cli = subprocess.Popen([sys.executable, "-m", "mirror_core.cli", "run", str(path), "--group", gname],
+                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    try:
+        wait_until("records mirrored", lambda: _dst_count(clusters.dst_bootstrap, f"{topic}.mirror") > 0, proc=cli)
+        procs = job_tree(cli.pid, workers=True)
+        assert len(procs) >= 4, [p.cmdline()[:3] for p in procs]  # CLI, driver, JVM, Python worker(s)
+        assert producer.running()
+        t0 = time.monotonic()
+        cli.send_signal(signal.SIGTERM)
+        rc = cli.wait(STOP_TIMEOUT + 10)
+        took = ended_within(procs, STOP_TIMEOUT + 10 - (time.monotonic() - t0)) + (time.monotonic() - t0)
+        print(f"stop of {len(procs)} processes took {took:.1f}s (rc {rc})")
+        assert took <= STOP_TIMEOUT, took
+        assert rc == 0, log.read_text()[-3000:]
+    finally:
+        process.kill_all(process.tree(cli.pid))
+        total = producer.stop()
+    run_once(path, gname, timeout=600)
+    assert_exactly_once(clusters.dst_bootstrap, f"{topic}.mirror", total)
+
+
+def test_the_job_ends_when_spark_submit_is_killed(clusters, unique, tmp_path):
+    """Airflow's SparkSubmitOperator.on_kill SIGKILLs spark-submit; its Python driver must not outlive it."""
+    topic = unique("orphan")
+    create_topic(clusters.src_bootstrap, topic, 3)
+    path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes",
+                           spark=f', stop_timeout: "{STOP_TIMEOUT:.0f}s"')
+    gname = cfg.groups[0].name
+    producer = Producing(clusters.src_bootstrap, topic, tmp_path)
+    spark_submit = Path(sys.executable).parent / "spark-submit"
+    env = os.environ | {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+                        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "plugins"), os.environ.get("PYTHONPATH", "")])}
+    jars = ",".join(artifacts.spark_kafka_jars(artifacts.cache_dir()))  # the driver's classpath: given at launch
+    submit = subprocess.Popen([str(spark_submit), "--master", "local[2]", "--jars", jars,
+                               str(ROOT / "spark_jobs" / "mirror_stream.py"),
+                               str(path), "--group", gname], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_until("records mirrored", lambda: _dst_count(clusters.dst_bootstrap, f"{topic}.mirror") > 0,
+                   proc=submit)
+        procs = job_tree(submit.pid, workers=False)
+        driver = [p for p in procs if "mirror_stream.py" in " ".join(p.cmdline()) and p.pid != submit.pid]
+        assert driver, [p.cmdline()[:3] for p in procs]
+        t0 = time.monotonic()
+        submit.kill()  # what on_kill does
+        submit.wait(10)
+        took = ended_within(procs, STOP_TIMEOUT + 5) + (time.monotonic() - t0)
+        print(f"after spark-submit was killed, {len(procs)} processes ended in {took:.1f}s")
+        assert took <= STOP_TIMEOUT, took
+    finally:
+        process.kill_all(process.tree(submit.pid))
+        total = producer.stop()
+    run_once(path, gname, timeout=600)
+    assert_exactly_once(clusters.dst_bootstrap, f"{topic}.mirror", total)
+
+
+@pytest.mark.slow
+def test_stop_is_bounded_while_the_brokers_are_unreachable(unique, tmp_path):
+    """Brokers frozen (SIGSTOP): the mirror cannot finish its batch or commit; the stop still ends every
+    process within the timeout, and after the brokers come back a drain completes exactly once."""
+    from conftest import Endpoints
+
+    from mirror_core import local
+
+    env = local.LocalEnv.from_environment(tmp_path / "own-clusters")
+    spec = local.free_spec(registries=False)
+    local.up(env, spec)
+    brokers = [psutil.Process(b["pid"]) for s in local.status(env)["sides"].values() for b in s["brokers"]]
+    try:
+        src, dst = spec.sides
+        eps = Endpoints(src.bootstrap, dst.bootstrap, None, None)
+        topic = unique("frozen")
+        create_topic(src.bootstrap, topic, 3)
+        path, cfg = group_yaml(eps, tmp_path, topic, value_serde="bytes", spark=', stop_timeout: "15s"')
+        gname = cfg.groups[0].name
+        producer = Producing(src.bootstrap, topic, tmp_path)
+        cli = subprocess.Popen([sys.executable, "-m", "mirror_core.cli", "run", str(path), "--group", gname],
+                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(tmp_path / "job.log").open("w"))
+        try:
+            wait_until("records mirrored", lambda: _dst_count(dst.bootstrap, f"{topic}.mirror") > 0, proc=cli)
+            procs = job_tree(cli.pid, workers=False)
+            for b in brokers:
+                b.suspend()
+            t0 = time.monotonic()
+            cli.send_signal(signal.SIGTERM)
+            cli.wait(30)
+            took = ended_within(procs, 25 - (time.monotonic() - t0)) + (time.monotonic() - t0)
+            print(f"stop with frozen brokers: {len(procs)} processes ended in {took:.1f}s")
+            assert took <= 15.0, took
+        finally:
+            for b in brokers:
+                b.resume()
+            process.kill_all(process.tree(cli.pid))
+            total = producer.stop()
+        run_once(path, gname, timeout=600)
+        assert_exactly_once(dst.bootstrap, f"{topic}.mirror", total)
+    finally:
+        from mirror_core import replicate
+
+        replicate.release_producers()
+        local.down(env)
