@@ -1,0 +1,99 @@
+"""The Mirrors page's model and rendering: lag samples in, what a user sees out (no Airflow, no broker)."""
+
+from __future__ import annotations
+
+import base64
+import re
+from datetime import UTC, datetime, timedelta
+
+from mirrorflow_airflow.web.app import as_json, render
+from mirrorflow_airflow.web.model import build_page, group_of, parse_sample
+from mirrorflow_airflow.web.plot import lag_plot_svg
+
+T0 = datetime(2026, 11, 26, 9, 0, tzinfo=UTC)
+
+
+def sample(group: str, at: datetime, parts: list[tuple[str, int, int, float | None, int, int]],
+           checkpoint: datetime | None = None, **extra) -> dict:
+    """A record_lag XCom value: parts are (topic, partition, lag records, lag seconds, source end, dst end)."""
+    return {"group": group, "taken_at": at.isoformat().replace("+00:00", "Z"),
+            "partitions": [{"source_topic": t, "destination_topic": f"{t}.mirror", "partition": p,
+                            "lag_records": lag, "lag_seconds": secs, "source_end": se, "destination_end": de}
+                           for t, p, lag, secs, se, de in parts],
+            "last_checkpoint_at": checkpoint.isoformat() if checkpoint else None, **extra}
+
+
+def test_latest_sample_per_partition_with_throughput_and_checkpoint_age():
+    raw = [
+        sample("prod", T0 + timedelta(seconds=60), [("orders", 0, 50, 2.5, 1050, 1000), ("orders", 1, 0, None, 900, 900)],
+               checkpoint=T0 + timedelta(seconds=55)),
+        sample("prod", T0, [("orders", 0, 400, 12.0, 800, 400), ("orders", 1, 300, 9.0, 900, 600)]),
+    ]
+    page = build_page(raw, {"prod": "running"}, now=T0 + timedelta(seconds=90))
+    (g,) = page.groups
+    assert g.group == "prod" and g.stream_state == "running" and g.stream_dag_id == "mirrorflow__prod__stream"
+    assert g.taken_at == T0 + timedelta(seconds=60)
+    assert [(r.partition, r.lag_records, r.lag_seconds) for r in g.rows] == [(0, 50, 2.5), (1, 0, None)]
+    # (1000 - 400) / 60 s and (900 - 600) / 60 s
+    assert [r.throughput for r in g.rows] == [10.0, 5.0]
+    assert g.throughput == 15.0
+    assert g.total_lag_records == 50 and g.max_lag_seconds == 2.5
+    assert g.last_checkpoint_age_seconds == 35.0 and g.sample_age_seconds == 30.0
+    assert [(t, r, s) for t, r, s in g.series] == [(T0, 700, 12.0), (T0 + timedelta(seconds=60), 50, 2.5)]
+
+
+def test_groups_without_samples_and_malformed_samples():
+    raw = [sample("a", T0, [("x", 0, 1, 0.5, 2, 1)]), {"group": "a", "taken_at": "yesterday"}, "junk",
+           {"group": "a", "taken_at": T0.isoformat(), "partitions": [{"partition": 0}]}]
+    page = build_page(raw, {"a": None, "b": "failed"}, now=T0)
+    assert [(g.group, g.stream_state, len(g.rows), len(g.series)) for g in page.groups] == \
+        [("a", None, 1, 1), ("b", "failed", 0, 0)]
+    assert page.groups[0].throughput is None  # one sample: no rate yet
+    assert page.groups[1].last_checkpoint_age_seconds is None
+
+
+def test_dag_id_parsing():
+    assert group_of("mirrorflow__prod__stream", "stream") == "prod"
+    assert group_of("mirrorflow__a__b__offset_sync", "offset_sync") == "a__b"
+    assert group_of("mirrorflow____stream", "stream") is None
+    assert group_of("other__prod__stream", "stream") is None
+
+
+def test_rendered_page_has_the_figures_and_a_self_contained_plot():
+    raw = [sample("prod", T0 + timedelta(minutes=i), [("orders", 0, 100 - 10 * i, 5.0 - i, 1000 + 50 * i, 900 + 60 * i)],
+                  checkpoint=T0) for i in range(5)]
+    page = build_page(raw, {"prod": "running"}, now=T0 + timedelta(minutes=5))
+    html = render(page, hours=6)
+    assert "prod" in html and "running" in html and "mirrorflow__prod__stream" in html
+    assert ">60<" in html  # the last sample's lag in records
+    assert "1.0" in html   # ... its lag in seconds (5.0 - 4)
+    assert ">1.0<" in html and "records/s" in html and "5m ago" in html
+    uris = re.findall(r'src="data:image/svg\+xml;base64,([^"]+)"', html)
+    assert len(uris) == 1
+    svg = base64.b64decode(uris[0]).decode()
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+    # nothing is fetched from anywhere: no script, no stylesheet or font link, no http(s) asset
+    assert "<script" not in html and "<link" not in html
+    assert not re.search(r'(src|href)="https?://', html)
+    assert not re.search(r'href="https?://|url\(https?://|@import', svg)  # xmlns names are not fetched
+
+
+def test_plot_without_samples_says_so():
+    svg = lag_plot_svg([], "empty")
+    assert "<svg" in svg and "<path" in svg  # text drawn as paths: no font needed
+
+
+def test_a_secret_in_a_sample_never_reaches_the_page():
+    planted = "s3cr3t-Pl4nted-pw"
+    raw = [sample("prod", T0, [("orders", 0, 1, 0.1, 2, 1)], sasl_password=planted,
+                  cluster={"sasl.password": planted})]
+    page = build_page(raw, {"prod": "running"}, now=T0)
+    assert planted not in render(page, hours=6)
+    assert planted not in str(as_json(page))
+
+
+def test_values_are_escaped():
+    raw = [sample("prod", T0, [("<script>alert(1)</script>", 0, 1, 0.1, 2, 1)])]
+    html = render(build_page(raw, {}, now=T0), hours=1)
+    assert "<script>alert" not in html and "&lt;script&gt;" in html
+    assert parse_sample(raw[0]) is not None
