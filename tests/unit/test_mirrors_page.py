@@ -6,9 +6,9 @@ import base64
 import re
 from datetime import UTC, datetime, timedelta
 
-from mirrorflow_airflow.web.app import as_json, render
 from mirrorflow_airflow.web.model import build_page, group_of, parse_sample
 from mirrorflow_airflow.web.plot import lag_plot_svg
+from mirrorflow_airflow.web.render import as_json, render
 
 T0 = datetime(2026, 11, 26, 9, 0, tzinfo=UTC)
 
