@@ -67,9 +67,8 @@ def _token(client: Any) -> str:
 def test_anonymous_requests_get_401(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """With real users (not the all-admins mode the other tests run in, where Airflow itself makes every
     request an admin's): no credential is 401, a bad one is refused, a user's token is let in."""
-    from fastapi.testclient import TestClient
-
     from airflow.api_fastapi.app import create_app
+    from fastapi.testclient import TestClient
 
     token = _token(client)  # an admin's token, signed with this process's secret
     monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "False")
