@@ -14,6 +14,7 @@ transactional producers warm; see ``spark.driver_batch_max_records``.
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
 import re
@@ -302,6 +303,10 @@ class Stopper:
         log.error("%s: not stopped within %.0fs; killing %d processes (an open transaction is aborted when "
                   "the mirror next starts)", self.group_name, self.timeout, len(left))
         process.kill_all(left, wait=max(1.0, (1.0 - self.FORCE_AT) * self.timeout / 2))
+        # the exit handlers still run (they remove the private secrets directory), for a bounded time
+        cleanup = threading.Thread(target=atexit._run_exitfuncs, name="mirrorflow-exit-handlers", daemon=True)
+        cleanup.start()
+        cleanup.join(2.0)
         logging.shutdown()
         os._exit(1)
 

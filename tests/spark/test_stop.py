@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from confluent_kafka import KafkaException
 from test_mirror_e2e import _dst_count, create_topic, group_yaml, read_all, run_once  # tests/spark is on sys.path
 
 from mirror_core import artifacts, process
@@ -56,6 +57,24 @@ print(i)
         out, _ = self.proc.communicate(timeout=120)
         assert self.proc.returncode == 0
         return int(out.strip())
+
+
+def mirrored(bootstrap: str, topic: str) -> bool:
+    """Some records reached ``topic`` (a topic just created may not have its leaders yet: not yet)."""
+    try:
+        return _dst_count(bootstrap, topic) > 0
+    except KafkaException:
+        return False
+
+
+def private_tmp(tmp_path: Path) -> dict[str, str]:
+    """The environment of a job whose temporary files (its private secrets directory) go under tmp_path."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return os.environ | {"TMPDIR": str(tmp_path / "tmp")}
+
+
+def secrets_dirs(tmp_path: Path) -> list[Path]:
+    return list((tmp_path / "tmp").glob("mirrorflow-secrets-*"))
 
 
 def wait_until(what: str, check, timeout: float = 180.0, proc: subprocess.Popen | None = None) -> None:
@@ -114,11 +133,12 @@ def test_sigterm_to_mirrorflow_run_ends_every_process_and_keeps_exactly_once(clu
     producer = Producing(clusters.src_bootstrap, topic, tmp_path)
     log = tmp_path / "job.log"
     cli = subprocess.Popen([sys.executable, "-m", "mirror_core.cli", "run", str(path), "--group", gname],
-                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("w"))
+                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("w"), env=private_tmp(tmp_path))
     try:
-        wait_until("records mirrored", lambda: _dst_count(clusters.dst_bootstrap, f"{topic}.mirror") > 0, proc=cli)
+        wait_until("records mirrored", lambda: mirrored(clusters.dst_bootstrap, f"{topic}.mirror"), proc=cli)
         procs = job_tree(cli.pid, workers=True)
         assert len(procs) >= 4, [p.cmdline()[:3] for p in procs]  # CLI, driver, JVM, Python worker(s)
+        assert secrets_dirs(tmp_path)
         assert producer.running()
         t0 = time.monotonic()
         cli.send_signal(signal.SIGTERM)
@@ -127,6 +147,7 @@ def test_sigterm_to_mirrorflow_run_ends_every_process_and_keeps_exactly_once(clu
         print(f"stop of {len(procs)} processes took {took:.1f}s (rc {rc})")
         assert took <= STOP_TIMEOUT, took
         assert rc == 0, log.read_text()[-3000:]
+        assert not secrets_dirs(tmp_path)
     finally:
         process.kill_all(process.tree(cli.pid))
         total = producer.stop()
@@ -151,7 +172,7 @@ def test_the_job_ends_when_spark_submit_is_killed(clusters, unique, tmp_path):
                                str(path), "--group", gname], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        wait_until("records mirrored", lambda: _dst_count(clusters.dst_bootstrap, f"{topic}.mirror") > 0,
+        wait_until("records mirrored", lambda: mirrored(clusters.dst_bootstrap, f"{topic}.mirror"),
                    proc=submit)
         procs = job_tree(submit.pid, workers=False)
         driver = [p for p in procs if "mirror_stream.py" in " ".join(p.cmdline()) and p.pid != submit.pid]
@@ -190,10 +211,12 @@ def test_stop_is_bounded_while_the_brokers_are_unreachable(unique, tmp_path):
         gname = cfg.groups[0].name
         producer = Producing(src.bootstrap, topic, tmp_path)
         cli = subprocess.Popen([sys.executable, "-m", "mirror_core.cli", "run", str(path), "--group", gname],
-                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(tmp_path / "job.log").open("w"))
+                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(tmp_path / "job.log").open("w"),
+                               env=private_tmp(tmp_path))
         try:
-            wait_until("records mirrored", lambda: _dst_count(dst.bootstrap, f"{topic}.mirror") > 0, proc=cli)
+            wait_until("records mirrored", lambda: mirrored(dst.bootstrap, f"{topic}.mirror"), proc=cli)
             procs = job_tree(cli.pid, workers=False)
+            assert secrets_dirs(tmp_path)
             for b in brokers:
                 b.suspend()
             t0 = time.monotonic()
@@ -202,6 +225,7 @@ def test_stop_is_bounded_while_the_brokers_are_unreachable(unique, tmp_path):
             took = ended_within(procs, 25 - (time.monotonic() - t0)) + (time.monotonic() - t0)
             print(f"stop with frozen brokers: {len(procs)} processes ended in {took:.1f}s")
             assert took <= 15.0, took
+            assert not secrets_dirs(tmp_path)  # a forced stop still removes the job's private directory
         finally:
             for b in brokers:
                 b.resume()
