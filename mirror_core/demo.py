@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -87,9 +88,9 @@ def produce_sample(bootstrap: str, registry: str, records: int, say: Say) -> dic
     return per_partition
 
 
-def count_per_partition(bootstrap: str, topic: str) -> dict[int, int]:
+def count_per_partition(bootstrap: str | ClusterConfig, topic: str) -> dict[int, int]:
     """Records a read_committed consumer sees per partition (transaction markers occupy offsets too)."""
-    cluster = ClusterConfig(kafka={"bootstrap.servers": bootstrap})
+    cluster = bootstrap if isinstance(bootstrap, ClusterConfig) else ClusterConfig(kafka={"bootstrap.servers": bootstrap})
     try:
         ends = clients.end_offsets(cluster, topic)
     except KafkaOperationError:
@@ -137,3 +138,98 @@ def run(records: int = 30000, say: Say = print) -> int:
     say(f"demo {'OK' if ok else 'MISMATCH'} in {time.monotonic() - t0:.1f}s — clusters keep running; "
         "`make down` stops them")
     return 0 if ok else 1
+
+
+# --------------------------------------------------------------------------- the summary table (both demos)
+
+
+@dataclass(frozen=True)
+class TopicSummary:
+    """One mirrored topic after a demo: what a newcomer checks to believe the mirror."""
+
+    source_topic: str
+    destination_topic: str
+    source_records: int
+    destination_records: int
+    subjects: str       # "subject: source versions -> destination versions", per subject
+    group_offsets: str  # "partition: source committed -> destination committed", for the demo's consumer group
+    lag_records: int
+    parity: str         # "ok (n partitions)" or where it differs
+    ok: bool
+
+
+def _versions(registry: Any, subject: str) -> list[int]:
+    from mirror_core.registry import RegistryClient
+
+    if registry is None:
+        return []
+    with RegistryClient.from_config(registry) as client:
+        return client.versions(subject)
+
+
+def _committed(cluster: ClusterConfig, group_id: str, topic: str, partitions: list[int]) -> dict[int, int | None]:
+    c = Consumer(clients.kafka_config(cluster) | {"group.id": group_id, "enable.auto.commit": False})
+    try:
+        got = c.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
+        return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in got}
+    finally:
+        c.close()
+
+
+def summarize(cfg: Any, group: Any, consumer_group: str) -> list[TopicSummary]:
+    """Per mirrored topic of ``group``: records on both sides, schema subjects and their versions, the
+    consumer group's committed offsets on the source and on the destination, replication lag and parity."""
+    from mirror_core.checkpoint import load_sync_store, topic_mappings
+    from mirror_core.health import replication_lag, verify_parity
+
+    src, dst = cfg.cluster(group.source), cfg.cluster(group.destination)
+    store, maps = load_sync_store(cfg, group), topic_mappings(cfg, group)
+    lag = replication_lag(cfg, group, store, maps)
+    parity = verify_parity(cfg, group, store, maps)
+    out = []
+    for m in maps:
+        if m.source_topic == group.heartbeats.topic:
+            continue
+        s_counts = count_per_partition(src, m.source_topic)
+        d_counts = count_per_partition(dst, m.destination_topic)
+        subjects = []
+        for suffix in ("key", "value"):
+            sv = _versions(src.schema_registry, f"{m.source_topic}-{suffix}")
+            dv = _versions(dst.schema_registry, f"{m.destination_topic}-{suffix}")
+            if sv or dv:
+                subjects.append((f"{m.destination_topic}-{suffix}", sv, dv))
+        parts = sorted(s_counts)
+        s_off = _committed(src, consumer_group, m.source_topic, parts)
+        d_off = _committed(dst, consumer_group, m.destination_topic, parts)
+        p_rows = [r for r in parity if r.source_topic == m.source_topic]
+        bad = [r for r in p_rows if not r.ok]
+        behind = sum(p.lag_records for p in lag.partitions if p.source_topic == m.source_topic)
+        ok = (sum(s_counts.values()) == sum(d_counts.values()) and not bad and behind == 0
+              and all(sv == dv for _, sv, dv in subjects)
+              and all(s_off[p] is None or s_off[p] == d_off.get(p) for p in parts))
+        out.append(TopicSummary(
+            m.source_topic, m.destination_topic, sum(s_counts.values()), sum(d_counts.values()),
+            "; ".join(f"{name}: v{sv} -> v{dv}" for name, sv, dv in subjects) or "-",
+            ", ".join(f"p{p}: {s_off[p]} -> {d_off.get(p)}" for p in parts if s_off[p] is not None) or "-",
+            behind,
+            (f"MISMATCH at {', '.join(f'p{r.partition}@{r.first_mismatch_offset}' for r in bad)}" if bad
+             else f"ok ({len(p_rows)} partitions)"),
+            ok,
+        ))
+    return out
+
+
+def print_summary(rows: list[TopicSummary], title: str) -> bool:
+    """The summary as a table on stdout; True when every topic matches."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("topic (src -> dst)", "records src/dst", "subjects: versions src -> dst",
+                "consumer group offsets src -> dst", "lag", "parity", "match"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(f"{r.source_topic} -> {r.destination_topic}", f"{r.source_records}/{r.destination_records}",
+                      r.subjects, r.group_offsets, str(r.lag_records), r.parity, "yes" if r.ok else "NO")
+    Console(soft_wrap=True).print(table)
+    return bool(rows) and all(r.ok for r in rows)
