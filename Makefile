@@ -7,10 +7,11 @@ BIN      := $(VENV)/bin
 STAMP    := $(VENV)/.installed
 export MIRRORFLOW_CACHE ?= $(CURDIR)/.cache
 
-.PHONY: help venv artifacts demo test test-unit test-integration lint bench up down status clean
+.PHONY: help venv artifacts demo airflow test test-unit test-integration lint bench up down status clean
 
 help:
-	@echo "make demo   - start two local Kafka clusters + registries and mirror sample Avro data"
+	@echo "make demo   - local Kafka clusters + registries; the generated Airflow DAGs mirror sample Avro data and fail over"
+	@echo "make airflow - airflow standalone (UI on :8080) with the DAGs and the Mirrors page on the local clusters"
 	@echo "make test   - install everything needed, lint, and run the whole test suite"
 	@echo "make lint   - ruff + mypy + import rule"
 	@echo "make bench  - throughput/latency benchmark (mirrorflow vs MirrorMaker 2 vs raw pipe)"
@@ -44,7 +45,10 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 demo: artifacts
-	$(BIN)/mirrorflow demo
+	$(BIN)/python -m mirrorflow_airflow.demo
+
+airflow: artifacts
+	$(BIN)/python -m mirrorflow_airflow.standalone
 
 bench: artifacts
 	$(BIN)/python bench/run.py

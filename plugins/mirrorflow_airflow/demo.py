@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[demo] {msg}", file=sys.stderr, flush=True)
 
     t0 = time.monotonic()
+    os.chdir(ROOT)  # the config's relative paths (Spark checkpoints) are relative to the repository
     home = Path(tempfile.mkdtemp(prefix="mirrorflow-demo-airflow-"))
     os.environ.update(airflow_environment(home))
     try:
@@ -197,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
             if eps[side]["registry"]:
                 os.environ[f"MIRRORFLOW_{side.upper()}_REGISTRY"] = str(eps[side]["registry"])
         seed(eps, args.records, say)
+        from mirror_core.config import load_config
+        from mirror_core.failover import clear_stream_stop
+
+        if clear_stream_stop(load_config(CONFIG).group(GROUP)):
+            say(f"removed the stop marker a previous demo's failover left for group {GROUP}")
 
         say(f"Airflow (SQLite) in {home}; DAGs generated from {CONFIG.relative_to(ROOT)}")
         from airflow.dag_processing.dagbag import DagBag
@@ -222,7 +228,6 @@ def main(argv: list[str] | None = None) -> int:
             return 1
 
         from mirror_core import demo as core_demo
-        from mirror_core.config import load_config
 
         cfg = load_config(CONFIG)
         rows = core_demo.summarize(cfg, cfg.group(GROUP), CONSUMER_GROUP)
