@@ -38,7 +38,8 @@ def lag_plot_svg(series: Sequence[tuple[datetime, int, float | None]], title: st
         else:
             ax.text(0.5, 0.5, "no lag samples yet", ha="center", va="center", transform=ax.transAxes)
             ax.set_xticks([])
-        ax.set_ylim(bottom=0)
+        peak = max((r for _, r, _ in series), default=0)
+        ax.set_ylim(0, max(10, peak * 1.15))  # a caught-up mirror sits on the floor, not mid-axis
         ax.set_ylabel("records", color="#1f6feb")
         ax.set_title(title, loc="left")
         ax.grid(True, alpha=0.3)
