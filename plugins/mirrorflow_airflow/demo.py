@@ -46,8 +46,21 @@ def airflow_environment(home: Path) -> dict[str, str]:
         "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
-        "MIRRORFLOW_CONFIG": str(CONFIG),
+        "MIRRORFLOW_CONFIG": str(home / "mirrors.yaml"),
     }
+
+
+def demo_config(home: Path) -> Path:
+    """``config/local.yaml`` with the demo group's stream as a drain (``available_now``), so its DAG run ends."""
+    import yaml
+
+    raw = yaml.safe_load(CONFIG.read_text())
+    for g in raw["groups"]:
+        if g["name"] == GROUP:
+            g.setdefault("spark", {})["mode"] = "available_now"
+    path = home / "mirrors.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
 
 
 class Approver:
@@ -191,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(ROOT)  # the config's relative paths (Spark checkpoints) are relative to the repository
     home = Path(tempfile.mkdtemp(prefix="mirrorflow-demo-airflow-"))
     os.environ.update(airflow_environment(home))
+    config = demo_config(home)
     try:
         eps = endpoints(say)
         for side in ("src", "dst"):  # config/local.yaml reads its endpoints from these
@@ -201,10 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         from mirror_core.config import load_config
         from mirror_core.failover import clear_stream_stop
 
-        if clear_stream_stop(load_config(CONFIG).group(GROUP)):
+        if clear_stream_stop(load_config(config).group(GROUP)):
             say(f"removed the stop marker a previous demo's failover left for group {GROUP}")
 
-        say(f"Airflow (SQLite) in {home}; DAGs generated from {CONFIG.relative_to(ROOT)}")
+        say(f"Airflow (SQLite) in {home}; DAGs generated from {CONFIG.relative_to(ROOT)} (the stream as a drain)")
         from airflow.dag_processing.dagbag import DagBag
         from airflow.utils.db import initdb
 
@@ -229,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from mirror_core import demo as core_demo
 
-        cfg = load_config(CONFIG)
+        cfg = load_config(config)
         rows = core_demo.summarize(cfg, cfg.group(GROUP), CONSUMER_GROUP)
         ok = core_demo.print_summary(rows, f"group {GROUP}: src -> dst after the failover "
                                            f"(consumer group {CONSUMER_GROUP})")
