@@ -402,6 +402,9 @@ _PRODUCERS: dict[str, Producer] = {}
 _POSITIONS: dict[str, Position] = {}
 #: the size limit (``destination_max_message_bytes``) each cached producer was built for
 _PRODUCER_LIMITS: dict[str, int | None] = {}
+#: the destination partition count each cached producer was built for: a destination grown while the mirror
+#: runs has partitions the producer's metadata does not know yet (librdkafka refuses them as unknown)
+_PRODUCER_PARTITIONS: dict[str, int] = {}
 #: destination topic -> ``max.message.bytes`` learned from a broker rejection in this process (later
 #: batches' writers start from it instead of learning it again)
 _LEARNED_LIMITS: dict[str, int] = {}
@@ -432,8 +435,8 @@ def _producer(s: WriterSettings, partition: int) -> tuple[Producer, str]:
         base["batch.size"] = max(1, min(1_000_000, s.destination_max_message_bytes - 100))
     if s.delivery == "exactly_once":
         txid = s.transactional_id_for(partition)
-        if txid in _PRODUCERS and _PRODUCER_LIMITS.get(txid) != s.destination_max_message_bytes:
-            _drop_producer(txid)  # built for another size limit: its batches would be rejected again
+        if _built_for_other(txid, s):
+            _drop_producer(txid)  # another size limit (its batches would be rejected again) or partition count
         if txid not in _PRODUCERS:
             p = Producer(s.producer_config | base | {"transactional.id": txid, "transaction.timeout.ms": 60000})
             # metadata first: librdkafka's coordinator lookup otherwise often races the swap of the
@@ -442,15 +445,24 @@ def _producer(s: WriterSettings, partition: int) -> tuple[Producer, str]:
             p.init_transactions(60)  # fences any zombie with the same transactional.id
             _PRODUCERS[txid] = p
             _PRODUCER_LIMITS[txid] = s.destination_max_message_bytes
+            _PRODUCER_PARTITIONS[txid] = s.destination_partitions
             _POSITIONS.pop(txid, None)  # a zombie may have committed since: re-read
         return _PRODUCERS[txid], txid
     key = f"{s.transactional_id}:{partition}:alo"  # per partition too: flushes never wait for another's
-    if key in _PRODUCERS and _PRODUCER_LIMITS.get(key) != s.destination_max_message_bytes:
+    if _built_for_other(key, s):
         _drop_producer(key, keep_position=True)
     if key not in _PRODUCERS:
         _PRODUCERS[key] = Producer(s.producer_config | base)
         _PRODUCER_LIMITS[key] = s.destination_max_message_bytes
+        _PRODUCER_PARTITIONS[key] = s.destination_partitions
     return _PRODUCERS[key], key
+
+
+def _built_for_other(key: str, s: WriterSettings) -> bool:
+    """A cached producer built for another size limit or destination partition count than ``s`` has."""
+    return key in _PRODUCERS and (_PRODUCER_LIMITS.get(key) != s.destination_max_message_bytes
+                                  or _PRODUCER_PARTITIONS.get(key, s.destination_partitions)
+                                  != s.destination_partitions)
 
 
 _FENCED_LEGACY: set[str] = set()
@@ -476,6 +488,7 @@ def release_producers() -> None:
     partitions over and fences them, so the next use would fail and start over anyway."""
     _PRODUCERS.clear()
     _PRODUCER_LIMITS.clear()
+    _PRODUCER_PARTITIONS.clear()
     _POSITIONS.clear()
 
 
@@ -484,6 +497,7 @@ def _drop_producer(key: str, keep_position: bool = False) -> None:
     producer fences zombies that may have committed since; at-least-once positions do not depend on it)."""
     _PRODUCERS.pop(key, None)
     _PRODUCER_LIMITS.pop(key, None)
+    _PRODUCER_PARTITIONS.pop(key, None)
     if not keep_position:
         _POSITIONS.pop(key, None)
 

@@ -194,3 +194,36 @@ def test_item5_writer_mirrors_a_recreated_partition_from_its_start(monkeypatch) 
     assert r.mirrored == 3 and r.replayed_skipped == 0
     again = w.write(0, recs, upstream_end=3)  # Spark replays the batch: now it is already mirrored
     assert again.mirrored == 0 and again.replayed_skipped == 3
+
+
+def test_item8_cached_producer_is_rebuilt_when_the_destination_grows(monkeypatch) -> None:
+    """A destination grown while the mirror runs: the partition's producer is built again, so its metadata
+    knows the new partitions (librdkafka refuses a partition it does not know)."""
+    import dataclasses
+
+    built: list[dict] = []
+
+    class _P:
+        def __init__(self, conf: dict) -> None:
+            built.append(conf)
+
+        def list_topics(self, *a: Any, **k: Any) -> None:
+            return None
+
+        def init_transactions(self, *a: Any) -> None:
+            return None
+
+    monkeypatch.setattr(replicate, "Producer", _P)
+    for name in ("_PRODUCERS", "_POSITIONS", "_PRODUCER_LIMITS", "_LEARNED_LIMITS"):
+        monkeypatch.setattr(replicate, name, {})
+    monkeypatch.setattr(replicate, "_PRODUCER_PARTITIONS", {}, raising=False)
+    monkeypatch.setattr(replicate, "fence_legacy_writer", lambda s, p: None, raising=False)
+    for delivery in ("exactly_once", "at_least_once"):
+        s = WriterSettings(group="g", mirror="m", source_alias="src", destination_alias="dst", source_topic="t",
+                           destination_topic="t", source_partitions=2, destination_partitions=2, delivery=delivery,
+                           key_serde="bytes", value_serde="bytes", on_error="dead_letter", dlq_topic="d",
+                           offset_syncs_topic="s", provenance=False, producer_config={})
+        p1, _ = replicate._producer(s, 1)
+        assert replicate._producer(s, 1)[0] is p1
+        grown = dataclasses.replace(s, source_partitions=4, destination_partitions=4)
+        assert replicate._producer(grown, 1)[0] is not p1, delivery
