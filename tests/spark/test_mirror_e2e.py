@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
@@ -191,55 +191,220 @@ def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters
         second.stderr[-3000:]  # + one commit marker per partition from the first run
 
 
+def _watermarks(bootstrap, topic, isolation):
+    """A consumer whose ``get_watermark_offsets`` gives the high watermark (read_uncommitted) or the last
+    stable offset (read_committed) of ``topic``'s partitions."""
+    return Consumer({"bootstrap.servers": bootstrap, "group.id": f"marks-{time.time_ns()}",
+                     "isolation.level": isolation, "log_level": 3})
+
+
+def _open_transactions(hw_reader, lso_reader, topic):
+    """{partition: last stable offset} of the partitions of ``topic`` where a transaction is open now (the
+    LSO is the first offset of the oldest open transaction)."""
+    md = hw_reader.list_topics(topic, timeout=10).topics.get(topic)
+    if md is None or md.error:
+        return {}
+    out = {}
+    for p in md.partitions:
+        tp = TopicPartition(topic, p)
+        try:
+            lso = lso_reader.get_watermark_offsets(tp, timeout=10)[1]
+            hw = hw_reader.get_watermark_offsets(tp, timeout=10)[1]
+        except KafkaException:  # a topic just created (no leader yet): nothing known, ask again
+            return {}
+        if hw > lso:
+            out[p] = lso
+    return out
+
+
+def _committed_total(lso_reader, topic):
+    """Records committed on ``topic`` so far (the sum of its partitions' last stable offsets); 0 while the
+    topic does not exist or has no leader yet."""
+    md = lso_reader.list_topics(topic, timeout=10).topics.get(topic)
+    if md is None or md.error:
+        return 0
+    try:
+        return sum(lso_reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in md.partitions)
+    except KafkaException:
+        return 0
+
+
+def _data_offsets(bootstrap, topic, isolation):
+    """{partition: offsets of the data records} of ``topic`` read with ``isolation`` (transaction markers
+    never show; read_uncommitted also returns the records of aborted transactions)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"offsets-{time.time_ns()}",
+                  "isolation.level": isolation, "enable.auto.commit": False, "enable.partition.eof": True,
+                  "log_level": 3})
+    try:
+        md = c.list_topics(topic, timeout=10).topics[topic]
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in md.partitions}
+        out: dict[int, set[int]] = {p: set() for p in md.partitions}
+        c.assign([TopicPartition(topic, p, 0) for p in md.partitions])
+        done = {p for p, end in ends.items() if end == 0}
+        deadline = time.monotonic() + 180
+        while len(done) < len(ends):
+            assert time.monotonic() < deadline, f"reading {topic} ({isolation}) did not reach {ends}"
+            for m in c.consume(5000, 1.0):
+                if m.error():
+                    continue
+                out[m.partition()].add(m.offset())
+            for tp in c.position([TopicPartition(topic, p) for p in ends]):
+                if tp.offset >= ends[tp.partition]:
+                    done.add(tp.partition)
+        return out
+    finally:
+        c.close()
+
+
+def _hold_foreign_transactions(bootstrap, topic, txid, stop, hold_s=8.0):
+    """Another writer (as another group's job sharing the sync topic): a transaction with one sync of
+    another topic open on ``topic``'s partition 0 for ``hold_s`` at a time, until ``stop`` is set."""
+    from mirror_core.offsets import OffsetSync
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    while not stop.is_set() and topic not in admin.list_topics(timeout=10).topics:
+        stop.wait(0.2)  # the first job provisions the sync topic
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": txid, "transaction.timeout.ms": 60000,
+                  "log_level": 3})
+    p.init_transactions(30)
+    n = 0
+    while not stop.is_set():
+        p.begin_transaction()
+        sync = OffsetSync(f"{txid}-other", 0, n, n)
+        p.produce(topic, key=sync.key_bytes(), value=sync.value_bytes(), partition=0)
+        p.flush(30)
+        stop.wait(hold_s)  # the transaction stays open this long (or until the test ends)
+        p.commit_transaction(30)
+        n += 1
+
+
+def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file, holder):
+    """Start the streaming job and SIGKILL it while a transaction of it is open on the destination, until
+    3 kills are proven mid-transaction; then stop the source producer. Starts ``holder`` after the 2nd.
+    Returns (records produced, attempts, {partition: first offset of the open transaction} per kill, seconds)."""
+    hw_reader = _watermarks(clusters.dst_bootstrap, dst_topic, "read_uncommitted")
+    lso_reader = _watermarks(clusters.dst_bootstrap, dst_topic, "read_committed")
+    kills: list[dict[int, int]] = []
+    attempts = 0
+    job = None
+    t0 = time.monotonic()
+    try:
+        while len(kills) < 3:
+            attempts += 1
+            assert attempts <= 8, f"only {len(kills)} of {attempts - 1} kills hit an open transaction"
+            job = subprocess.Popen([sys.executable, "-m", "spark_jobs.mirror_stream", str(path), "--group", gname],
+                                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   start_new_session=True)
+            # wait until this job has committed something and has a transaction open, then kill it hard
+            base = _committed_total(lso_reader, dst_topic)
+            deadline = time.monotonic() + 180
+            while not (_committed_total(lso_reader, dst_topic) > base
+                       and _open_transactions(hw_reader, lso_reader, dst_topic)):
+                assert job.poll() is None, f"the streaming job exited with {job.returncode}"
+                assert time.monotonic() < deadline, "the job neither committed nor opened a transaction in 180 s"
+                time.sleep(0.02)  # polling the brokers' offsets
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(30)
+            job = None
+            # a dead process commits nothing more: a transaction still open a second later (a commit sent
+            # just before the kill completes within milliseconds) is the killed job's, open until fenced
+            open_now = _open_transactions(hw_reader, lso_reader, dst_topic)
+            settle = time.monotonic() + 1.0
+            while open_now and time.monotonic() < settle:
+                time.sleep(0.1)  # observing the offsets for a second
+                again = _open_transactions(hw_reader, lso_reader, dst_topic)
+                open_now = {p: off for p, off in open_now.items() if again.get(p) == off}
+            if open_now:
+                kills.append(open_now)
+            if len(kills) == 2 and holder.ident is None:
+                holder.start()
+        stop_file.touch()
+        out, _ = producer.communicate(timeout=300)
+        assert producer.returncode == 0
+        return int(out.strip()), attempts, kills, time.monotonic() - t0
+    finally:
+        if job is not None:  # failed while a job ran: stop it
+            try:
+                os.killpg(job.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            job.wait(30)
+        stop_file.touch()
+        if producer.poll() is None:
+            producer.kill()
+        hw_reader.close()
+        lso_reader.close()
+
+
+@pytest.mark.slow
 def test_exactly_once_survives_sigkill(clusters, unique, tmp_path):
-    """SIGKILL the streaming job 3 times while 200k records stream; every record arrives exactly once."""
+    """SIGKILL the streaming job 3 times, each time while one of its transactions is open on the
+    destination, while records stream in; every record arrives exactly once and in order.
+
+    Each kill is proven to have landed mid-transaction: right after it, a destination partition's last
+    stable offset is below its high watermark (a transaction of the dead job is open there), and at the end
+    the record at that offset is one a read_uncommitted reader sees and a read_committed reader does not
+    (the transaction was aborted when the next job fenced it). The restart after the first kill is a plain
+    one; from the second kill on, another writer keeps a transaction open on the offset-sync partition 8 s
+    at a time (as another group's job sharing the sync topic does), hiding the job's newest syncs from a
+    read_committed lookup (issue 11 item 6): the restarts after it, and the final drain, must still
+    resume exactly."""
+    import threading
+
     topic = unique("eos")
+    dst_topic = f"{topic}.mirror"
     create_topic(clusters.src_bootstrap, topic, 3)
     path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes")
     gname = cfg.groups[0].name
-    total = 200_000
+    stop_file = tmp_path / "stop-producing"
+    # a steady stream (about 1,500 records/s) until the kills are done, so every job has work in flight
     producer = subprocess.Popen([sys.executable, "-c", f"""
-import time
+import os, time
 from confluent_kafka import Producer
 p = Producer({{"bootstrap.servers": "{clusters.src_bootstrap}", "enable.idempotence": True, "linger.ms": 20}})
-for i in range({total}):
-    while True:
-        try:
-            p.produce("{topic}", key=str(i).encode(), value=str(i).encode() * 3, partition=i % 3)
-            break
-        except BufferError:
-            p.poll(0.05)
-    if i % 5000 == 0:
-        p.poll(0); time.sleep(0.05)
+i = 0
+while not os.path.exists({str(stop_file)!r}) or i < 20000:
+    for _ in range(150):
+        while True:
+            try:
+                p.produce("{topic}", key=str(i).encode(), value=str(i).encode() * 3, partition=i % 3)
+                break
+            except BufferError:
+                p.poll(0.05)
+        i += 1
+    p.poll(0)
+    time.sleep(0.1)
 p.flush(60)
-"""])
-    kills = 0
+print(i)
+"""], stdout=subprocess.PIPE, text=True)
+    stop_foreign = threading.Event()
+    holder = threading.Thread(target=_hold_foreign_transactions, daemon=True,
+                              args=(clusters.dst_bootstrap, f"{topic}.syncs.internal", unique("foreign"), stop_foreign))
     try:
-        for _ in range(3):
-            job = subprocess.Popen([sys.executable, "-m", "spark_jobs.mirror_stream", str(path), "--group", gname],
-                                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   start_new_session=True)
-            # let it mirror something, then kill it hard mid-stream
-            deadline = time.monotonic() + 120
-            base = _dst_count(clusters.dst_bootstrap, f"{topic}.mirror")
-            while time.monotonic() < deadline and _dst_count(clusters.dst_bootstrap, f"{topic}.mirror") <= base:
-                time.sleep(0.5)
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait(30)
-            kills += 1
-        assert producer.wait(300) == 0
+        total, attempts, mid_transaction_kills, kills_s = _kill_mid_transaction(
+            clusters, path, gname, dst_topic, producer, stop_file, holder)
+        run_once(path, gname, timeout=600)  # the drain, with the foreign transaction still coming and going
     finally:
-        if producer.poll() is None:
-            producer.kill()
-    run_once(path, gname, timeout=600)
-    got = read_all(clusters.dst_bootstrap, f"{topic}.mirror", timeout=180)
+        stop_foreign.set()
+        if holder.ident is not None:
+            holder.join(60)
+    print(f"{attempts} kill attempts, {len(mid_transaction_kills)} mid-transaction, {total} records, "
+          f"kills {kills_s:.0f} s", file=sys.stderr)
+    got = read_all(clusters.dst_bootstrap, dst_topic, timeout=180)
     keys = [int(m.key()) for ms in got.values() for m in ms]
-    assert kills == 3
     assert len(keys) == total, f"{len(keys)} records for {total} produced ({len(keys) - len(set(keys))} duplicates)"
-    assert len(set(keys)) == total
+    assert set(keys) == set(range(total))
     for part, ms in got.items():
         ks = [int(m.key()) for m in ms]
         assert ks == sorted(ks), f"partition {part} out of order"
+    # every counted kill left an open transaction that was aborted: its first record is there uncommitted only
+    committed = _data_offsets(clusters.dst_bootstrap, dst_topic, "read_committed")
+    everything = _data_offsets(clusters.dst_bootstrap, dst_topic, "read_uncommitted")
+    aborted = {p: everything[p] - committed[p] for p in everything}
+    assert committed == {p: {m.offset() for m in ms} for p, ms in got.items()}
+    for i, open_at_kill in enumerate(mid_transaction_kills):
+        assert any(off in aborted[p] for p, off in open_at_kill.items()), \
+            f"kill {i + 1}: the transaction open at {open_at_kill} was not aborted"
 
 
 def _dst_count(bootstrap, topic):
