@@ -129,6 +129,9 @@ class SchemaRegistryConfig(_Frozen):
     #: back-off from ``not_found_backoff``, before its record is called unmirrorable (a lagging replica)
     not_found_retries: int = Field(default=4, ge=0, le=20)
     not_found_backoff: Duration = 0.5
+    #: how long a record whose schema id is not cached yet waits for an unreachable (or failing)
+    #: registry before the mirror stops with an error naming it; the record is never dead-lettered for it
+    outage_deadline: Duration = 300.0
 
     @field_validator("url", mode="before")
     @classmethod
@@ -141,7 +144,7 @@ class SchemaRegistryConfig(_Frozen):
             return v.rstrip("/")
         return v
 
-    @field_validator("timeout", "breaker_reset", "not_found_backoff", mode="before")
+    @field_validator("timeout", "breaker_reset", "not_found_backoff", "outage_deadline", mode="before")
     @classmethod
     def _dur(cls, v: Any) -> float:
         return parse_duration(v)

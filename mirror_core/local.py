@@ -380,6 +380,67 @@ def running_endpoints(env: LocalEnv) -> dict[str, dict[str, str | None]]:
     }
 
 
+# --------------------------------------------------------------------------- faults (tests)
+
+
+def _broker_record(state: dict[str, Any], side: str, node_id: int) -> dict[str, Any]:
+    for b in state["sides"][side]["brokers"]:
+        if b["node_id"] == node_id:
+            return dict(b)
+    raise LocalClusterError(f"{side}: no broker {node_id} in this set")
+
+
+def stop_broker(env: LocalEnv, side: str, node_id: int, kill: bool = False, timeout: float = 60.0) -> float:
+    """Stop one broker of the running set: SIGTERM (a controlled shutdown) or, with ``kill``, SIGKILL (a
+    crash). Its data stays; :func:`start_broker` brings it back. Returns how long it took to go."""
+    state = json.loads(env.state_file.read_text())
+    rec = _broker_record(state, side, node_id)
+    t0 = time.monotonic()
+    if _alive(rec["pid"]) and _ours(rec["pid"]):
+        os.killpg(rec["pid"], signal.SIGKILL if kill else signal.SIGTERM)
+    while _alive(rec["pid"]):
+        _reap(rec["pid"])
+        if time.monotonic() - t0 > timeout:
+            os.killpg(rec["pid"], signal.SIGKILL)
+        time.sleep(0.1)
+    _reap(rec["pid"])
+    return time.monotonic() - t0
+
+
+def start_broker(env: LocalEnv, side: str, node_id: int, timeout: float = 120.0) -> float:
+    """Start a stopped broker again (same ports, data and configuration); returns when its client port
+    accepts connections, with the seconds that took."""
+    state = json.loads(env.state_file.read_text())
+    rec = _broker_record(state, side, node_id)
+    if _alive(rec["pid"]):
+        raise LocalClusterError(f"{side} broker {node_id} is still running (pid {rec['pid']})")
+    props = env.state_dir / "config" / f"{side}-{node_id}.properties"
+    cmd = _java_kafka_cmd(find_java(17), artifacts.fetch_kafka(env.cache), "kafka.Kafka", str(props))
+    t0 = time.monotonic()
+    proc = _spawn(cmd, Path(rec["log"]))
+    for b in state["sides"][side]["brokers"]:
+        if b["node_id"] == node_id:
+            b["pid"] = proc.pid
+    _write_state(env, state)
+    port = int(rec["address"].rpartition(":")[2])
+    while _port_free(port):
+        if not _alive(proc.pid):
+            raise LocalClusterError(f"{side} broker {node_id} exited while restarting; see {rec['log']}")
+        if time.monotonic() - t0 > timeout:
+            raise LocalClusterError(f"{side} broker {node_id} did not listen on {port} within {timeout:.0f}s")
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+def pause_registry(env: LocalEnv, side: str, paused: bool = True) -> None:
+    """Freeze (SIGSTOP) or thaw (SIGCONT) a side's schema registry: an outage in which connections are
+    accepted but never answered, like a hung server, and after which its in-memory schemas are intact."""
+    state = json.loads(env.state_file.read_text())
+    reg = state["sides"][side]["registry"]
+    if reg and _alive(reg["pid"]) and _ours(reg["pid"]):
+        os.killpg(reg["pid"], signal.SIGSTOP if paused else signal.SIGCONT)
+
+
 # --------------------------------------------------------------------------- kafka
 
 
@@ -713,6 +774,7 @@ def _stop_records(recs: list[dict[str, Any]], timeout: float = 30.0) -> list[str
     for r in live:
         try:
             os.killpg(r["pid"], signal.SIGTERM)
+            os.killpg(r["pid"], signal.SIGCONT)  # a paused process (pause_registry) must run to exit
         except (ProcessLookupError, PermissionError):
             os.kill(r["pid"], signal.SIGTERM)
     deadline = time.monotonic() + timeout

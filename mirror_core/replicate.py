@@ -755,6 +755,9 @@ class PartitionWriter:
                     result.last_downstream = position.downstream - 1
                 return
             upstream_end = result.upstream_end or 0
+            # ids not cached yet are resolved before the transaction opens: a registry outage is then
+            # waited out (schemas.SchemaResolver) without holding a transaction past its timeout
+            self._resolve_ids(todo)
             try:
                 producer.begin_transaction()
                 try:
@@ -819,6 +822,24 @@ class PartitionWriter:
         self.s = dataclasses.replace(self.s, destination_max_message_bytes=limit)
         self.fast = FastPath(self.s, self.translator)
         return True
+
+    def _resolve_ids(self, cols: Columns) -> None:
+        """Look up (and so resolve and cache) every ``0x00``-framed schema id of ``cols`` the translator
+        does not know yet. Records whose ids stay unknown are dead-lettered later by the usual path."""
+        if self.translator.resolver is None:
+            return
+        columns = [c for c, schema in ((cols.keys, self.fast.key_schema), (cols.values, self.fast.value_schema))
+                   if schema]
+        seen: set[int] = set()
+        for col in columns:
+            for data in col:
+                if data is None or len(data) < 5 or data[0] != 0:
+                    continue
+                sid = int.from_bytes(data[1:5], "big")
+                if sid in seen or sid in self.translator.id_map:
+                    continue
+                seen.add(sid)
+                self.translator.lookup(sid)
 
     def _produce_all(self, producer: Producer, partition: int, cols: Columns, result: BatchResult,
                      forced_dead: dict[int, DeadLetter]) -> tuple[list[tuple[int, int | None]], list[int]]:

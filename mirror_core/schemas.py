@@ -49,6 +49,7 @@ from mirror_core.registry import (
     RegisteredSchema,
     RegistryClient,
     RegistryError,
+    RegistryUnavailableError,
     Schema,
     SchemaReference,
     is_not_found,
@@ -528,6 +529,10 @@ def _register(planner: _Planner, step: SchemaStep, id_preserving: bool, id_map: 
 UNKNOWN_TTL = 60.0
 DEFAULT_NOT_FOUND_RETRIES = 4
 DEFAULT_NOT_FOUND_BACKOFF = 0.5
+#: seconds a schema id waits for an unreachable registry (SchemaRegistryConfig.outage_deadline)
+DEFAULT_OUTAGE_DEADLINE = 300.0
+#: how often a waiting id asks again
+OUTAGE_POLL = 2.0
 
 
 class SchemaResolver:
@@ -543,17 +548,23 @@ class SchemaResolver:
     A "not found" answer is asked again ``not_found_retries`` times with exponential back-off from
     ``not_found_backoff`` seconds (a registry replica may lag behind the one the producer registered
     with) before the id is called unknown: then ``__call__`` returns None (the record is
-    dead-lettered) and the id stays unknown for :data:`UNKNOWN_TTL` seconds. Registry failures raise
-    RegistryError.
+    dead-lettered) and the id stays unknown for :data:`UNKNOWN_TTL` seconds.
+
+    A registry that cannot be reached (connection failures, timeouts, 5xx, an open circuit breaker) is
+    waited for, up to ``outage_deadline`` seconds per id, asking again every few seconds; then
+    RegistryError says which registry and for how long. Such a record waits, and fails the batch at
+    worst: it is never dead-lettered for an outage. Other registry failures raise RegistryError at once.
     """
 
     def __init__(self, src: Registry | SchemaRegistryConfig, dst: Registry | SchemaRegistryConfig,
                  source_topic: str, destination_topic: str, *, not_found_retries: int | None = None,
                  not_found_backoff: float | None = None, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, outage_deadline: float | None = None):
         if isinstance(src, SchemaRegistryConfig):
             not_found_retries = src.not_found_retries if not_found_retries is None else not_found_retries
             not_found_backoff = src.not_found_backoff if not_found_backoff is None else not_found_backoff
+            outage_deadline = src.outage_deadline if outage_deadline is None else outage_deadline
+        self.outage_deadline = DEFAULT_OUTAGE_DEADLINE if outage_deadline is None else outage_deadline
         self.src: Registry = RegistryClient.from_config(src) if isinstance(src, SchemaRegistryConfig) else src
         self.dst: Registry = RegistryClient.from_config(dst) if isinstance(dst, SchemaRegistryConfig) else dst
         self.retries = DEFAULT_NOT_FOUND_RETRIES if not_found_retries is None else not_found_retries
@@ -574,17 +585,45 @@ class SchemaResolver:
                 return self._ids[source_id]
             if self._still_unknown(self._unknown_ids, source_id):
                 return None
-            uses = self._patiently(lambda: self.src.subject_versions_for_id(source_id, deleted=True))
-            if not uses:
-                self._unknown_ids[source_id] = self._clock()
-                log.warning("schema id %d is unknown to the source registry %s (asked %d times)", source_id,
-                            self.src.url, self.retries + 1)
-                return None
-            subject, version = next(((su, v) for su, v in uses if su in self.own), uses[0])
-            content = self._source_content(subject, version, source_id)
-            got = self._register(content, self.own.get(subject, subject), subject).schema_id
-            self._ids[source_id] = got
-            return got
+            return self._through_outages(source_id)
+
+    def _through_outages(self, source_id: int) -> int | None:
+        """:meth:`_resolve`, waiting out an unreachable registry up to ``outage_deadline`` seconds."""
+        deadline = self._clock() + self.outage_deadline
+        waited = False
+        while True:
+            try:
+                got = self._resolve(source_id)
+                if waited:
+                    log.warning("schema id %d resolved after a registry outage", source_id)
+                return got
+            except RegistryError as exc:
+                if not (exc.transient or isinstance(exc, RegistryUnavailableError)):
+                    raise
+                now = self._clock()
+                if now >= deadline:
+                    raise RegistryError(
+                        f"schema id {source_id}: the schema registry stayed unavailable for "
+                        f"{self.outage_deadline:g}s (outage_deadline): {exc}", subject=exc.subject) from None
+                if not waited:
+                    log.warning("schema id %d: registry unavailable (%s); waiting up to %gs", source_id,
+                                exc.reason, self.outage_deadline)
+                waited = True
+                self._sleep(min(OUTAGE_POLL, max(0.0, deadline - now)))
+
+    def _resolve(self, source_id: int) -> int | None:
+        """Find the id's subject on the source, register it on the destination; None when unknown."""
+        uses = self._patiently(lambda: self.src.subject_versions_for_id(source_id, deleted=True))
+        if not uses:
+            self._unknown_ids[source_id] = self._clock()
+            log.warning("schema id %d is unknown to the source registry %s (asked %d times)", source_id,
+                        self.src.url, self.retries + 1)
+            return None
+        subject, version = next(((su, v) for su, v in uses if su in self.own), uses[0])
+        content = self._source_content(subject, version, source_id)
+        got = self._register(content, self.own.get(subject, subject), subject).schema_id
+        self._ids[source_id] = got
+        return got
 
     # -- GUIDs
 

@@ -627,3 +627,48 @@ def test_item10_guid_framed_records_get_the_destination_guid():
     t2 = SchemaIdTranslator({}, make_id_resolver(src, plain, "orders", "dr.orders", not_found_retries=0))
     dl = decide(rec(b"\x01" + g_src + b"avro-body"), s, t2)
     assert isinstance(dl, DeadLetter) and dl.reason == "unknown_schema_guid"
+
+
+@dataclass
+class DownRegistry(FakeRegistry):
+    """A source registry that cannot be reached for its first ``down`` id lookups (connection failure)."""
+
+    down: int = 0
+    id_lookups: int = 0
+
+    def subject_versions_for_id(self, schema_id: int, deleted: bool = False) -> list[tuple[str, int]]:
+        from mirror_core.registry import RegistryError
+
+        self.id_lookups += 1
+        if self.id_lookups <= self.down:
+            raise RegistryError(f"schema registry {self.url} unreachable (GET /schemas/ids): ConnectError",
+                                transient=True, reason="ConnectError")
+        return super().subject_versions_for_id(schema_id)
+
+
+def test_registry_outage_is_waited_out_within_the_deadline_then_fails_clearly(dst):
+    from mirror_core.registry import RegistryError
+
+    clock = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        clock[0] += s
+
+    src = DownRegistry(url="http://src", next_id=0, down=5)
+    sid = src.register("orders-value", V1)
+    resolve = make_id_resolver(src, dst, "orders", "dr.orders", sleep=sleep, clock=lambda: clock[0],
+                               outage_deadline=60.0)
+    assert resolve(sid) == dst.version("dr.orders-value", 1).schema_id  # waited 5 polls, then resolved
+    assert src.id_lookups == 6 and sum(slept) == pytest.approx(10.0)
+
+    # an outage longer than the deadline: one clear error (not None, which would dead-letter the record)
+    src2 = DownRegistry(url="http://src2", next_id=0, down=10**6)
+    sid2 = src2.register("orders-value", V1)
+    clock[0] = 0.0
+    resolve2 = make_id_resolver(src2, dst, "orders", "dr.orders", sleep=sleep, clock=lambda: clock[0],
+                                outage_deadline=30.0)
+    with pytest.raises(RegistryError) as err:
+        resolve2(sid2)
+    assert "stayed unavailable for 30s (outage_deadline)" in str(err.value) and clock[0] == pytest.approx(30.0)
