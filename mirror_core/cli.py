@@ -531,6 +531,33 @@ def local_up(
         out.print(f"secured: `source {sec.credentials_file}` to use config/local-secure.yaml", markup=False)
 
 
+@local_app.command("spark-up")
+@handle_errors
+def local_spark_up(
+    workers: Annotated[int, typer.Option(help="Workers (each runs its own executor JVMs).", min=1, max=4)] = 2,
+    cores: Annotated[int, typer.Option(help="Cores per worker.", min=1, max=8)] = 1,
+    memory: Annotated[str, typer.Option(help="Memory per worker (Spark size, e.g. 1g).")] = "1g",
+    state_dir: Annotated[Path | None, typer.Option(help="Where logs and pids go.")] = None,
+) -> None:
+    """Start a Spark standalone master and workers from pyspark's distribution (spark://127.0.0.1:...)."""
+    from mirror_core import local, local_spark
+
+    cluster = local_spark.up(local.LocalEnv.from_environment(state_dir), workers, cores, memory)
+    out.print(f"spark master {cluster.master_url} (UI {cluster.master_ui}), {len(cluster.worker_pids)} workers; "
+              f"set spark.master: \"{cluster.master_url}\" in a group to run its mirror there", markup=False)
+
+
+@local_app.command("spark-down")
+@handle_errors
+def local_spark_down(state_dir: Annotated[Path | None, typer.Option(help="State dir used by spark-up.")] = None
+                     ) -> None:
+    """Stop the Spark master and workers `spark-up` started."""
+    from mirror_core import local, local_spark
+
+    stopped = local_spark.down(local.LocalEnv.from_environment(state_dir))
+    out.print(f"stopped {len(stopped)} processes" + (f": {', '.join(stopped)}" if stopped else ""), markup=False)
+
+
 @local_app.command("fetch")
 @handle_errors
 def local_fetch() -> None:
