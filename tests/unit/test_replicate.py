@@ -818,3 +818,20 @@ def test_item2_item3_an_earlier_release_position_is_taken_once_its_writer_is_fen
     assert r.replayed_skipped == expected and r.mirrored == 8 - expected
     syncs = [f for f in fake.full if f[0] == "syncs"]
     assert syncs and all(f[4] == (("mirrorflow.destination", b"t"),) for f in syncs)  # new syncs name it
+
+
+def test_at_least_once_dead_letter_too_large_for_the_dlq_keeps_reason_and_coordinates(monkeypatch) -> None:
+    """As in exactly_once: an oversized dead letter goes without its payload instead of failing the partition."""
+    fake = _AckingProducer()
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "alo"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    writer = replicate.PartitionWriter(settings(delivery="at_least_once"), ids({}), lambda t, p: None,
+                                       downstream_end=lambda t, p: 0)
+    huge = rec(b"\x00" + struct.pack(">i", 77) + b"x" * 2_000_000, (("h", b"1"),), offset=9)
+    r = writer.write(1, [huge])
+    assert r.dead_lettered == 1 and r.mirrored == 0
+    ((_, _, key, value, headers, _),) = [f for f in fake.full if f[0] == "g.dlq"]
+    hd = dict(headers)
+    assert key is None and value is None and "h" not in hd
+    assert hd["mirrorflow.error.reason"] == b"unknown_schema_id" and hd["mirrorflow.source.offset"] == b"9"
+    assert b"value 2000005 B" in hd["mirrorflow.error.payload_omitted"]
