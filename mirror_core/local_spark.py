@@ -66,7 +66,10 @@ def up(env: local.LocalEnv, workers: int = 2, cores_per_worker: int = 1, memory_
     work = env.state_dir / "spark-work"
     work.mkdir(parents=True, exist_ok=True)
     port, ui = local._free_port(), local._free_port()
-    spawn_env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1"}
+    # pyspark's distribution has no build directories to tell the Scala version from: the workers' executor
+    # launcher needs it said (as Spark's own load-spark-env.sh does)
+    spawn_env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
+                 "SPARK_SCALA_VERSION": os.environ.get("SPARK_SCALA_VERSION", "2.13")}
     pids: list[int] = []
 
     def spawn(cmd: list[str], log: Path) -> int:

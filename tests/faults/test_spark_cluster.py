@@ -1,0 +1,109 @@
+"""Scale-out: the mirror on a Spark standalone cluster (a master and two workers from pyspark's own
+distribution, executors in their own JVMs, the writing in Spark tasks), one worker killed mid-run with
+its executors. Exactly-once: the destination ends with every record once. Own clusters, stopped here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from mirror_core import local, local_spark
+from tests.faults.harness import ROOT, figures, read_keys
+
+pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow]
+PARTITIONS = 4
+BACKLOG = 40000
+
+
+@pytest.fixture
+def kafka_and_spark(tmp_path: Path) -> Iterator[tuple[local.ClusterSpec, local_spark.SparkCluster]]:
+    env = local.LocalEnv.from_environment(tmp_path / "clusters")
+    spec = local.free_spec(registries=False)
+    try:
+        local.up(env, spec, progress=lambda m: print(f"[scale-out] {m}", flush=True))
+        cluster = local_spark.up(env, workers=2, cores_per_worker=1, memory_per_worker="1g")
+        yield spec, cluster
+    finally:
+        local_spark.down(env)
+        local.down(env)
+
+
+def test_backlog_on_a_standalone_cluster_survives_a_worker_kill(kafka_and_spark, tmp_path, unique):
+    spec, cluster = kafka_and_spark
+    src, dst = spec.sides
+    topic = unique("scaleout")
+    admin = AdminClient({"bootstrap.servers": src.bootstrap})
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+    p = Producer({"bootstrap.servers": src.bootstrap, "enable.idempotence": True, "linger.ms": 20, "log_level": 0})
+    for i in range(BACKLOG):
+        p.produce(topic, key=str(i).encode(), value=b"v" * 200, partition=i % PARTITIONS)
+        if i % 10000 == 0:
+            p.poll(0)
+    assert p.flush(60) == 0
+    cfg = tmp_path / "mirror.yaml"
+    cfg.write_text(f"""clusters:
+  src: {{kafka: {{bootstrap.servers: "{src.bootstrap}"}}}}
+  dst: {{kafka: {{bootstrap.servers: "{dst.bootstrap}"}}}}
+groups:
+  - name: scaleout
+    source: src
+    destination: dst
+    delivery: exactly_once
+    serdes: {{key: bytes, value: bytes}}
+    heartbeats: {{enabled: false}}
+    offsets: {{sync_group_offsets: false, emit_checkpoints: false}}
+    topics_mirroring:
+      partition_count: {{type: mirror_source}}
+      replication_factor: {{type: fix, value: 1}}
+    spark:
+      master: "{cluster.master_url}"
+      checkpoint_dir: "{tmp_path / 'ckpt'}"
+      driver_batch_max_records: 0        # every batch written by Spark tasks on the executors
+      max_offsets_per_trigger: 8000      # several batches, so the kill lands mid-run
+      conf:
+        spark.executor.memory: 512m
+        spark.executor.cores: "1"
+        spark.cores.max: "2"
+        spark.driver.host: 127.0.0.1
+        spark.driver.bindAddress: 127.0.0.1
+        spark.executorEnv.PYTHONPATH: "{ROOT}:{ROOT / 'plugins'}"
+        spark.task.maxFailures: "8"
+    mirrors:
+      - {{source_topic: {topic}, destination_topic: {topic}.mirror}}
+""")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'plugins'}", "SPARK_LOCAL_IP": "127.0.0.1"}
+    log = (tmp_path / "job.log").open("wb")
+    job = subprocess.Popen([sys.executable, "-m", "spark_jobs.mirror_stream", str(cfg), "--group", "scaleout",
+                            "--once"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    killed_at = None
+    try:
+        deadline = time.monotonic() + 600
+        watcher = AdminClient({"bootstrap.servers": dst.bootstrap})
+        while job.poll() is None and time.monotonic() < deadline:
+            if killed_at is None and f"{topic}.mirror" in watcher.list_topics(timeout=10).topics:
+                have = len(read_keys(dst.bootstrap, f"{topic}.mirror", timeout=30))
+                if have > 0:  # the first batch is in: a worker and its executors die now
+                    killed_at = have
+                    local_spark.kill_worker(cluster, 0)
+            time.sleep(1)
+        assert job.poll() is not None, "the mirror did not finish within 10 minutes"
+    finally:
+        if job.poll() is None:
+            job.kill()
+        log.close()
+    text = (tmp_path / "job.log").read_text(errors="replace")
+    assert job.returncode == 0, text[-4000:]
+    assert killed_at is not None and killed_at < BACKLOG, "the worker was not killed mid-run"
+    mirrored = read_keys(dst.bootstrap, f"{topic}.mirror")
+    fig = figures("standalone cluster, one worker killed mid-run (exactly_once)", list(range(BACKLOG)), mirrored)
+    print(f"  worker killed when {killed_at} of {BACKLOG} were mirrored", flush=True)
+    assert fig["lost"] == 0 and fig["duplicated"] == 0
+    assert "'written_by': 'tasks'" in text  # the writing ran in Spark tasks on the executors
