@@ -403,7 +403,7 @@ def run(
             return
         stopping.append(signum)
         err.print(f"stopping the mirror (up to {timeout:.0f}s)...", highlight=False)
-        rep = stop_tree(job.pid, timeout * 0.95)  # the rest of the timeout: killing and reaping
+        rep = stop_tree(job.pid, timeout * 0.85)  # the rest of the timeout: killing and reaping
         if not rep.graceful:
             err.print(f"the mirror did not stop within {timeout:.0f}s; killed {len(rep.killed)} processes",
                       highlight=False)

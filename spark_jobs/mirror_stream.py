@@ -250,9 +250,10 @@ class Stopper:
     (its writer fences it), so nothing is lost or duplicated."""
 
     #: shares of the timeout: the graceful path may use the first, the forced stop starts at the second;
-    #: the rest is for killing (whoever started the job kills what is left at the full timeout)
-    GRACEFUL_SHARE = 0.7
-    FORCE_AT = 0.85
+    #: the rest is for killing and for the kernel to tear big JVMs down on a loaded machine (whoever
+    #: started the job kills what is left at 85%)
+    GRACEFUL_SHARE = 0.6
+    FORCE_AT = 0.75
 
     def __init__(self, group_name: str, timeout: float):
         self.group_name = group_name
