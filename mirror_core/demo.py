@@ -152,7 +152,7 @@ class TopicSummary:
     source_records: int
     destination_records: int
     subjects: str       # "subject: source versions -> destination versions", per subject
-    group_offsets: str  # "partition: source committed -> destination committed", for the demo's consumer group
+    group_offsets: str  # "partition: source committed -> destination committed (the exact translation)"
     lag_records: int
     parity: str         # "ok (n partitions)" or where it differs
     ok: bool
@@ -204,13 +204,17 @@ def summarize(cfg: Any, group: Any, consumer_group: str) -> list[TopicSummary]:
         p_rows = [r for r in parity if r.source_topic == m.source_topic]
         bad = [r for r in p_rows if not r.ok]
         behind = sum(p.lag_records for p in lag.partitions if p.source_topic == m.source_topic)
+        # the destination's committed offset must be the exact translation of the source's (offsets differ
+        # between the clusters: transaction markers take offsets on the destination)
+        want = {p: store.translate(m.source_topic, p, o).downstream_offset for p, o in s_off.items() if o is not None}
         ok = (sum(s_counts.values()) == sum(d_counts.values()) and not bad and behind == 0
               and all(sv == dv for _, sv, dv in subjects)
-              and all(s_off[p] is None or s_off[p] == d_off.get(p) for p in parts))
+              and all(d_off.get(p) == want[p] for p in want))
         out.append(TopicSummary(
             m.source_topic, m.destination_topic, sum(s_counts.values()), sum(d_counts.values()),
             "; ".join(f"{name}: v{sv} -> v{dv}" for name, sv, dv in subjects) or "-",
-            ", ".join(f"p{p}: {s_off[p]} -> {d_off.get(p)}" for p in parts if s_off[p] is not None) or "-",
+            ", ".join(f"p{p}: {s_off[p]} -> {d_off.get(p)}" + ("" if d_off.get(p) == want[p] else f" (want {want[p]})")
+                      for p in parts if s_off[p] is not None) or "-",
             behind,
             (f"MISMATCH at {', '.join(f'p{r.partition}@{r.first_mismatch_offset}' for r in bad)}" if bad
              else f"ok ({len(p_rows)} partitions)"),
@@ -231,5 +235,5 @@ def print_summary(rows: list[TopicSummary], title: str) -> bool:
     for r in rows:
         table.add_row(f"{r.source_topic} -> {r.destination_topic}", f"{r.source_records}/{r.destination_records}",
                       r.subjects, r.group_offsets, str(r.lag_records), r.parity, "yes" if r.ok else "NO")
-    Console(soft_wrap=True).print(table)
+    Console(width=max(160, Console().width)).print(table)
     return bool(rows) and all(r.ok for r in rows)
