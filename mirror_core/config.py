@@ -774,6 +774,7 @@ def _cross_check(cfg: MirrorsConfig) -> list[ConfigIssue]:
             continue
         dst_brokers = _brokers(cfg.clusters[g.destination])
         same_cluster = g.source == g.destination or _brokers(cfg.clusters[g.source]) == dst_brokers
+        group_sources: dict[str, str] = {}  # explicit source topic -> the mirror that reads it
         for m in resolve_mirrors(g):
             mp = f"{gp}.{m.path}"
             serdes = m.settings.serdes
@@ -801,6 +802,11 @@ def _cross_check(cfg: MirrorsConfig) -> list[ConfigIssue]:
                 issues.append(ConfigIssue(mp, f"derived destination topic {m.destination_topic!r} is not a valid topic name"))
             if same_cluster and m.source_topic == m.destination_topic:
                 issues.append(ConfigIssue(mp, f"mirrors topic {m.source_topic!r} onto itself on cluster {g.destination!r}"))
+            if m.source_topic in group_sources:
+                issues.append(ConfigIssue(mp, f"source topic {m.source_topic!r} is already mirrored by "
+                                              f"{group_sources[m.source_topic]}; a group reads a topic once "
+                                              f"(mirror it to a second destination from another group)"))
+            group_sources.setdefault(m.source_topic or "", mp)
             txid = transactional_id(g.name, g.source, m.source_topic or "", m.destination_topic)
             if txid in seen_txids:
                 issues.append(ConfigIssue(mp, f"its writers would share transactional id {txid!r} with "

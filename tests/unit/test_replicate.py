@@ -835,3 +835,31 @@ def test_at_least_once_dead_letter_too_large_for_the_dlq_keeps_reason_and_coordi
     assert key is None and value is None and "h" not in hd
     assert hd["mirrorflow.error.reason"] == b"unknown_schema_id" and hd["mirrorflow.source.offset"] == b"9"
     assert b"value 2000005 B" in hd["mirrorflow.error.payload_omitted"]
+
+
+def test_item2_one_group_refuses_a_second_mirror_of_the_same_source_topic() -> None:
+    """A group reads a source topic once (one Spark subscription, one writer per source partition): a
+    second mirror of the same topic in the same group would be silently left out, so validation refuses it
+    with one line naming both mirrors (two groups may mirror one topic; each keeps its own position)."""
+    text = """
+clusters: {src: {kafka: {bootstrap.servers: "s:9092"}}, dst: {kafka: {bootstrap.servers: "d:9092"}}}
+groups:
+  - name: live
+    source: src
+    destination: dst
+    serdes: {key: bytes, value: bytes}
+    mirrors:
+      - {source_topic: orders, destination_topic: orders}
+      - {source_topic: orders, destination_topic: orders-archive}
+"""
+    with pytest.raises(ConfigError, match=r"groups\[0\]\.mirrors\[1\]: source topic 'orders' is already mirrored "
+                                          r"by groups\[0\]\.mirrors\[0\]"):
+        parse_config(yaml.safe_load(text), env={})
+    two_groups = text.replace("      - {source_topic: orders, destination_topic: orders-archive}\n", "") + """
+  - name: archive
+    source: src
+    destination: dst
+    serdes: {key: bytes, value: bytes}
+    mirrors: [{source_topic: orders, destination_topic: orders-archive}]
+"""
+    parse_config(yaml.safe_load(two_groups), env={})
