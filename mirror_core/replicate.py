@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import logging
+import operator
 import struct
 import threading
 import time
@@ -736,7 +738,8 @@ class PartitionWriter:
 
     def _write_transactional(self, partition: int, chunk: Columns, result: BatchResult) -> None:
         forced_dead: dict[int, DeadLetter] = {}
-        for _attempt in range(3):
+        exact = False
+        for _attempt in range(4):  # 3 attempts, and one more after a fall back to exact delivery reports
             t0 = time.monotonic()
             producer, key = _producer(self.s, partition)
             position = self._position(key, partition)
@@ -761,7 +764,13 @@ class PartitionWriter:
             try:
                 producer.begin_transaction()
                 try:
-                    acks, too_large = self._produce_all(producer, partition, todo, result, forced_dead)
+                    acks, too_large = self._produce_all(producer, partition, todo, result, forced_dead, exact)
+                except _Unmapped:
+                    # nothing of it may commit: write the chunk again with one callback per record
+                    producer.abort_transaction(30)
+                    _reset_counts(result)
+                    exact = True
+                    continue
                 except KafkaException:
                     raise  # handled below: the producer is dropped and its successor fences the transaction
                 except BaseException:
@@ -782,8 +791,7 @@ class PartitionWriter:
                     _drop_producer(key)
                     _reset_counts(result)
                     continue
-                pairs = [(u, d) for u, d in acks if d is not None]
-                syncs, downstream = self._syncs(partition, todo.offsets[0], pairs, upstream_end, position)
+                syncs, downstream = self._syncs(partition, todo.offsets[0], acks, upstream_end, position)
                 for sync in syncs:
                     self._emit_sync(producer, sync)
                 t2 = time.monotonic()
@@ -842,16 +850,35 @@ class PartitionWriter:
                 self.translator.lookup(sid)
 
     def _produce_all(self, producer: Producer, partition: int, cols: Columns, result: BatchResult,
-                     forced_dead: dict[int, DeadLetter]) -> tuple[list[tuple[int, int | None]], list[int]]:
+                     forced_dead: dict[int, DeadLetter], exact: bool = False) -> tuple[list[tuple[int, int]], list[int]]:
         """Produce ``cols`` (records to the destination topic, dead letters to the DLQ) and wait for every
         acknowledgement. Returns (upstream, downstream) per acknowledged record, sorted, and the upstream
-        offsets of records the broker rejected as too large."""
+        offsets of records the broker rejected as too large.
+
+        Unless ``exact``, records that keep their partition number share one delivery callback and the
+        i-th report is taken for the i-th record produced (see :func:`ordered_acks`); when that cannot be
+        proven (or a record was rejected as too large, whose offset must be known) it raises
+        :class:`_Unmapped` and the caller writes the chunk again with ``exact``: one callback per record."""
         t0 = time.monotonic()
         acks: list[tuple[int, int | None]] = []
         errors: list[tuple[int, KafkaError]] = []
         failed: list[str] = []  # dead letters the broker refused
+        # ordered mode: every record goes to ``partition`` of one idempotent producer
+        ordered = not exact and self.s.destination_partitions >= self.s.source_partitions
+        sent: list[int] = []  # ordered: upstream offsets, in produce order
+        reported: list[int | None] = []  # ordered: downstream offsets, in report order
+
+        def report(err: KafkaError | None, msg: Any) -> None:
+            if err is not None:
+                errors.append((-1, err))
+            else:
+                reported.append(msg.offset())
 
         def on_delivery(upstream: int) -> Callable[[KafkaError | None, Any], None]:
+            if ordered:
+                sent.append(upstream)  # called just before the produce; undone if the produce raises
+                return report
+
             def cb(err: KafkaError | None, msg: Any) -> None:
                 if err is not None:
                     errors.append((upstream, err))
@@ -887,10 +914,14 @@ class PartitionWriter:
                         produce(topic, nv, nk, partition, on_delivery=on_delivery(offsets[i]), timestamp=stamps[i],
                                 headers=list(hs) if hs else None)  # confluent-kafka takes a list, not a tuple
                     except BufferError:
+                        if ordered:
+                            sent.pop()
                         producer.poll(0.1)
                         self._produce(producer, topic, partition, nk, nv, list(hs), stamps[i],
                                       on_delivery(offsets[i]))
                     except KafkaException as exc:
+                        if ordered:
+                            sent.pop()
                         if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
                             raise
                         self._dead_letter(producer, cols.record(s.source_topic, partition, i),
@@ -916,6 +947,8 @@ class PartitionWriter:
                 self._produce(producer, topic, decision.partition, decision.key, decision.value,
                               list(decision.headers), decision.timestamp_ms, on_delivery(rec.offset))
             except KafkaException as exc:
+                if ordered:
+                    sent.pop()
                 if exc.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE:
                     self._dead_letter(producer, rec, DeadLetter("record_too_large", exc.args[0].str()), result,
                                       failed)
@@ -931,17 +964,22 @@ class PartitionWriter:
             raise WriterError(f"{self.s.mirror}: {remaining} records not acknowledged within 60 s")
         self._check_dead_letters(failed)
         result.cache_misses += self.translator.thread_misses() - misses_before
-        too_large = sorted(u for u, e in errors if _is_too_large(e))
         fatal = [e for _, e in errors if not _is_too_large(e)]
         if fatal:
             raise KafkaException(fatal[0])
+        if ordered:
+            pairs = None if errors else ordered_acks(sent, reported)
+            if pairs is None:
+                raise _Unmapped()
+            return pairs, []
+        too_large = sorted(u for u, e in errors if _is_too_large(e))
         if too_large and self.s.on_error == "fail":
             i = bisect.bisect_left(cols.offsets, too_large[0])
             self._dead_letter(producer, cols.record(s.source_topic, partition, i),
                               DeadLetter("record_too_large", "the destination rejected the record size"), result,
                               failed)
         acks.sort()
-        return acks, too_large
+        return [(u, d) for u, d in acks if d is not None], too_large
 
     def _check_dead_letters(self, failed: list[str]) -> None:
         """A record whose dead letter was not delivered is neither mirrored nor set aside: the chunk fails
@@ -985,7 +1023,13 @@ class PartitionWriter:
         t0 = time.monotonic()
         producer, key = _producer(self.s, partition)
         result.setup_ms += (time.monotonic() - t0) * 1000
-        acks, too_large = self._produce_all(producer, partition, chunk, result, {})
+        try:
+            acks, too_large = self._produce_all(producer, partition, chunk, result, {})
+        except _Unmapped:
+            # the reports cannot be tied to records (or one was rejected as too large): write the chunk again
+            # with one callback per record (what landed the first time is written twice: at-least-once)
+            _reset_counts(result)
+            acks, too_large = self._produce_all(producer, partition, chunk, result, {}, exact=True)
         if too_large and self._learn_size_limit():
             # whole batches were rejected: write again from the first rejected record with batches that
             # fit (records after it that did land are written twice: at-least-once)
@@ -995,7 +1039,7 @@ class PartitionWriter:
             _drop_producer(key, keep_position=True)
             producer, key = _producer(self.s, partition)
             rest = chunk.slice(bisect.bisect_left(chunk.offsets, first), len(chunk))
-            more, too_large = self._produce_all(producer, partition, rest, result, {})
+            more, too_large = self._produce_all(producer, partition, rest, result, {}, exact=True)
             acks += more
         if too_large:
             failed: list[str] = []
@@ -1007,9 +1051,8 @@ class PartitionWriter:
             if producer.flush(60):
                 raise WriterError(f"{self.s.mirror}: dead letters not acknowledged within 60 s")
             self._check_dead_letters(failed)
-        pairs = [(u, d) for u, d in acks if d is not None]
         upstream_end = result.upstream_end or 0
-        syncs, downstream = self._syncs(partition, chunk.offsets[0], pairs, upstream_end, _POSITIONS.get(key))
+        syncs, downstream = self._syncs(partition, chunk.offsets[0], acks, upstream_end, _POSITIONS.get(key))
         t1 = time.monotonic()
         for sync in syncs:
             self._emit_sync(producer, sync)
@@ -1019,6 +1062,38 @@ class PartitionWriter:
         _POSITIONS[key] = Position(upstream_end, downstream)
         _note_latency(result, chunk.timestamps)
         result.last_downstream = None if downstream is None else downstream - 1
+
+
+class _Unmapped(Exception):  # noqa: N818  # internal signal, never leaves the writer
+    """The delivery reports of a chunk written with one shared callback cannot be tied to its records:
+    the caller writes the chunk again with one callback per record."""
+
+
+def ordered_acks(sent: list[int], reported: list[int | None]) -> list[tuple[int, int]] | None:
+    """(upstream, downstream) of each record produced to one partition with a shared delivery callback,
+    or None when the reports do not prove the mapping.
+
+    ``sent`` holds the upstream offsets in produce order, ``reported`` the downstream offsets in report
+    order. An idempotent or transactional producer appends one partition's records in produce order, so
+    the downstream offsets in produce order are strictly increasing. When the reports are exactly as many
+    and strictly increasing, report order is produce order and the i-th report belongs to the i-th record;
+    anything else (a report missing or without an offset, reports out of order) gives None.
+    """
+    n = len(sent)
+    if len(reported) != n:
+        return None
+    if not n:
+        return []
+    if None in reported:
+        return None
+    offs: list[int] = reported  # type: ignore[assignment]  # no None (checked above)
+    first = offs[0]
+    if offs[-1] - first != n - 1 or offs != list(range(first, first + n)):
+        # not one contiguous run (other producers' records or transaction markers in between): still
+        # exact if strictly increasing
+        if not all(map(operator.lt, offs, itertools.islice(offs, 1, None))):
+            return None
+    return list(zip(sent, offs, strict=True))
 
 
 def _has_provenance(headers: tuple[Header, ...]) -> bool:

@@ -1,0 +1,196 @@
+"""The writer's delivery reports: one shared callback per chunk, the i-th report taken for the i-th record
+produced to the partition (``replicate.ordered_acks``), and the fall back to one callback per record when
+the reports do not prove that mapping. Either way the offset syncs map every record to where it landed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError
+
+from mirror_core import replicate
+from mirror_core.offsets import OffsetSync
+from mirror_core.replicate import Columns, SchemaIdTranslator, WriterSettings, ordered_acks
+
+
+def settings(**over: Any) -> WriterSettings:
+    base: dict[str, Any] = dict(
+        group="g", mirror="g__t__t", source_alias="src", destination_alias="dst", source_topic="t",
+        destination_topic="t", source_partitions=3, destination_partitions=3, delivery="exactly_once",
+        key_serde="bytes", value_serde="bytes", on_error="dead_letter", dlq_topic="g.dlq",
+        offset_syncs_topic="syncs", provenance=False, producer_config={},
+    )
+    return WriterSettings(**(base | over))
+
+
+class _Msg:
+    def __init__(self, offset: int | None):
+        self._offset = offset
+
+    def offset(self) -> int | None:
+        return self._offset
+
+
+class _Broker:
+    """A destination partition log and a producer writing to it. ``foreign_every``: another producer's
+    record lands after every that many of ours (offsets not contiguous); ``reject``: values refused as too
+    large; ``report_order``: the order in which ``flush`` delivers the reports (default: produce order)."""
+
+    def __init__(self, foreign_every: int = 0, reject: frozenset[bytes] = frozenset(),
+                 report_order: Callable[[list[Any]], list[Any]] | None = None) -> None:
+        self.log: dict[tuple[str, int], list[bytes | None]] = {}
+        self.foreign_every = foreign_every
+        self.reject = reject
+        self.report_order = report_order or (lambda reports: reports)
+        self.pending: list[tuple[Any, KafkaError | None, _Msg]] = []
+        self.callbacks: list[Any] = []  # the callback of every record produced to the topic "t"
+        self.txn: list[tuple[str, int, bytes | None, bytes | None]] = []
+        self.committed: list[list[tuple[str, int, bytes | None, bytes | None]]] = []
+        self.aborts = 0
+
+    def begin_transaction(self) -> None:
+        self.txn = []
+
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int = 0,
+                on_delivery: Any = None, timestamp: int = 0, headers: Any = None) -> None:
+        self.txn.append((topic, partition, key, value))
+        if topic == "t":
+            self.callbacks.append(on_delivery)
+        if topic == "t" and value in self.reject:
+            self.pending.append((on_delivery, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), _Msg(None)))
+            return
+        log = self.log.setdefault((topic, partition), [])
+        if topic == "t" and self.foreign_every and len(log) % (self.foreign_every + 1) == self.foreign_every:
+            log.append(b"foreign")
+        log.append(value)
+        if on_delivery is not None:
+            self.pending.append((on_delivery, None, _Msg(len(log) - 1)))
+
+    def flush(self, timeout: float = 0) -> int:
+        pending, self.pending = self.report_order(self.pending), []
+        for cb, err, msg in pending:
+            cb(err, msg)
+        return 0
+
+    def commit_transaction(self, timeout: float = 0) -> None:
+        self.committed.append(self.txn)
+
+    def abort_transaction(self, timeout: float = 0) -> None:
+        self.aborts += 1
+        self.txn = []
+
+
+def _writer(monkeypatch: pytest.MonkeyPatch, broker: _Broker, **over: Any) -> replicate.PartitionWriter:
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (broker, "key"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_drop_producer", lambda *a, **k: None)
+    monkeypatch.setattr(replicate.PartitionWriter, "_learn_size_limit", lambda self: False)
+    return replicate.PartitionWriter(settings(**over), SchemaIdTranslator({}), lambda t, p: None,
+                                     downstream_end=lambda t, p: 0)
+
+
+def _cols(offsets: list[int]) -> Columns:
+    return Columns(list(offsets), [b"k"] * len(offsets), [f"v{o}".encode() for o in offsets],
+                   [1_700_000_000_000] * len(offsets))
+
+
+def _syncs(broker: _Broker) -> list[OffsetSync]:
+    return [OffsetSync.from_record(k, v) for t, _, k, v in (broker.committed[-1] if broker.committed else broker.txn)
+            if t == "syncs"]
+
+
+def _where(broker: _Broker, offsets: list[int], partition: int = 1) -> dict[int, int]:
+    """upstream offset -> the downstream offset its value landed at (the last copy, at-least-once)."""
+    log = broker.log[("t", partition)]
+    return {o: max(i for i, v in enumerate(log) if v == f"v{o}".encode()) for o in offsets}
+
+
+# --------------------------------------------------------------------------- the mapping rule
+
+
+def test_ordered_acks_pairs_the_i_th_report_with_the_i_th_record() -> None:
+    assert ordered_acks([10, 11, 13], [40, 41, 42]) == [(10, 40), (11, 41), (13, 42)]
+    # other producers' records in between: still strictly increasing, still exact
+    assert ordered_acks([10, 11, 13], [40, 44, 45]) == [(10, 40), (11, 44), (13, 45)]
+    assert ordered_acks([], []) == []
+
+
+@pytest.mark.parametrize("reported", [
+    [40, 41],            # a report missing
+    [40, 41, 42, 43],    # one too many
+    [41, 40, 42],        # out of order: the reports are not in produce order
+    [40, 42, 41],        # out of order, same ends
+    [40, 40, 42],        # the same offset twice
+    [40, None, 42],      # a report without an offset
+])
+def test_ordered_acks_refuses_reports_that_do_not_prove_the_mapping(reported: list[int | None]) -> None:
+    assert ordered_acks([10, 11, 13], reported) is None
+
+
+# --------------------------------------------------------------------------- the writer
+
+
+@pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
+def test_one_shared_callback_and_exact_syncs(monkeypatch: pytest.MonkeyPatch, delivery: str) -> None:
+    broker = _Broker(foreign_every=2)  # downstream offsets not contiguous
+    writer = _writer(monkeypatch, broker, delivery=delivery)
+    offsets = [3, 4, 5, 7, 8]
+    r = writer.write(1, _cols(offsets), upstream_end=9)
+    assert r.mirrored == 5 and broker.aborts == 0
+    assert len({id(cb) for cb in broker.callbacks}) == 1 and len(broker.callbacks) == 5  # no closure per record
+    where = _where(broker, offsets)
+    assert where == {3: 0, 4: 1, 5: 3, 7: 4, 8: 6}
+    assert r.last_downstream == 6
+    syncs = _syncs(broker)
+    assert OffsetSync("t", 1, 3, 0) in syncs and OffsetSync("t", 1, 9, 7) in syncs
+    for s in syncs:  # every sync of a mirrored record names where that record landed
+        if s.upstream_offset in where:
+            assert s.downstream_offset == where[s.upstream_offset]
+
+
+@pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
+def test_reports_out_of_order_fall_back_to_a_callback_per_record(monkeypatch: pytest.MonkeyPatch,
+                                                                 delivery: str) -> None:
+    """Reports that cannot be tied to their records are never guessed: the chunk is written again with
+    one callback per record (exactly_once aborts the first transaction; at_least_once writes it twice)."""
+    broker = _Broker(report_order=lambda reports: list(reversed(reports)))
+    writer = _writer(monkeypatch, broker, delivery=delivery)
+    offsets = [3, 4, 5]
+    r = writer.write(1, _cols(offsets), upstream_end=6)
+    assert r.mirrored == 3
+    assert len({id(cb) for cb in broker.callbacks[-3:]}) == 3  # the second pass: one callback per record
+    where = _where(broker, offsets)
+    if delivery == "exactly_once":
+        assert broker.aborts == 1 and len(broker.committed) == 1
+        committed = [v for t, _, _, v in broker.committed[0] if t == "t"]
+        assert committed == [b"v3", b"v4", b"v5"]  # the aborted first pass is not in the transaction
+    else:
+        assert broker.log[("t", 1)] == [b"v3", b"v4", b"v5"] * 2  # at-least-once: written twice
+    assert _syncs(broker) == [OffsetSync("t", 1, 3, where[3]), OffsetSync("t", 1, 5, where[5]),
+                              OffsetSync("t", 1, 6, where[5] + 1)]
+
+
+@pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
+def test_a_record_rejected_as_too_large_is_still_dead_lettered_by_its_offset(monkeypatch: pytest.MonkeyPatch,
+                                                                            delivery: str) -> None:
+    """A rejection needs the rejected record's offset, which a shared report cannot give: the writer falls
+    back and the record is dead-lettered with its coordinates as before."""
+    broker = _Broker(reject=frozenset({b"v4"}))
+    writer = _writer(monkeypatch, broker, delivery=delivery)
+    r = writer.write(1, _cols([3, 4, 5]), upstream_end=6)
+    assert (r.mirrored, r.dead_lettered) == (2, 1)
+    dead = [(k, v) for t, _, k, v in (broker.committed[-1] if broker.committed else broker.txn) if t == "g.dlq"]
+    assert [v for _, v in dead] == [b"v4"]
+    where = _where(broker, [3, 5])
+    syncs = _syncs(broker)
+    assert OffsetSync("t", 1, 5, where[5]) in syncs and OffsetSync("t", 1, 6, where[5] + 1) in syncs
+
+
+def test_fewer_destination_partitions_keep_a_callback_per_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records hashed over several destination partitions have no single produce order to map by."""
+    broker = _Broker()
+    writer = _writer(monkeypatch, broker, source_partitions=3, destination_partitions=2)
+    r = writer.write(1, _cols([3, 4, 5]), upstream_end=6)
+    assert r.mirrored == 3 and len({id(cb) for cb in broker.callbacks}) == 3
