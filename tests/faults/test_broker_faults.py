@@ -109,3 +109,51 @@ def test_source_broker_restarted(own_clusters, tmp_path, unique):
         progress.stop()
         if job is not None:
             job.stop()
+
+
+def test_three_broker_destination_loses_a_broker_mid_stream(tmp_path, unique):
+    """A 3-broker destination, topics RF 3 with min.insync.replicas=2; one broker SIGKILLed mid-stream."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    env = local.LocalEnv.from_environment(tmp_path / "clusters")
+    spec = local.free_spec(src_brokers=1, dst_brokers=3, registries=False)
+    job = None
+    topic = unique("rf3")
+    try:
+        local.up(env, spec, progress=lambda m: print(f"[faults] {m}", flush=True))
+        src, dst = spec.sides
+        admin = AdminClient({"bootstrap.servers": src.bootstrap})
+        admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+        cfg = tmp_path / "mirror.yaml"
+        cfg.write_text(group_yaml(src.bootstrap, dst.bootstrap, "faults", topic, tmp_path).replace(
+            "replication_factor: {type: fix, value: 1}", "replication_factor: {type: fix, value: 3}"))
+        stream = RecordStream(src.bootstrap, topic, PARTITIONS, rate=150)
+        job = MirrorJob(cfg, "faults", tmp_path / "job.log")
+        stream.start()
+        wait_for_count(dst.bootstrap, f"{topic}.mirror", 300, job, timeout=300)
+        dadmin = AdminClient({"bootstrap.servers": dst.bootstrap})
+        md = dadmin.list_topics(timeout=10).topics
+        resources = [ConfigResource(ResourceType.TOPIC, t, incremental_configs=[
+            ConfigEntry("min.insync.replicas", "2", incremental_operation=AlterConfigOpType.SET)])
+            for t in (f"{topic}.mirror", "mirrorflow-offset-syncs.src.internal") if t in md]
+        for fut in dadmin.incremental_alter_configs(resources).values():
+            fut.result(30)
+        assert all(len(p.replicas) == 3 for p in md[f"{topic}.mirror"].partitions.values())
+        progress = Progress(dst.bootstrap, f"{topic}.mirror").start()
+        t_kill = time.monotonic()
+        local.stop_broker(env, "dst", 2, kill=True)  # a crash, not a controlled shutdown
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert job.alive(), "the mirror job exited after the broker died:\n" + job.tail()
+            time.sleep(1)
+        stream.stop()
+        wait_for_count(dst.bootstrap, f"{topic}.mirror", len(stream.acked), job, timeout=300)
+        progress.stop()
+        mirrored = read_keys(dst.bootstrap, f"{topic}.mirror")
+        fig = figures("3-broker destination RF 3 min.insync 2, one broker killed (exactly_once)", stream.acked,
+                      mirrored, progress.stall_after(t_kill))
+        assert fig["lost"] == 0 and fig["duplicated"] == 0
+    finally:
+        if job is not None:
+            job.stop()
+        local.down(env)
