@@ -222,7 +222,7 @@ class FailoverStepOperator(MirrorflowOperator):
         if self.step == "preflight":
             running = None
             if group.spark.mode == "continuous" and self.stream_dag_id:
-                running = context["ti"].get_dr_count(dag_id=self.stream_dag_id, states=["running"]) > 0
+                running = stream_jobs_running(context["ti"], self.stream_dag_id) > 0
             rep = failover.preflight(cfg, group, params, stream_running=running)
         elif self.step == "sync":
             rep = failover.final_sync(cfg, group, params)
@@ -262,18 +262,26 @@ class FinalizeFailoverOperator(MirrorflowOperator):
         deadline = time.monotonic() + self.stop_timeout
         stopped = False
         while True:
-            running = context["ti"].get_dr_count(dag_id=self.stream_dag_id, states=["running"])
+            running = stream_jobs_running(context["ti"], self.stream_dag_id)
             if running == 0:
                 stopped = True
                 break
             if time.monotonic() >= deadline:
                 break
-            self.log.info("waiting for %d running run(s) of %s to end", running, self.stream_dag_id)
+            self.log.info("waiting for %d running Spark job task(s) of %s to end", running, self.stream_dag_id)
             time.sleep(2)
         rep = failover.finalize(cfg, group, stream_stopped=stopped)
         rep = failover.StepReport(rep.step, rep.group, rep.ok, rep.summary,
                                   dict(rep.details) | {"stream_dag_paused": paused}, rep.at)
         return push_report(self, context, rep)
+
+
+def stream_jobs_running(ti: Any, stream_dag_id: str) -> int:
+    """How many ``mirror_stream`` task instances of the stream DAG are running (a running one is a live
+    Spark job; a queued or retried one will see the stop marker and skip). Counting tasks, not runs: a
+    continuous DAG that could not be paused starts new runs, which end at once."""
+    states = ti.get_task_states(dag_id=stream_dag_id, task_ids=["mirror_stream"])
+    return sum(1 for by_task in states.values() for state in by_task.values() if str(state) == "running")
 
 
 def pause_dag(dag_id: str, log: Any) -> bool | None:

@@ -143,3 +143,21 @@ def test_the_stream_task_builds_the_exact_spark_submit_command(monkeypatch: pyte
     assert task.env_vars == {"PYSPARK_PYTHON": py, "PYSPARK_DRIVER_PYTHON": py}
     drain = bag.dags["mirrorflow__demo__stream"]  # continuous: no --once
     assert "--once" not in drain.get_task("mirror_stream").application_args
+
+
+def test_a_stream_job_counts_as_running_only_while_its_task_runs() -> None:
+    from mirrorflow_airflow.operators import stream_jobs_running
+
+    class FakeTI:
+        def __init__(self, states: dict[str, dict[str, str]]) -> None:
+            self.states = states
+
+        def get_task_states(self, dag_id: str, task_ids: list[str]) -> dict[str, dict[str, str]]:
+            assert task_ids == ["mirror_stream"]
+            return self.states
+
+    assert stream_jobs_running(FakeTI({"r1": {"mirror_stream": "success"}, "r2": {"mirror_stream": "running"}}),
+                               "d") == 1
+    # a continuous DAG that was not paused starts runs that skip at once: not a job
+    assert stream_jobs_running(FakeTI({"r1": {"mirror_stream": "skipped"}, "r2": {"mirror_stream": "queued"}}),
+                               "d") == 0
