@@ -329,12 +329,11 @@ def test_on_error_fail_stops_the_job_naming_the_record(clusters, unique, tmp_pat
     proc = fail_once(clusters, tmp_path, g, topic, "avro", rf=1, on_error="fail")
     line = [x for x in proc.stderr.splitlines() if "mirror failed" in x]
     assert line and f"{topic}[0]@1" in line[-1] and "unknown_schema_id" in line[-1], proc.stderr[-3000:]
-    # the chunk's transaction was aborted: nothing after the bad record (nor before it in the chunk). Read
-    # committed records up to the destination's end offset (not "until a slow consumer gives up"); the end
-    # is past the aborted record and its abort marker, so the record before the bad one was produced
+    # nothing of the chunk was committed: nothing after the bad record (nor before it in the chunk). Read
+    # committed records up to the destination's end offset (not "until a slow consumer gives up"); whether
+    # the records before the bad one were produced and aborted or never produced, none may be readable
     dst = ClusterConfig(kafka={"bootstrap.servers": clusters.dst_bootstrap})
     ((part, (low, end)),) = clients.end_offsets(dst, f"{topic}.m").items()
-    assert end >= 2, "the chunk never reached the destination"
     assert [m.key() for m in clients.read_partition(dst, f"{topic}.m", part, low, end)] == []
 
 
