@@ -12,7 +12,9 @@ by themselves and the Mirrors page fills up. The admin password is written to
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import secrets
 import shutil
 import sys
 from pathlib import Path
@@ -38,6 +40,30 @@ def environment(home: Path) -> dict[str, str]:
     }
 
 
+def admin_password(home: Path) -> str:
+    """The admin's password for the simple auth manager: the one in its password file, else a new one
+    written there first (airflow keeps a password it finds in that file)."""
+    path = home / "simple_auth_manager_passwords.json.generated"
+    if path.exists():
+        try:
+            known = json.loads(path.read_text() or "{}").get("admin")
+        except (ValueError, AttributeError):
+            known = None
+        if known:
+            return str(known)
+    password = secrets.token_urlsafe(12)
+    path.write_text(json.dumps({"admin": password}) + "\n")
+    path.chmod(0o600)
+    return password
+
+
+def api_connection(password: str, port: int = 8080) -> str:
+    """The ``mirrorflow_airflow_api`` connection (as an ``AIRFLOW_CONN_*`` value) that lets the failover's
+    finalize step pause the stream DAG through the public API: task processes have no database access."""
+    return json.dumps({"conn_type": "http", "host": f"http://localhost:{port}", "login": "admin",
+                       "password": password})
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mirrorflow_airflow.standalone", description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=30000, help="sample records when the source has none")
@@ -60,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(HOME, ignore_errors=True)
     HOME.mkdir(parents=True, exist_ok=True)
     os.environ.update(environment(HOME))
+    # set in the environment, not a file or the command line: the tasks' finalize step reads it
+    os.environ["AIRFLOW_CONN_MIRRORFLOW_AIRFLOW_API"] = api_connection(admin_password(HOME))
     airflow = shutil.which("airflow", path=os.environ["PATH"])
     if airflow is None:
         say("the airflow command is not installed (make venv installs it)")
