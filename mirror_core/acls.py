@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mirror_core.config import GroupConfig, MirrorsConfig, resolve_mirrors
+from mirror_core.config import GroupConfig, MirrorsConfig, resolve_mirrors, transactional_id
 from mirror_core.errors import PlanError
 from mirror_core.policy import build_replication_policy
 
@@ -110,7 +110,9 @@ def required_acls(cfg: MirrorsConfig, group: GroupConfig) -> list[Grant]:
     for topic, why in ((group.offset_syncs, "offset syncs (exactly-once positions, translation)"),
                        (group.checkpoints_topic, "checkpoints"), (group.dlq_topic, "dead letters")):
         add("destination", "TOPIC", topic, "LITERAL", DESTINATION_TOPIC_OPS, why)
-    add("destination", "TRANSACTIONAL_ID", f"mirrorflow.{group.name}.", "PREFIXED", TRANSACTIONAL_ID_OPS,
+    # the stem config.transactional_id gives every mirror of the group (names joined with ':')
+    txn_prefix = transactional_id(group.name, "", "", "").split(":", 1)[0] + ":"
+    add("destination", "TRANSACTIONAL_ID", txn_prefix, "PREFIXED", TRANSACTIONAL_ID_OPS,
         "the writers' transactional ids")
     if group.offsets.emit_checkpoints or group.offsets.sync_group_offsets:
         prefix = literal_prefix(group.offsets.groups.include)

@@ -31,7 +31,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from mirror_core import artifacts, clients, process
-from mirror_core.config import GroupConfig, MirrorsConfig, load_config
+from mirror_core.config import GroupConfig, MirrorsConfig, load_config, transactional_id
 from mirror_core.errors import MirrorError
 from mirror_core.logs import setup_logging
 from mirror_core.process import DEFAULT_STOP_TIMEOUT
@@ -109,7 +109,8 @@ def prepare(rt: MirrorRuntime) -> None:
     for line in rt.prepare():
         log.info("%s: %s", rt.group.name, line)
     if any(s.delivery == "exactly_once" for s in rt.settings.values()):
-        clients.check_transactional_access(rt.group.destination, rt.dst, f"mirrorflow.{rt.group.name}.access-check")
+        probe = transactional_id(rt.group.name, rt.group.source, "access-check", "-")
+        clients.check_transactional_access(rt.group.destination, rt.dst, probe)
     rt.warm_up()
 
 

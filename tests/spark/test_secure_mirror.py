@@ -287,4 +287,4 @@ def test_wrong_password_untrusted_certificate_and_missing_acl_are_one_line_each(
     line = one_error_line(job)
     assert "cluster 'dst'" in line and "'mirror-destination'" in line
     assert "TRANSACTIONAL_ID_AUTHORIZATION_FAILED" in line or "Transactional Id authorization failed" in line
-    assert f"mirrorflow.{name}." in line
+    assert f"mirrorflow.{name}:" in line

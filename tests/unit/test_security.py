@@ -131,7 +131,10 @@ def test_required_acls_for_the_shipped_secure_config():
     # the source principal reads; it never writes or creates anything
     assert all(set(ops) <= {"READ", "DESCRIBE", "DESCRIBE_CONFIGS"} for ops in src.values())
     assert src[("TOPIC", "secure.payments.", "PREFIXED")] == ("READ", "DESCRIBE", "DESCRIBE_CONFIGS")
-    assert ("TRANSACTIONAL_ID", "mirrorflow.secure.", "PREFIXED") in dst
+    assert ("TRANSACTIONAL_ID", "mirrorflow.secure:", "PREFIXED") in dst
+    from mirror_core.config import transactional_id
+
+    assert transactional_id("secure", "src", "secure.orders", "secure.orders").startswith("mirrorflow.secure:")
     assert ("TOPIC", "mirrorflow-offset-syncs.src.internal", "LITERAL") in dst
     assert not any(t == "CLUSTER" for t, _, _ in src | dst)
     cmd = grants[0].kafka_acls_command("b:9093")
