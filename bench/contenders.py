@@ -82,8 +82,15 @@ def mirrorflow_cmd(config: Path, group: str, *, once: bool) -> list[str]:
             *(["--once"] if once else [])]
 
 
+def mm2_aliases(tuned: bool) -> tuple[str, str]:
+    """The cluster aliases of an MM2 contender. The tuned one has its own, so its Connect internal topics
+    (``mm2-offsets.<alias>.internal`` holds the source positions) are not the shipped one's: sharing them,
+    the second MM2 on a topic resumed at the first one's end and mirrored nothing."""
+    return ("tsrc", "tdst") if tuned else ("src", "dst")
+
+
 def mm2_properties(ep: Endpoints, topic: str, tasks: int = 2, *, tuned: bool = False) -> str:
-    """Dedicated-mode MirrorMaker 2, src -> dst only.
+    """Dedicated-mode MirrorMaker 2, source -> destination only.
 
     Every topic MM2 creates (remote topic, offset syncs, checkpoints, heartbeats and the Connect
     config/offset/status topics) gets replication factor 1: the local clusters have one broker.
@@ -93,14 +100,15 @@ def mm2_properties(ep: Endpoints, topic: str, tasks: int = 2, *, tuned: bool = F
     operator runs a pure data mirror: identity policy, the producer batching more (``linger.ms`` 20,
     ``batch.size`` 256 KB), and checkpoints, heartbeats, group-offset and topic-config sync off.
     """
+    a, b = mm2_aliases(tuned)
     props = {
-        "clusters": "src, dst",
-        "src.bootstrap.servers": ep.src_bootstrap,
-        "dst.bootstrap.servers": ep.dst_bootstrap,
-        "src->dst.enabled": "true",
-        "dst->src.enabled": "false",
-        "dst->src.emit.heartbeats.enabled": "false",
-        "src->dst.topics": topic,
+        "clusters": f"{a}, {b}",
+        f"{a}.bootstrap.servers": ep.src_bootstrap,
+        f"{b}.bootstrap.servers": ep.dst_bootstrap,
+        f"{a}->{b}.enabled": "true",
+        f"{b}->{a}.enabled": "false",
+        f"{b}->{a}.emit.heartbeats.enabled": "false",
+        f"{a}->{b}.topics": topic,
         "tasks.max": str(tasks),
         "refresh.topics.interval.seconds": "5",
         "sync.topic.acls.enabled": "false",
@@ -115,17 +123,17 @@ def mm2_properties(ep: Endpoints, topic: str, tasks: int = 2, *, tuned: bool = F
         # what MM2 itself advises at startup: skips ~15 s of classpath scanning for plugins
         "plugin.discovery": "service_load",
         # the source consumer: read only committed data, like the other contenders
-        "src->dst.consumer.isolation.level": "read_committed",
+        f"{a}->{b}.consumer.isolation.level": "read_committed",
     }
     if tuned:
         props.update({
             "replication.policy.class": "org.apache.kafka.connect.mirror.IdentityReplicationPolicy",
-            "dst.producer.linger.ms": "20",
-            "dst.producer.batch.size": "262144",
-            "src->dst.emit.checkpoints.enabled": "false",
-            "src->dst.emit.heartbeats.enabled": "false",
-            "src->dst.sync.group.offsets.enabled": "false",
-            "src->dst.sync.topic.configs.enabled": "false",
+            f"{b}.producer.linger.ms": "20",
+            f"{b}.producer.batch.size": "262144",
+            f"{a}->{b}.emit.checkpoints.enabled": "false",
+            f"{a}->{b}.emit.heartbeats.enabled": "false",
+            f"{a}->{b}.sync.group.offsets.enabled": "false",
+            f"{a}->{b}.sync.topic.configs.enabled": "false",
         })
     return "".join(f"{k} = {v}\n" for k, v in props.items())
 

@@ -121,11 +121,15 @@ def test_tuned_mm2_batches_more_and_mirrors_data_only_while_the_default_one_is_a
     shipped = dict(line.split(" = ", 1) for line in mm2_properties(EP, "bench.s100").splitlines())
     tuned = dict(line.split(" = ", 1) for line in mm2_properties(EP, "bench.s100", tuned=True).splitlines())
     assert "dst.producer.linger.ms" not in shipped and "replication.policy.class" not in shipped
-    assert tuned["dst.producer.linger.ms"] == "20" and tuned["dst.producer.batch.size"] == "262144"
+    # its own aliases: the Connect offsets topic (mm2-offsets.<alias>.internal) is not the shipped one's
+    assert tuned["clusters"] == "tsrc, tdst" and tuned["tsrc->tdst.enabled"] == "true"
+    assert tuned["tsrc.bootstrap.servers"] == EP.src_bootstrap and tuned["tdst.bootstrap.servers"] == EP.dst_bootstrap
+    assert tuned["tdst.producer.linger.ms"] == "20" and tuned["tdst.producer.batch.size"] == "262144"
     assert tuned["replication.policy.class"].endswith("IdentityReplicationPolicy")
     for flag in ("emit.checkpoints.enabled", "emit.heartbeats.enabled", "sync.group.offsets.enabled",
                  "sync.topic.configs.enabled"):
-        assert tuned[f"src->dst.{flag}"] == "false", flag
+        assert tuned[f"tsrc->tdst.{flag}"] == "false", flag
+    assert tuned["tsrc->tdst.topics"] == "bench.s100"
     assert mm2_remote_topic("bench.s100", tuned=True) == "bench.s100"
 
 
