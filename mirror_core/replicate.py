@@ -73,6 +73,22 @@ class WriterError(MirrorError):
     """The writer could not complete a chunk (the task fails and Spark retries it)."""
 
 
+class DestinationTopicError(WriterError):
+    """A mirror's destination topic was deleted (or deleted and re-created) while it mirrored: writing on
+    would lose records or scatter them over a topic with other offsets, so the mirror stops."""
+
+
+#: produce errors that mean the destination topic (or one of its partitions) is not there
+_TOPIC_GONE = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION)
+
+
+def destination_deleted(s: WriterSettings) -> str:
+    """The one line that stops a mirror whose destination topic is gone."""
+    return (f"{s.mirror}: destination topic {s.destination_topic} was deleted on cluster {s.destination_alias} "
+            f"while mirroring; nothing more is written or committed. Re-create it (mirrorflow provision) and "
+            f"start the mirror again; records mirrored before went with the topic (see README, Faults)")
+
+
 @dataclass(frozen=True)
 class SourceRecord:
     topic: str
@@ -431,7 +447,10 @@ def partition_lock(s: WriterSettings, partition: int) -> threading.RLock:
 def _producer(s: WriterSettings, partition: int) -> tuple[Producer, str]:
     """A long-lived producer per (writer, partition) in this process (call with its partition_lock)."""
     base: dict[str, Any] = {"enable.idempotence": True, "acks": "all", "linger.ms": 5, "log_level": 3,
-                            "logger": LIBRDKAFKA_LOG}
+                            "logger": LIBRDKAFKA_LOG,
+                            # a deleted destination topic must not come back with the broker's default
+                            # partitions when the producer asks for its metadata (auto.create.topics.enable)
+                            "allow.auto.create.topics": False}
     if s.destination_max_message_bytes is not None:
         # keep batches of small records under the topic's limit (a single larger record still goes alone)
         base["batch.size"] = max(1, min(1_000_000, s.destination_max_message_bytes - 100))
@@ -578,7 +597,8 @@ class PartitionWriter:
     def __init__(self, settings: WriterSettings, translator: SchemaIdTranslator,
                  position_lookup: PositionLookup | None = None,
                  downstream_end: Callable[[str, int], int] | None = None,
-                 source_end: Callable[[str, int], int] | None = None):
+                 source_end: Callable[[str, int], int] | None = None,
+                 destination_high: Callable[[str, int], int] | None = None):
         learned = _LEARNED_LIMITS.get(settings.destination_topic)
         if learned is not None and learned != settings.destination_max_message_bytes:
             settings = dataclasses.replace(settings, destination_max_message_bytes=learned)
@@ -593,6 +613,10 @@ class PartitionWriter:
         cc = settings.source_consumer_config
         #: a source partition's end (high watermark); None: not checked
         self.source_end = source_end or (None if cc is None else lambda t, p: source_end_offset(cc, t, p))
+        #: a destination partition's high watermark: a committed position mapping beyond it was written into
+        #: a destination topic that was deleted since (see :meth:`_position`)
+        self.destination_high = destination_high or (
+            lambda t, p: source_end_offset(settings.producer_config, t, p))
 
     def write(self, partition: int, records: Iterable[SourceRecord] | Columns,
               upstream_end: int | None = None) -> BatchResult:
@@ -623,10 +647,27 @@ class PartitionWriter:
         return result
 
     def _write_piece(self, partition: int, cols: Columns, result: BatchResult) -> None:
-        if self.s.delivery == "exactly_once":
-            self._write_transactional(partition, cols, result)
-        else:
-            self._write_at_least_once(partition, cols, result)
+        try:
+            if self.s.delivery == "exactly_once":
+                self._write_transactional(partition, cols, result)
+            else:
+                self._write_at_least_once(partition, cols, result)
+        except (KafkaException, WriterError) as exc:
+            # a chunk that failed for any reason (unknown topic, acks that never came, commits that kept
+            # failing) while the destination topic is gone: say that, not the symptom
+            if not isinstance(exc, DestinationTopicError) and self._destination_missing():
+                raise DestinationTopicError(destination_deleted(self.s)) from None
+            raise
+
+    def _destination_missing(self) -> bool:
+        """The destination topic is absent from the destination's metadata (asked without creating it)."""
+        conf = {k: v for k, v in self.s.producer_config.items() if k != "log_level"}
+        try:
+            admin = AdminClient(conf | {"allow.auto.create.topics": False, "log_level": 3, "logger": LIBRDKAFKA_LOG})
+            md = admin.list_topics(self.s.destination_topic, timeout=15).topics.get(self.s.destination_topic)
+        except KafkaException:
+            return False  # the destination cannot be asked: report the failure as it is
+        return md is None or (md.error is not None and md.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART)
 
     def prepare(self, partition: int) -> None:
         """Start the partition's producer and read its position now, so the first write finds them."""
@@ -693,7 +734,9 @@ class PartitionWriter:
     def _position(self, key: str, partition: int) -> Position | None:
         if key not in _POSITIONS:
             found = self._lookup(partition)
-            if isinstance(found, OffsetSync):
+            if isinstance(found, OffsetSync) and self._beyond_destination_end(found, partition):
+                _POSITIONS[key] = Position(0)  # the records it covers went with the deleted topic
+            elif isinstance(found, OffsetSync):
                 _POSITIONS[key] = Position(found.upstream_offset, found.downstream_offset)
             elif found is not None:
                 _POSITIONS[key] = Position(int(found))
@@ -702,6 +745,23 @@ class PartitionWriter:
                 # the producer fenced every zombie before this lookup, so only this writer can commit now
                 _POSITIONS[key] = Position(0)
         return _POSITIONS.get(key)
+
+    def _beyond_destination_end(self, sync: OffsetSync, partition: int) -> bool:
+        """The committed sync maps to a destination offset beyond the destination partition's end (high
+        watermark): it was written into a destination topic deleted since (and re-created by an operator or
+        ``provision``), whose records are gone. The partition is then mirrored from the batch's start, so a
+        fresh Spark checkpoint re-mirrors the source. Checked only where records keep their partition (with
+        key hashing a sync's downstream offset is not in one known partition)."""
+        if self.s.destination_partitions < self.s.source_partitions:
+            return False
+        end = self.destination_high(self.s.destination_topic, partition)
+        if sync.downstream_offset <= end:
+            return False
+        log.warning("%s: %s[%d]: the committed position (upstream %d -> downstream %d) is beyond %s[%d]'s end %d: "
+                    "the destination topic was re-created since; mirroring the partition from the batch's start",
+                    self.s.mirror, self.s.source_topic, partition, sync.upstream_offset, sync.downstream_offset,
+                    self.s.destination_topic, partition, end)
+        return True
 
     def _beyond_source_end(self, key: str, partition: int, position: Position) -> bool:
         """The committed position lies beyond the source partition's end: it was written for an earlier
@@ -773,6 +833,11 @@ class PartitionWriter:
                     continue
                 except KafkaException:
                     raise  # handled below: the producer is dropped and its successor fences the transaction
+                except DestinationTopicError:
+                    # records wait for partitions that are gone: an abort would wait for them; the producer is
+                    # dropped instead (its transaction is fenced at the next start, or times out)
+                    _drop_producer(key)
+                    raise
                 except BaseException:
                     # on_error=fail, unacknowledged records or undelivered dead letters, a registry failure
                     # on an id miss: nothing of this chunk may commit, and the transaction must not stay
@@ -803,6 +868,8 @@ class PartitionWriter:
                 # fenced (another Python worker took over this partition's transactional.id) or otherwise
                 # fatal: a fresh producer re-fences, re-reads the committed position and retries the chunk
                 fatal = err.fatal() or err.code() == KafkaError._FATAL
+                if err.code() in _TOPIC_GONE and self._destination_missing():
+                    raise DestinationTopicError(destination_deleted(self.s)) from None
                 if fatal or err.txn_requires_abort() or err.retriable() or _is_too_large(err):
                     _reset_counts(result)
                     continue
@@ -958,7 +1025,7 @@ class PartitionWriter:
             bytes_out += len(decision.value or b"") + len(decision.key or b"")
         result.mirrored += mirrored
         result.bytes_out += bytes_out
-        remaining = producer.flush(60)
+        remaining = self._flush(producer, 60)
         result.produce_ms += (time.monotonic() - t0) * 1000
         if remaining:
             raise WriterError(f"{self.s.mirror}: {remaining} records not acknowledged within 60 s")
@@ -980,6 +1047,18 @@ class PartitionWriter:
                               failed)
         acks.sort()
         return [(u, d) for u, d in acks if d is not None], too_large
+
+    def _flush(self, producer: Producer, timeout: float) -> int:
+        """``producer.flush`` up to ``timeout``; records still unacknowledged after each few seconds make it
+        ask whether the destination topic is still there (a producer retries a deleted topic's partitions
+        until its messages time out, a minute): if not, :class:`DestinationTopicError` at once."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = int(producer.flush(min(5.0, max(0.0, deadline - time.monotonic()))))
+            if not remaining or time.monotonic() >= deadline:
+                return remaining
+            if self._destination_missing():
+                raise DestinationTopicError(destination_deleted(self.s))
 
     def _check_dead_letters(self, failed: list[str]) -> None:
         """A record whose dead letter was not delivered is neither mirrored nor set aside: the chunk fails

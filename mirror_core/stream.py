@@ -32,10 +32,12 @@ from mirror_core.redaction import ClientConfig, client_config
 from mirror_core.replicate import (
     BatchResult,
     Columns,
+    DestinationTopicError,
     PartitionWriter,
     SchemaIdTranslator,
     SourceRecord,
     WriterSettings,
+    destination_deleted,
     last_committed_sync,
 )
 from mirror_core.topics import ClusterState, read_state
@@ -148,6 +150,9 @@ class MirrorRuntime:
         self._starts: dict[int, tuple[dict[str, dict[int, int]], dict[str, dict[int, int]]]] = {}
         #: source topic -> its mirror's ``topics_mirroring.partition_count`` rule
         self.partition_rules: dict[str, Any] = {}
+        #: destination topic -> its topic id when the settings were made (see :meth:`check_destinations`)
+        self.destination_ids: dict[str, str] = {}
+        self._dst_admin: Any = None
         self._secrets_dir: Path | None = None
 
     # -- setup
@@ -204,6 +209,36 @@ class MirrorRuntime:
             self.consumer_groups[sel.source_topic] = m.consumer_group
             self.placement_change_allowed[sel.source_topic] = m.settings.topics_mirroring.allow_placement_change
             self.partition_rules[sel.source_topic] = m.settings.topics_mirroring.partition_count
+        # the id first seen stays: provisioning for a new source topic must not make a re-created destination
+        # look like the one the offset syncs describe
+        new = [s.destination_topic for s in self.settings.values() if s.destination_topic not in self.destination_ids]
+        for t, i in destination_topic_ids(dst_admin, new).items():
+            if i is not None:
+                self.destination_ids[t] = i
+
+    def check_destinations(self) -> None:
+        """Stop the mirror when a destination topic was deleted, or deleted and re-created (its topic id
+        changed), since its settings were made: records written on would reach no topic, or a topic that is
+        not the one the offset syncs describe (a broker's ``auto.create.topics.enable`` re-creates it with
+        its default partitions). One metadata request per micro-batch, before anything is written."""
+        if not self.destination_ids:
+            return
+        if self._dst_admin is None:
+            self._dst_admin = clients.admin(self.dst, **{"allow.auto.create.topics": False})
+        now = destination_topic_ids(self._dst_admin, sorted(self.destination_ids))
+        for s in self.settings.values():
+            before = self.destination_ids.get(s.destination_topic)
+            if before is None:
+                continue
+            after = now.get(s.destination_topic)
+            if after is None:
+                raise DestinationTopicError(destination_deleted(s))
+            if after != before:
+                raise DestinationTopicError(
+                    f"{s.mirror}: destination topic {s.destination_topic} was deleted and re-created on cluster "
+                    f"{s.destination_alias} while mirroring (its topic id changed; a broker that auto-creates "
+                    f"topics does that); nothing more is written or committed. Check its partitions and "
+                    f"configs (mirrorflow provision) and start the mirror again (see README, Faults)")
 
     # -- the Spark source
 
@@ -258,6 +293,7 @@ class MirrorRuntime:
 
     def writer_plan(self, batch_id: int) -> WriterPlan:
         """Settings for this batch; provisions topics a flow has just discovered."""
+        self.check_destinations()
         ends = self.batch_ends(batch_id)
         unknown = [t for t in ends if t not in self.settings and t not in self.known_topics]
         grown = [t for t, parts in ends.items()
@@ -543,6 +579,23 @@ class MirrorRuntime:
                 # the next batch commits again
                 log.warning("%s: could not commit source offsets for %s: %s", self.group.name, cg,
                             exc.args[0].str())
+
+
+def destination_topic_ids(admin: Any, topics: list[str], timeout: float = 30.0) -> dict[str, str | None]:
+    """Each topic's id (a string), None for a topic that does not exist."""
+    from confluent_kafka import KafkaError, KafkaException, TopicCollection
+
+    if not topics:
+        return {}
+    out: dict[str, str | None] = {}
+    for topic, fut in admin.describe_topics(TopicCollection(topics), request_timeout=timeout).items():
+        try:
+            out[topic] = str(fut.result(timeout).topic_id)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
+            out[topic] = None
+    return out
 
 
 def default_provenance(configured: bool | None, source_topic: str, destination_topic: str) -> bool:

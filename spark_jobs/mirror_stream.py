@@ -353,7 +353,7 @@ def wait_for_batch_end(query: StreamingQuery, timeout: float = 120.0) -> None:
 
 def failure_reason(text: str) -> str:
     """The writer's own message out of a Spark failure's nested traces (else the first line)."""
-    found = re.findall(r"(?:WriterError|MirrorError|PlanError|PlacementChangeError|UnknownTopicError|AccessDeniedError): ([^\n]+)", text)
+    found = re.findall(r"(?:DestinationTopicError|WriterError|MirrorError|PlanError|PlacementChangeError|UnknownTopicError|AccessDeniedError): ([^\n]+)", text)
     if found:
         return found[-1].strip()
     kafka = re.findall(r'KafkaError\{[^}]*code=(\w+)[^}]*str="([^"]*)"', text)

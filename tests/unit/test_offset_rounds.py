@@ -185,7 +185,7 @@ def test_item5_writer_mirrors_a_recreated_partition_from_its_start(monkeypatch) 
                        delivery="exactly_once", key_serde="bytes", value_serde="bytes", on_error="dead_letter",
                        dlq_topic="g.dlq", offset_syncs_topic="syncs", provenance=False, producer_config={})
     ends = {"t": 3}
-    kwargs: dict[str, Any] = {"downstream_end": lambda t, p: 250}
+    kwargs: dict[str, Any] = {"downstream_end": lambda t, p: 250, "destination_high": lambda t, p: 250}
     if "source_end" in replicate.PartitionWriter.__init__.__code__.co_varnames:
         kwargs["source_end"] = lambda t, p: ends[t]
     w = replicate.PartitionWriter(s, SchemaIdTranslator({}), lambda t, p: OffsetSync("t", 0, 100, 250), **kwargs)

@@ -186,7 +186,7 @@ def test_fully_dead_lettered_chunk_writes_a_position_sync(monkeypatch) -> None:
     monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     writer = replicate.PartitionWriter(s, ids({}), lambda t, p: OffsetSync("t", 1, 5, 40),
-                                       downstream_end=lambda t, p: 999)
+                                       downstream_end=lambda t, p: 999, destination_high=lambda t, p: 999)
     bad = [rec(b"\x00" + struct.pack(">i", 77) + b"x", offset=o) for o in (5, 6, 7)]
     r = writer.write(1, bad, upstream_end=8)
     assert r.dead_lettered == 3 and r.mirrored == 0 and r.last_downstream == 39
@@ -812,7 +812,8 @@ def test_item2_item3_an_earlier_release_position_is_taken_once_its_writer_is_fen
         return LegacySync("t", 1, 5 if len(lookups) > 1 else 3, 40)  # the fenced writer had committed more
 
     writer = replicate.PartitionWriter(settings(value_serde="bytes", source_topic="t", destination_topic="t"),
-                                       ids({}), lookup, downstream_end=lambda t, p: dst_end)
+                                       ids({}), lookup, downstream_end=lambda t, p: dst_end,
+                                       destination_high=lambda t, p: dst_end)
     r = writer.write(1, [rec(b"v", offset=o) for o in range(8)])
     assert fenced == ["mirrorflow.g.src.t.t.1"] and lookups == [1, 1]
     assert r.replayed_skipped == expected and r.mirrored == 8 - expected
