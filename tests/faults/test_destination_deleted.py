@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -84,7 +85,21 @@ def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
         c.close()
 
 
-def test_destination_topic_deleted_while_mirroring(tmp_path: Path, unique):
+@pytest.mark.parametrize("auto_create", [False, True], ids=["no-auto-create", "broker-auto-creates"])
+def test_destination_topic_deleted_while_mirroring(tmp_path: Path, unique, monkeypatch, auto_create: bool):
+    """``auto_create``: the brokers run with Kafka's default ``auto.create.topics.enable=true`` (as many users'
+    do): the mirror's own clients must not bring the topic back with the broker's default partitions."""
+    if auto_create:
+        props = local._broker_props
+
+        def auto_creating(*args: Any, **kwargs: Any) -> tuple[Path, Path]:
+            path, data = props(*args, **kwargs)
+            text = path.read_text().replace("auto.create.topics.enable=false", "auto.create.topics.enable=true")
+            assert "auto.create.topics.enable=true" in text
+            path.write_text(text)
+            return path, data
+
+        monkeypatch.setattr(local, "_broker_props", auto_creating)
     env = local.LocalEnv.from_environment(tmp_path / "clusters")
     spec = local.free_spec(registries=False)
     topic = unique("dstdel")
@@ -146,7 +161,8 @@ def test_destination_topic_deleted_while_mirroring(tmp_path: Path, unique):
                     unverifiable += 1  # may have been committed into the topic just before it went
                 else:
                     lost += 1
-        print(f"FAULT FIGURES {{'fault': 'destination topic deleted (exactly_once)', 'produced': {produced}, "
+        print(f"FAULT FIGURES {{'fault': 'destination topic deleted (exactly_once, auto-create {auto_create})', "
+              f"'produced': {produced}, "
               f"'seen_on_destination': {len(follower.seen)}, 'committed_on_source': {below}, 'lost': {lost}, "
               f"'in_deleted_topic_unverified': {unverifiable}, 'stopped_after_s': {stopped_after:.1f}}}", flush=True)
         assert lost == 0
