@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -27,6 +28,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from cryptography.fernet import Fernet
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "config" / "local.yaml"
@@ -46,6 +49,10 @@ def airflow_environment(home: Path) -> dict[str, str]:
         "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+        # keys of this throw-away Airflow only, so it warns about neither (an empty key stores variables and
+        # connections unencrypted; a short generated JWT secret is refused as too weak for SHA-512)
+        "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(64),
         "MIRRORFLOW_CONFIG": str(home / "mirrors.yaml"),
     }
 
