@@ -31,6 +31,8 @@ from typing import Any
 
 from cryptography.fernet import Fernet
 
+from mirrorflow_airflow import hitl
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "config" / "local.yaml"
 GROUP = "demo"
@@ -83,51 +85,20 @@ class Approver:
         self.errors: list[str] = []
         self._stop = threading.Event()
 
-    def _client(self) -> Any:
-        from airflow.api_fastapi.app import create_app
-        from fastapi.testclient import TestClient
-
-        client = TestClient(create_app())
-        tok = client.get("/auth/token")
-        if tok.status_code >= 400:
-            tok = client.post("/auth/token")
-        tok.raise_for_status()
-        client.headers["Authorization"] = f"Bearer {tok.json()['access_token']}"
-        return client
-
-    def _waiting(self) -> list[tuple[str, str, int]]:
-        from airflow.models.taskinstance import TaskInstance
-        from airflow.utils.session import create_session
-        from sqlalchemy import select
-
-        with create_session() as session:
-            rows = session.execute(select(TaskInstance.task_id, TaskInstance.run_id, TaskInstance.map_index).where(
-                TaskInstance.dag_id == self.dag_id, TaskInstance.state == "awaiting_input")).all()
-        return [(r[0], r[1], r[2]) for r in rows]
-
     def _subject(self, client: Any, run_id: str, task_id: str, map_index: int) -> str:
         r = client.get(f"/api/v2/dags/{self.dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/{map_index}/hitlDetails")
         return str(r.json().get("subject", task_id)) if r.status_code == 200 else task_id
 
-    def _fail_waiting(self) -> None:
-        from airflow.models.taskinstance import TaskInstance
-        from airflow.utils.session import create_session
-        from sqlalchemy import update
-
-        with create_session() as session:
-            session.execute(update(TaskInstance).where(TaskInstance.dag_id == self.dag_id,
-                                                       TaskInstance.state == "awaiting_input").values(state="failed"))
-
     def _run(self) -> None:
         try:
-            client = self._client()
+            client = hitl.api_client()
             deadline = time.monotonic() + self.timeout
             while not self._stop.is_set():
                 if time.monotonic() > deadline:
                     self.errors.append(f"no approval answered within {self.timeout:.0f}s")
-                    self._fail_waiting()
+                    hitl.fail_awaiting_input(self.dag_id)
                     return
-                for task_id, run_id, map_index in self._waiting():
+                for task_id, run_id, map_index in hitl.awaiting_input(self.dag_id):
                     subject = self._subject(client, run_id, task_id, map_index)
                     self.say(f"approval requested: \"{subject}\" -> the demo answers Approve (in the UI: "
                              "Required actions)")
@@ -135,13 +106,13 @@ class Approver:
                                      f"{map_index}/hitlDetails", json={"chosen_options": ["Approve"]})
                     if r.status_code != 200:
                         self.errors.append(f"{task_id}: HTTP {r.status_code}")
-                        self._fail_waiting()
+                        hitl.fail_awaiting_input(self.dag_id)
                         return
                     self.answered.append(task_id)
                 self._stop.wait(0.5)
         except Exception as exc:  # noqa: BLE001 - reported at the end; the waiting task is failed
             self.errors.append(f"{type(exc).__name__}: {exc}")
-            self._fail_waiting()
+            hitl.fail_awaiting_input(self.dag_id)
 
     @contextmanager
     def running(self) -> Iterator[Approver]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from mirrorflow_airflow import hitl
 
 ROOT = Path(__file__).resolve().parents[2]
 ORDER = {"type": "record", "name": "Order", "namespace": "dagtest",
@@ -202,64 +203,33 @@ class Approver:
         self.watchdog_fired = False
         self._stop = threading.Event()
 
-    def _client(self) -> Any:
-        from airflow.api_fastapi.app import create_app
-        from fastapi.testclient import TestClient
-
-        client = TestClient(create_app())
-        tok = client.get("/auth/token")
-        if tok.status_code >= 400:
-            tok = client.post("/auth/token")
-        tok.raise_for_status()
-        client.headers["Authorization"] = f"Bearer {tok.json()['access_token']}"
-        return client
-
-    def _awaiting(self) -> list[tuple[str, str, int]]:
-        from airflow.models.taskinstance import TaskInstance
-        from airflow.utils.session import create_session
-        from sqlalchemy import select
-
-        with create_session() as session:
-            rows = session.execute(select(TaskInstance.task_id, TaskInstance.run_id, TaskInstance.map_index).where(
-                TaskInstance.dag_id == self.dag_id, TaskInstance.state == "awaiting_input")).all()
-        return [(r[0], r[1], r[2]) for r in rows]
-
-    def _fail_waiting(self) -> None:
-        from airflow.models.taskinstance import TaskInstance
-        from airflow.utils.session import create_session
-        from sqlalchemy import update
-
-        with create_session() as session:
-            session.execute(update(TaskInstance).where(TaskInstance.dag_id == self.dag_id,
-                                                       TaskInstance.state == "awaiting_input").values(state="failed"))
-
     def _run(self) -> None:
         try:
-            client = self._client()
+            client = hitl.api_client()
             deadline = time.monotonic() + self.timeout
             while not self._stop.is_set():
                 if time.monotonic() > deadline:
                     self.watchdog_fired = True
-                    self._fail_waiting()
+                    hitl.fail_awaiting_input(self.dag_id)
                     return
-                for task_id, run_id, map_index in self._awaiting():
+                for task_id, run_id, map_index in hitl.awaiting_input(self.dag_id):
                     choice = self.answers.get(task_id)
                     if choice is None:
                         self.errors.append(f"unexpected approval {task_id}")
-                        self._fail_waiting()
+                        hitl.fail_awaiting_input(self.dag_id)
                         return
                     r = client.patch(f"/api/v2/dags/{self.dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/"
                                      f"{map_index}/hitlDetails", json={"chosen_options": [choice]})
                     if r.status_code != 200:
                         self.errors.append(f"{task_id}: HTTP {r.status_code} {r.text[:300]}")
-                        self._fail_waiting()
+                        hitl.fail_awaiting_input(self.dag_id)
                         return
                     self.answered.append((task_id, choice, r.status_code))
                     self.answers.pop(task_id)
                 self._stop.wait(0.5)
         except Exception as exc:  # noqa: BLE001 - reported to the test, which fails on it
             self.errors.append(f"{type(exc).__name__}: {exc}")
-            self._fail_waiting()
+            hitl.fail_awaiting_input(self.dag_id)
 
     @contextmanager
     def running(self) -> Iterator[Approver]:
