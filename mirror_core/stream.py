@@ -225,7 +225,7 @@ class MirrorRuntime:
             return
         if self._dst_admin is None:
             self._dst_admin = clients.admin(self.dst, **{"allow.auto.create.topics": False})
-        now = destination_topic_ids(self._dst_admin, sorted(self.destination_ids))
+        now = self._destination_ids_when_answered()
         for s in self.settings.values():
             before = self.destination_ids.get(s.destination_topic)
             if before is None:
@@ -239,6 +239,28 @@ class MirrorRuntime:
                     f"{s.destination_alias} while mirroring (its topic id changed; a broker that auto-creates "
                     f"topics does that); nothing more is written or committed. Check its partitions and "
                     f"configs (mirrorflow provision) and start the mirror again (see README, Faults)")
+
+    def _destination_ids_when_answered(self) -> dict[str, str | None]:
+        """The destination topics' ids; while the destination cluster does not answer (a broker restarting, a
+        network partition) the batch waits for it, as the writer's producers would: an unreachable destination
+        stalls the mirror, it does not end it. Errors that are not about reaching the cluster (authorization)
+        are raised."""
+        from concurrent.futures import TimeoutError as FutureTimeout
+
+        from confluent_kafka import KafkaException
+
+        started = time.monotonic()
+        while True:
+            try:
+                return destination_topic_ids(self._dst_admin, sorted(self.destination_ids),
+                                             timeout=DESTINATION_CHECK_TIMEOUT)
+            except (FutureTimeout, KafkaException) as exc:
+                if isinstance(exc, KafkaException) and not _unreachable(exc.args[0]):
+                    raise
+                reason = "no answer" if isinstance(exc, FutureTimeout) else exc.args[0].str()
+            log.warning("%s: destination cluster %s does not answer (%s); the batch waits for it (%.0fs so far)",
+                        self.group.name, self.group.destination, reason, time.monotonic() - started)
+            time.sleep(DESTINATION_RETRY_PAUSE)
 
     # -- the Spark source
 
@@ -579,6 +601,18 @@ class MirrorRuntime:
                 # the next batch commits again
                 log.warning("%s: could not commit source offsets for %s: %s", self.group.name, cg,
                             exc.args[0].str())
+
+
+DESTINATION_CHECK_TIMEOUT = 15.0  # one attempt of the per-batch destination check
+DESTINATION_RETRY_PAUSE = 2.0
+
+
+def _unreachable(err: Any) -> bool:
+    """A client error that means the cluster did not answer (rather than refused)."""
+    from confluent_kafka import KafkaError
+
+    return bool(err.retriable()) or err.code() in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT,
+                                                   KafkaError._ALL_BROKERS_DOWN, KafkaError.REQUEST_TIMED_OUT)
 
 
 def destination_topic_ids(admin: Any, topics: list[str], timeout: float = 30.0) -> dict[str, str | None]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -266,7 +267,14 @@ def _describe_configs(admin: AdminClient, names: list[str], timeout: float) -> d
     futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, n) for n in names], request_timeout=timeout)
     out: dict[str, dict[str, str]] = {}
     for res, fut in futures.items():
-        entries = fut.result(timeout)
+        try:
+            entries = fut.result(timeout)
+        except FutureTimeout:
+            raise KafkaOperationError(f"cannot read the configs of topic {res.name}: no answer within {timeout:.0f}s",
+                                      "_TIMED_OUT") from None
+        except KafkaException as exc:
+            raise KafkaOperationError(f"cannot read the configs of topic {res.name}: {exc.args[0].str()}",
+                                      exc.args[0].name()) from None
         out[res.name] = {k: e.value for k, e in entries.items() if _is_topic_override(e)}
     return out
 

@@ -88,6 +88,20 @@ def wait_until(what: str, check, timeout: float = 180.0, proc: subprocess.Popen 
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def answers(bootstrap: str, topic: str) -> bool:
+    """The cluster answers a metadata and a describe-configs request for ``topic`` within 5 s."""
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        admin.list_topics(topic, timeout=5)
+        for fut in admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic)], request_timeout=5).values():
+            fut.result(5)
+        return True
+    except Exception:
+        return False
+
+
 def job_tree(pid: int, workers: bool, timeout: float = 60.0) -> list[psutil.Process]:
     """The job's processes once Spark's JVM (and, with ``workers``, its Python workers) run."""
     deadline = time.monotonic() + timeout
@@ -229,6 +243,10 @@ def test_stop_is_bounded_while_the_brokers_are_unreachable(clusters, unique, tmp
                 b.resume()
             process.kill_all(process.tree(cli.pid))
             total = producer.stop()
+        # thawed brokers (their controllers were frozen too) may take a while to serve requests again; the
+        # drain starts once both answer, as an operator would restart the mirror after such an outage
+        wait_until("the thawed clusters answer", lambda: answers(src.bootstrap, topic)
+                   and answers(dst.bootstrap, f"{topic}.mirror"))
         run_once(path, gname, timeout=600)
         assert_exactly_once(dst.bootstrap, f"{topic}.mirror", total)
     finally:

@@ -40,7 +40,25 @@ def _runtime(admin: _FakeAdmin) -> MirrorRuntime:
     rt.settings = {"t": s}
     rt.destination_ids = {"t.m": "id-1"}
     rt._dst_admin = admin
+    rt.group = SimpleNamespace(name="g", destination="dst")
     return rt
+
+
+class _AwayAdmin(_FakeAdmin):
+    """The destination cluster does not answer the first ``away`` requests (a broker restarting)."""
+
+    def __init__(self, ids: dict[str, str], away: int, error: KafkaError | None = None):
+        super().__init__(ids)
+        self.away, self.error, self.asked = away, error, 0
+
+    def describe_topics(self, topics: Any, request_timeout: float = 30) -> dict[str, Future[Any]]:
+        self.asked += 1
+        if self.asked > self.away:
+            return super().describe_topics(topics, request_timeout)
+        f: Future[Any] = Future()
+        if self.error is not None:
+            f.set_exception(KafkaException(self.error))
+        return {t: f for t in topics.topic_names}  # no error: never completes, the wait times out
 
 
 def test_destination_topic_ids_reports_missing_topics_as_none() -> None:
@@ -83,3 +101,30 @@ def test_a_position_within_the_destination_is_kept(monkeypatch) -> None:
                                        destination_high=lambda t, p: 41)
     r = writer.write(1, [rec(b"v", offset=o) for o in (2, 3, 4, 5)], upstream_end=6)
     assert r.replayed_skipped == 3 and r.mirrored == 1
+
+
+def test_an_unreachable_destination_makes_the_batch_wait_not_fail(monkeypatch, caplog) -> None:
+    """A destination broker away for a while (the fault test stops it for 30 s): the check asks again until
+    the cluster answers, with a warning per attempt, and the batch then goes on."""
+    from mirror_core import stream
+
+    monkeypatch.setattr(stream, "DESTINATION_CHECK_TIMEOUT", 0.05)
+    monkeypatch.setattr(stream, "DESTINATION_RETRY_PAUSE", 0.0)
+    silent = _AwayAdmin({"t.m": "id-1"}, away=2)
+    transport = _AwayAdmin({"t.m": "id-1"}, away=3, error=KafkaError(KafkaError._TRANSPORT))
+    with caplog.at_level("WARNING", logger="mirror_core.stream"):
+        _runtime(silent).check_destinations()
+        _runtime(transport).check_destinations()
+    assert (silent.asked, transport.asked) == (3, 4)
+    waits = [r.getMessage() for r in caplog.records if "does not answer" in r.getMessage()]
+    assert len(waits) == 5 and all(m.startswith("g: destination cluster dst does not answer") for m in waits)
+
+
+def test_a_refusal_from_the_destination_is_not_waited_on(monkeypatch) -> None:
+    from mirror_core import stream
+
+    monkeypatch.setattr(stream, "DESTINATION_RETRY_PAUSE", 0.0)
+    denied = _AwayAdmin({"t.m": "id-1"}, away=1, error=KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    with pytest.raises(KafkaException):
+        _runtime(denied).check_destinations()
+    assert denied.asked == 1
