@@ -409,6 +409,10 @@ class SparkConfig(_Frozen):
     driver_batch_max_records: int = Field(default=50000, ge=0)
     #: ... and at most about this many bytes (key + value, estimated from the previous batches)
     driver_batch_max_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    #: who reads a micro-batch's records from the source: ``spark`` (Spark's Kafka source, then Arrow to the
+    #: writer) or ``direct`` (Spark only plans the batch and keeps its offset log; the driver reads each
+    #: partition's range [start, end) from that log with a librdkafka consumer and writes it)
+    read_path: Literal["spark", "direct"] = "spark"
     metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus /metrics on the driver; 0 = off
     #: where the Spark Kafka source's secrets are written (0600 files read by the Kafka clients on the
     #: driver and the executors); default: a private temporary directory on the driver's host

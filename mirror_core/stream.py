@@ -154,6 +154,8 @@ class MirrorRuntime:
         self.destination_ids: dict[str, str] = {}
         self._dst_admin: Any = None
         self._secrets_dir: Path | None = None
+        #: the source consumer of ``spark.read_path: direct`` (see :mod:`mirror_core.direct`)
+        self._direct: Any = None
 
     # -- setup
 
@@ -377,6 +379,23 @@ class MirrorRuntime:
             bw.finish(t, p)
         return bw.rows()
 
+    def write_direct(self, plan: WriterPlan, batch_id: int) -> list[dict[str, Any]]:
+        """``spark.read_path: direct``: read micro-batch ``batch_id``'s ranges from the source (the ones in
+        Spark's offset log, so a replayed batch reads exactly the same) and write them from the driver. The
+        micro-batch DataFrame is never evaluated. Call after :meth:`writer_plan` for the same batch."""
+        from mirror_core.direct import DirectReader, batch_ranges, write_ranges
+
+        starts, ends = self._starts.get(batch_id) or (self.batch_starts(batch_id), self.batch_ends(batch_id))
+        ranges = batch_ranges(starts, ends, skip=plan.ignored)
+        if self._direct is None:
+            self._direct = DirectReader(self.src, self.group.name)
+        return write_ranges(plan, ranges, self._direct, DRIVER_THREADS)
+
+    def close(self) -> None:
+        """Close the direct path's source consumer (if any)."""
+        if self._direct is not None:
+            self._direct.close()
+
     def report_expired(self, batch_id: int, rows: list[dict[str, Any]]) -> int:
         """Records that retention removed from the source before they were mirrored: a partition of the batch
         whose first record read lies past the batch's start (or that brought no record at all although its
@@ -462,7 +481,7 @@ class MirrorRuntime:
     def warm_up(self) -> threading.Thread | None:
         """In the background: start every mirrored partition's producer and read its position, so the
         driver's first micro-batch finds them ready (runs while Spark plans and reads that batch)."""
-        if not self.group.spark.driver_batch_max_records:
+        if not self.group.spark.driver_batch_max_records and self.group.spark.read_path != "direct":
             return None  # the tasks write: their producers live in the Python workers
         plan = self.writer_plan(-1)
         bw = BatchWriter(plan)

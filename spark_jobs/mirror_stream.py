@@ -136,10 +136,15 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
         # A small batch is collected and written here, by the driver's long-lived writer: its producers
         # and positions stay warm. Tasks land on whichever Python worker is free, so a partition that
         # moves costs a new producer, a fence and a position lookup; worth it only for large batches.
-        on_driver = rt.on_driver(batch_id)
+        direct = group.spark.read_path == "direct"
+        on_driver = direct or rt.on_driver(batch_id)
         t1 = time.monotonic()
         rows = None
-        if on_driver:
+        if direct:
+            # Spark planned the batch (its offset log); the driver reads the ranges itself: df is never
+            # evaluated, so Spark fetches nothing. Always the driver: see README, The data path
+            rows = rt.write_direct(plan, batch_id)
+        elif on_driver:
             try:
                 rows = write_batches(plan, arrow_batches(df))
             except CollectError as exc:
@@ -156,6 +161,7 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
         t2 = time.monotonic()
         summary = rt.after_batch(batch_id, rows, t2 - t0)
         summary["written_by"] = "driver" if on_driver else "tasks"
+        summary["read_by"] = "direct" if direct else "spark"
         summary["driver_ms"] = {"plan": round((t1 - t0) * 1000), "tasks": round((t2 - t1) * 1000),
                                 "after": round((time.monotonic() - t2) * 1000)}
         log.info("%s batch %d: %s", group.name, batch_id, summary)
@@ -236,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     query = build_query(spark, cfg, group, once=args.once, runtime=rt, prepared=True)
     rc = run_until_done(query, group.name, stopper, lambda: stream_stop_requested(group))
     rt.stop_warm_up(timeout=1.0)
+    rt.close()
     spark.stop()  # the JVM ends its Python workers; then this process ends the JVM
     return stopper.finished(rc)
 

@@ -1,0 +1,329 @@
+"""The direct read path (``spark.read_path: direct``): Spark plans, the writer reads.
+
+Spark's Kafka source moves every record through the JVM consumer, UnsafeRow and Arrow before the
+writer sees it, and that read caps a drain (see README, The data path). On this path Spark keeps what it
+is good at here -- micro-batch planning, its offset log and the exactly-once replay of a batch after a
+crash -- but the micro-batch DataFrame is never evaluated. The driver takes each partition's range
+[start, end) from the offset log (the same ranges Spark would read: a replayed batch has the same ones),
+reads it with one librdkafka consumer (``read_committed``, assigned, never committing) and hands the
+records to the partition writers as :class:`~mirror_core.replicate.Columns`, through the same
+:class:`~mirror_core.stream.BatchWriter` as Spark's path: transactions, skip-by-position on replay, dead
+letters and offset syncs are the same code.
+
+A range ends when the consumer has passed ``end`` (a record at or past ``end - 1``, or the partition's end
+reached at or past ``end``), not when a record count is reached: transaction markers and aborted records
+occupy offsets a read_committed consumer never returns. Records deleted from the source before they are
+read (retention, ``DeleteRecords``) are skipped, as Spark does with ``failOnDataLoss=false``; the runtime
+logs and counts them (``report_expired``).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from mirror_core import clients
+from mirror_core.config import ClusterConfig
+from mirror_core.errors import KafkaOperationError
+from mirror_core.replicate import Columns
+
+log = logging.getLogger(__name__)
+
+#: records handed to a partition's writer at once (the writer cuts transactions at 20,000 itself)
+CHUNK_RECORDS = 20000
+#: a range that makes no progress for this long fails the batch (brokers gone); Spark retries nothing here
+STALL_TIMEOUT = 20.0
+#: ``consume()`` waits for its full count or this long, whichever comes first
+POLL_SECONDS = 0.05
+#: the consumer's prefetch across all partitions (librdkafka's default is 64 MiB)
+QUEUED_KBYTES = 32768
+
+
+@dataclass(frozen=True)
+class Range:
+    """One partition's share of a micro-batch: offsets [start, end); ``start`` None means the partition's
+    first offset (a partition new to the query: Spark reads it from ``earliest``)."""
+
+    topic: str
+    partition: int
+    start: int | None
+    end: int
+
+
+def batch_ranges(starts: dict[str, dict[int, int]], ends: dict[str, dict[int, int]],
+                 skip: Iterable[str] = ()) -> list[Range]:
+    """The ranges of a micro-batch from Spark's offset log: ``starts`` (the batch before's ends, or the
+    query's initial offsets) and ``ends`` (this batch's). A partition missing from ``starts`` (or with a
+    negative, symbolic start) is read from its first offset; a partition whose end did not move, or moved
+    back (Spark drops that range; the runtime writes it from the start), has no range. Topics in ``skip``
+    (looked at and not mirrored) are left out. Pure."""
+    skipped = set(skip)
+    out = []
+    for topic, parts in sorted(ends.items()):
+        if topic in skipped:
+            continue
+        for part, end in sorted(parts.items()):
+            start: int | None = starts.get(topic, {}).get(part, -1)
+            if start is not None and start < 0:
+                start = None
+            if end <= 0 or (start is not None and end <= start):
+                continue
+            out.append(Range(topic, part, start, end))
+    return out
+
+
+class DirectReader:
+    """One long-lived read_committed consumer on the source, assigned to the partitions the batches touch.
+
+    Between batches a partition is paused; the next batch resumes it where the last one ended (records
+    already fetched past a range's end are kept for the next range), or seeks to its start when the range
+    does not continue the last one (the first batch, a replay, an end that moved back)."""
+
+    def __init__(self, cluster: ClusterConfig, group: str, stall_timeout: float = STALL_TIMEOUT):
+        self.cluster = cluster
+        self.group = group
+        self.stall_timeout = stall_timeout
+        self._consumer: Any = None
+        #: (topic, partition) -> the offset the next range must start at to continue without a seek
+        self._next: dict[tuple[str, int], int] = {}
+        #: (topic, partition) -> records fetched past the last range's end, for the next range
+        self._ahead: dict[tuple[str, int], list[Any]] = {}
+
+    def _client(self) -> Any:
+        if self._consumer is None:
+            # assigned, never subscribed: the group id is a formality (no join, no commits)
+            self._consumer = clients.consumer(self.cluster, f"{self.group}.mirrorflow-direct-read", **{
+                "isolation.level": "read_committed", "enable.partition.eof": True,
+                "enable.auto.offset.store": False, "fetch.wait.max.ms": 10,
+                "queued.max.messages.kbytes": QUEUED_KBYTES})
+            self._next.clear()
+            self._ahead.clear()
+        return self._consumer
+
+    def close(self) -> None:
+        """Close the consumer; the next batch starts a new one (and seeks every partition)."""
+        if self._consumer is not None:
+            c, self._consumer = self._consumer, None
+            try:
+                c.close()
+            except Exception as exc:  # noqa: BLE001 - closing after a failure: the failure is what matters
+                log.debug("closing the direct reader: %s", exc)
+
+    def _position(self, ranges: list[Range]) -> None:
+        """Assign new partitions, seek those that do not continue, resume the rest."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        c = self._client()
+        assigned = {(tp.topic, tp.partition) for tp in c.assignment()}
+        fresh, moved, resume = [], [], []
+        for r in ranges:
+            key = (r.topic, r.partition)
+            offset = OFFSET_BEGINNING if r.start is None else r.start
+            if key not in assigned:
+                fresh.append(TopicPartition(r.topic, r.partition, offset))
+            elif r.start is None or self._next.get(key) != r.start:
+                moved.append(TopicPartition(r.topic, r.partition, offset))
+            else:
+                resume.append(TopicPartition(r.topic, r.partition))
+                continue
+            self._ahead.pop(key, None)
+            self._next.pop(key, None)
+        if moved:  # a new assignment drops what was fetched for it: the seek starts clean
+            c.incremental_unassign([TopicPartition(tp.topic, tp.partition) for tp in moved])
+        if fresh or moved:
+            c.incremental_assign(fresh + moved)
+        # a partition keeps its pause across a new assignment: resume every partition of the batch
+        c.resume([TopicPartition(r.topic, r.partition) for r in ranges])
+
+    def read(self, ranges: list[Range], deliver: Any) -> float:
+        """Read every range, calling ``deliver(range, columns)`` with each partition's records in offset
+        order (chunks of at most :data:`CHUNK_RECORDS`), and ``deliver(range, None)`` when a range is
+        complete. Returns the seconds spent reading (consume and splitting, not in ``deliver``). On any
+        error the consumer is closed (the next batch starts clean) and the error raised."""
+        from confluent_kafka import KafkaError, TopicPartition
+
+        if not ranges:
+            return 0.0
+        try:
+            self._position(ranges)
+            c = self._consumer
+            by_key = {(r.topic, r.partition): r for r in ranges}
+            bufs: dict[tuple[str, int], _Buffer] = {k: _Buffer() for k in by_key}
+            last: dict[tuple[str, int], int] = {}
+            open_ = set(by_key)
+            spent = 0.0
+
+            def flush(key: tuple[str, int], done: bool) -> None:
+                buf = bufs[key]
+                if buf.offsets:
+                    deliver(by_key[key], buf.columns())
+                    bufs[key] = _Buffer()
+                if done:
+                    open_.discard(key)
+                    deliver(by_key[key], None)
+
+            def take(key: tuple[str, int], m: Any) -> bool:
+                """One record of an open range; True when it completes the range."""
+                r = by_key[key]
+                o = m.offset()
+                if o <= last.get(key, -1) or (r.start is not None and o < r.start):
+                    return False  # fetched again after a resume (never handed over twice)
+                if o >= r.end:
+                    self._ahead.setdefault(key, []).append(m)
+                    return True
+                last[key] = o
+                bufs[key].add(m)
+                return o >= r.end - 1
+
+            def finish(key: tuple[str, int]) -> None:
+                self._next[key] = by_key[key].end
+                c.pause([TopicPartition(*key)])
+                flush(key, done=True)
+
+            # records fetched past the last range's end, first
+            for key in list(open_):
+                early = self._ahead.pop(key, [])
+                for i, m in enumerate(early):
+                    if take(key, m):
+                        self._ahead[key] = early[i + 1:] + self._ahead.get(key, [])
+                        finish(key)
+                        break
+            deadline = time.monotonic() + self.stall_timeout
+            while open_:
+                t0 = time.monotonic()
+                msgs = c.consume(CHUNK_RECORDS, POLL_SECONDS)
+                touched: set[tuple[str, int]] = set()
+                completed: list[tuple[str, int]] = []
+                for m in msgs:
+                    key = (m.topic(), m.partition())
+                    err = m.error()
+                    if err is not None:
+                        code = err.code()
+                        if code == KafkaError._PARTITION_EOF:
+                            if key in open_ and key not in completed and m.offset() >= by_key[key].end:
+                                completed.append(key)  # the partition's end is at or past the range's end
+                            continue
+                        if code == KafkaError.GROUP_AUTHORIZATION_FAILED or m.topic() is None:
+                            log.debug("%s: direct read: %s", self.group, err.str())  # retried by the client
+                            continue
+                        raise KafkaOperationError(f"reading {m.topic()}[{m.partition()}]: {err.str()}", err.name())
+                    if key in open_ and key not in completed:
+                        touched.add(key)
+                        if take(key, m):
+                            completed.append(key)
+                    else:
+                        # a partition done (or not in this batch) whose fetched records arrive after its
+                        # pause: kept for its next range, never dropped (that range continues from them)
+                        self._ahead.setdefault(key, []).append(m)
+                for key in touched:
+                    if key not in completed and len(bufs[key].offsets) >= CHUNK_RECORDS:
+                        flush(key, done=False)
+                spent += time.monotonic() - t0
+                for key in completed:
+                    finish(key)
+                if msgs:
+                    deadline = time.monotonic() + self.stall_timeout
+                elif time.monotonic() > deadline:
+                    stuck = ", ".join(f"{t}[{p}] up to {by_key[(t, p)].end}" for t, p in sorted(open_))
+                    raise KafkaOperationError(f"reading {stuck}: no progress in {self.stall_timeout:.0f}s")
+            return spent
+        except BaseException:
+            self.close()
+            raise
+
+
+class _Buffer:
+    """Records of one partition collected column by column."""
+
+    __slots__ = ("offsets", "keys", "values", "timestamps", "headers", "any_headers")
+
+    def __init__(self) -> None:
+        self.offsets: list[int] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.timestamps: list[int] = []
+        self.headers: list[tuple[tuple[str, bytes | None], ...]] = []
+        self.any_headers = False
+
+    def add(self, m: Any) -> None:
+        self.offsets.append(m.offset())
+        self.keys.append(m.key())
+        self.values.append(m.value())
+        self.timestamps.append(m.timestamp()[1])
+        h = m.headers()
+        if h:
+            self.any_headers = True
+            self.headers.append(tuple(h))
+        else:
+            self.headers.append(())
+
+    def columns(self) -> Columns:
+        return Columns(self.offsets, self.keys, self.values, self.timestamps,
+                       self.headers if self.any_headers else None)
+
+
+def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: int = 8) -> list[dict[str, Any]]:
+    """Read a micro-batch's ranges with ``reader`` and write them with one :class:`BatchWriter` (the
+    ``plan`` is the batch's :class:`~mirror_core.stream.WriterPlan`): each partition by one thread at a
+    time, in offset order, up to ``threads`` partitions at once; the read goes on while they write.
+    Returns the writer's result rows; the first writer error is raised once every partition has stopped."""
+    from mirror_core.stream import BatchWriter
+
+    bw = BatchWriter(plan)
+    failed: list[BaseException] = []
+    queues: dict[tuple[str, int], queue.SimpleQueue[Columns | None]] = {}
+    runs: list[Future[None]] = []
+    stop = threading.Event()
+
+    def run(r: Range, q: queue.SimpleQueue[Columns | None]) -> None:
+        while (cols := q.get()) is not None:
+            if stop.is_set():
+                continue  # another partition failed: only drain
+            try:
+                bw.feed(r.topic, r.partition, cols)
+            except BaseException as exc:
+                failed.append(exc)
+                stop.set()
+        if not stop.is_set():
+            try:
+                bw.finish(r.topic, r.partition)  # trailing markers / aborted records: position to the end
+            except BaseException as exc:
+                failed.append(exc)
+                stop.set()
+
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(ranges))),
+                            thread_name_prefix="mirrorflow-direct") as pool:
+
+        def deliver(r: Range, cols: Columns | None) -> None:
+            if stop.is_set():
+                raise _Stopped
+            key = (r.topic, r.partition)
+            q = queues.get(key)
+            if q is None:
+                q = queues[key] = queue.SimpleQueue()
+                runs.append(pool.submit(run, r, q))
+            q.put(cols)
+
+        read_s = 0.0
+        try:
+            read_s = reader.read(ranges, deliver)
+        except _Stopped:
+            pass
+        finally:
+            for q in queues.values():
+                q.put(None)  # a run ends at the first None; a second is harmless
+            for f in runs:
+                f.exception()  # wait: no partition is left mid-write
+    if failed:
+        raise failed[0]
+    return bw.rows(read_s * 1000)
+
+
+class _Stopped(Exception):
+    """A writer failed: the read stops (the writer's error is raised)."""

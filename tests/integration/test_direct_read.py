@@ -1,0 +1,283 @@
+"""``spark.read_path: direct`` without Spark, on the real clusters: the driver reads a micro-batch's ranges
+from Spark's offset log (written here as Spark writes it) with its own consumer and writes them through the
+same writer. What Spark's path proves end to end (tests/spark) is proven here for the reader's own hard
+parts: transaction markers and aborted records inside and at the end of ranges, ranges that continue each
+other, a replay of the same batch, and records deleted from the source before they are read."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from mirror_core.config import parse_config
+from mirror_core.direct import DirectReader, Range, batch_ranges
+from mirror_core.stream import MirrorRuntime
+
+pytestmark = pytest.mark.integration
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+
+
+def one_group(clusters, name: str, topic: str, tmp_path: Path, delivery: str = "exactly_once"):
+    text = clusters.config_yaml(f"""
+groups:
+  - name: {name}
+    source: src
+    destination: dst
+    delivery: {delivery}
+    serdes: {{key: bytes, value: bytes}}
+    offset_syncs_topic: "{name}.syncs.internal"
+    dead_letter_topic: "{name}.dlq"
+    heartbeats: {{enabled: false}}
+    topics_mirroring: {{partition_count: {{type: mirror_source}}, replication_factor: {{type: fix, value: 1}}}}
+    spark: {{checkpoint_dir: "{tmp_path / 'ckpt'}", read_path: direct}}
+    mirrors:
+      - {{source_topic: {topic}, destination_topic: {topic}.m}}
+""")
+    cfg = parse_config(yaml.safe_load(text), env={})
+    return cfg, cfg.groups[0]
+
+
+def write_offset_log(rt: MirrorRuntime, batch_id: int, ends: dict[str, dict[int, int]]) -> None:
+    """Spark's offset-log file for ``batch_id`` (version, batch metadata, the source's end offsets)."""
+    d = Path(rt.checkpoint_dir()) / "offsets"
+    d.mkdir(parents=True, exist_ok=True)
+    meta = {"batchWatermarkMs": 0, "batchTimestampMs": int(time.time() * 1000), "conf": {}}
+    (d / str(batch_id)).write_text("v1\n" + json.dumps(meta) + "\n"
+                                   + json.dumps({t: {str(p): o for p, o in ps.items()} for t, ps in ends.items()}))
+
+
+def write_initial_offsets(rt: MirrorRuntime, starts: dict[str, dict[int, int]]) -> None:
+    d = Path(rt.checkpoint_dir()) / "sources" / "0"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "0").write_text("v1\n" + json.dumps({t: {str(p): o for p, o in ps.items()} for t, ps in starts.items()}))
+
+
+def produce_mixed(bootstrap: str, topic: str, txid: str) -> dict[int, list[tuple[int, bytes]]]:
+    """Into partitions 0 and 1: plain records, committed and aborted transactions, with headers, null keys
+    and values; partition 0 ends with an aborted transaction and partition 1 with a commit marker. Returns
+    the committed records per partition as (timestamp, key) in produce order."""
+    plain = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    tx = Producer({"bootstrap.servers": bootstrap, "transactional.id": txid})
+    tx.init_transactions(30)
+    committed: dict[int, list[tuple[int, bytes]]] = {0: [], 1: []}
+    ts = int(time.time() * 1000) - 60_000
+    n = 0
+
+    def send(p: Producer, part: int, keep: bool, count: int) -> None:
+        nonlocal n, ts
+        for _ in range(count):
+            key = f"k{n}".encode()
+            headers = [("h", str(n).encode()), ("nil", None)] if n % 3 == 0 else None
+            value = None if n % 11 == 0 else b"v" * (n % 7)
+            p.produce(topic, key=key, value=value, partition=part, timestamp=ts, headers=headers)
+            if keep:
+                committed[part].append((ts, key))
+            n += 1
+            ts += 1
+
+    def transaction(part: int, commit: bool, count: int) -> None:
+        tx.begin_transaction()
+        send(tx, part, commit, count)
+        tx.flush(30)
+        (tx.commit_transaction if commit else tx.abort_transaction)(30)
+
+    for part in (0, 1):
+        send(plain, part, True, 5)
+        assert plain.flush(30) == 0
+        transaction(part, True, 4)
+        transaction(part, False, 6)
+        send(plain, part, True, 3)
+        assert plain.flush(30) == 0
+        transaction(part, True, 2)
+    transaction(0, False, 5)  # partition 0 ends with aborted records and their marker
+    return committed
+
+
+def ends_of(bootstrap: str, topic: str, parts: int) -> dict[int, int]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "ends", "isolation.level": "read_committed"})
+    try:
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(parts)}
+    finally:
+        c.close()
+
+
+def test_ranges_end_at_their_end_across_markers_and_aborted_records(clusters, unique):
+    """Every range, cut anywhere (inside an aborted transaction, on a commit marker, at the partition's end
+    behind aborted records), returns exactly the committed records inside it, in order, once, with key,
+    value, timestamp and headers as a read_committed consumer sees them, and returns without waiting: a
+    range's end is reached by offset, not by a count of records."""
+    topic = unique("dread")
+    create_topic(clusters.src_bootstrap, topic, 2)
+    committed = produce_mixed(clusters.src_bootstrap, topic, unique("tx"))
+    ends = ends_of(clusters.src_bootstrap, topic, 2)
+    cfg, g = one_group(clusters, "dr", topic, Path("/tmp"))
+    reader = DirectReader(cfg.cluster("src"), unique("g"))
+    try:
+        def read(ranges: list[Range]) -> tuple[dict[int, list], float]:
+            got: dict[int, list] = {0: [], 1: []}
+            done: list[int] = []
+
+            def deliver(r: Range, cols):
+                if cols is None:
+                    done.append(r.partition)
+                    return
+                assert r.start is None or cols.offsets[0] >= r.start
+                assert cols.offsets[-1] < r.end
+                for i in range(len(cols)):
+                    got[r.partition].append((cols.offsets[i], cols.keys[i], cols.values[i], cols.timestamps[i],
+                                             cols.headers[i] if cols.headers else ()))
+            t0 = time.monotonic()
+            reader.read(ranges, deliver)
+            assert sorted(done) == sorted(r.partition for r in ranges)
+            return got, time.monotonic() - t0
+
+        # the whole partitions from their first offset (a new partition: Spark's "earliest")
+        whole, took = read([Range(topic, p, None, ends[p]) for p in (0, 1)])
+        assert took < 10
+        for p in (0, 1):
+            assert [(ts, k) for _, k, _, ts, _ in whole[p]] == committed[p]
+        # the same records as a plain read_committed consumer returns them (values, headers incl. None values)
+        ref = Consumer({"bootstrap.servers": clusters.src_bootstrap, "group.id": unique("ref"),
+                        "isolation.level": "read_committed", "enable.partition.eof": True})
+        ref.assign([TopicPartition(topic, p, 0) for p in (0, 1)])
+        expect: dict[int, list] = {0: [], 1: []}
+        eof: set[int] = set()
+        deadline = time.monotonic() + 60
+        while len(eof) < 2 and time.monotonic() < deadline:
+            for m in ref.consume(100, 0.5):
+                if m.error():
+                    eof.add(m.partition())
+                else:
+                    expect[m.partition()].append((m.offset(), m.key(), m.value(), m.timestamp()[1],
+                                                  tuple(m.headers() or ())))
+        ref.close()
+        assert whole == expect
+        assert any(h for _, _, _, _, h in whole[0]) and any(v is None for _, _, v, _, _ in whole[0])
+
+        # cut at every offset of partition 0: the two ranges continue each other (the second resumes the
+        # consumer where the first stopped) and together give the whole partition, once
+        for cut in range(1, ends[0]):
+            first, _ = read([Range(topic, 0, 0, cut)])
+            second, took = read([Range(topic, 0, cut, ends[0])])
+            assert first[0] + second[0] == whole[0], cut
+            assert all(o < cut for o, *_ in first[0]) and all(o >= cut for o, *_ in second[0])
+            assert took < 10, (cut, took)
+        # a batch replayed (the same range again, as after a crash): the same records, read again
+        again, _ = read([Range(topic, 0, 3, ends[0])])
+        assert again[0] == [x for x in whole[0] if x[0] >= 3]
+    finally:
+        reader.close()
+
+
+def test_batch_ranges_follow_the_offset_log():
+    """New partitions from their first offset, unchanged and moved-back partitions and skipped topics left out."""
+    starts = {"a": {0: 10, 1: 5, 2: -2}, "b": {0: 7}}
+    ends = {"a": {0: 20, 1: 5, 2: 3, 3: 4}, "b": {0: 3}, "c": {0: 9}, "x": {0: 5}}
+    assert batch_ranges(starts, ends, skip={"x"}) == [
+        Range("a", 0, 10, 20), Range("a", 2, None, 3), Range("a", 3, None, 4), Range("c", 0, None, 9)]
+
+
+def read_dst(bootstrap: str, topic: str, parts: int) -> dict[int, list[bytes]]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"r{time.time_ns()}", "isolation.level":
+                  "read_committed", "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    c.assign([TopicPartition(topic, p, 0) for p in range(parts)])
+    out: dict[int, list[bytes]] = {p: [] for p in range(parts)}
+    eof: set[int] = set()
+    deadline = time.monotonic() + 60
+    while len(eof) < parts and time.monotonic() < deadline:
+        for m in c.consume(500, 0.5):
+            if m.error():
+                eof.add(m.partition())
+            else:
+                out[m.partition()].append(m.key())
+    c.close()
+    return out
+
+
+@pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
+def test_direct_batches_mirror_committed_records_once_and_a_replay_adds_nothing(clusters, unique, tmp_path,
+                                                                                 delivery):
+    """The runtime's direct path batch by batch, as the Spark job drives it (plan, write, after): batch 0
+    from the query's initial offsets, batch 1 continuing it, then batch 1 again (a crash after writing and
+    before Spark committed it: the replay re-reads the same range). Exactly the committed records arrive,
+    in order; exactly_once writes the replay's records not again (skipped by position)."""
+    topic = unique("ddir")
+    create_topic(clusters.src_bootstrap, topic, 2)
+    committed = produce_mixed(clusters.src_bootstrap, topic, unique("tx"))
+    ends = ends_of(clusters.src_bootstrap, topic, 2)
+    name = unique("dg").replace("-", "")
+    cfg, g = one_group(clusters, name, topic, tmp_path, delivery)
+    rt = MirrorRuntime(cfg, g)
+    rt.prepare()
+    try:
+        write_initial_offsets(rt, {topic: {0: 0, 1: 0}})
+        mid = {0: 12, 1: 9}  # inside partition 0's first aborted transaction; on partition 1's
+        write_offset_log(rt, 0, {topic: mid})
+        write_offset_log(rt, 1, {topic: ends})
+        summaries = []
+
+        def batch(batch_id: int) -> None:
+            plan = rt.writer_plan(batch_id)
+            rows = rt.write_direct(plan, batch_id)
+            summaries.append(rt.after_batch(batch_id, rows, 1.0))
+
+        batch(0)
+        batch(1)
+        want = [[k for _, k in committed[p]] for p in (0, 1)]
+        got = read_dst(clusters.dst_bootstrap, f"{topic}.m", 2)
+        assert [got[0], got[1]] == want
+        assert summaries[0]["mirrored"] + summaries[1]["mirrored"] == len(want[0]) + len(want[1])
+        assert summaries[0]["mirrored"] == 9 + 9  # 5 plain + 4 committed before each cut
+        if delivery == "exactly_once":
+            batch(1)  # at_least_once writes a replayed batch again (duplicates, as after any retry)
+            assert summaries[2]["mirrored"] == 0 and summaries[2]["replayed_skipped"] == summaries[1]["mirrored"]
+            assert read_dst(clusters.dst_bootstrap, f"{topic}.m", 2) == got
+        # the mirror's consumer group on the source is at the batch end (markers included)
+        c = Consumer({"bootstrap.servers": clusters.src_bootstrap, "group.id": rt.consumer_groups[topic]})
+        assert [tp.offset for tp in c.committed([TopicPartition(topic, p) for p in (0, 1)], timeout=10)] == \
+            [ends[0], ends[1]]
+        c.close()
+    finally:
+        rt.close()
+
+
+def test_records_deleted_before_the_read_are_skipped_and_reported(clusters, unique, tmp_path, caplog):
+    """The source's log start moved past the batch's start (retention, DeleteRecords) between Spark's
+    planning and the read: the records still there are mirrored, the deleted ones are reported in one
+    line with their count, as on Spark's path (failOnDataLoss=false)."""
+    topic = unique("ddel")
+    create_topic(clusters.src_bootstrap, topic, 1)
+    p = Producer({"bootstrap.servers": clusters.src_bootstrap})
+    for i in range(100):
+        p.produce(topic, key=str(i).encode(), value=b"x", partition=0)
+    assert p.flush(30) == 0
+    name = unique("dd").replace("-", "")
+    cfg, g = one_group(clusters, name, topic, tmp_path)
+    rt = MirrorRuntime(cfg, g)
+    rt.prepare()
+    try:
+        write_initial_offsets(rt, {topic: {0: 0}})
+        write_offset_log(rt, 0, {topic: {0: 100}})
+        plan = rt.writer_plan(0)
+        admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
+        for fut in admin.delete_records([TopicPartition(topic, 0, 40)]).values():
+            fut.result(30)
+        with caplog.at_level(logging.WARNING, logger="mirror_core.stream"):
+            rows = rt.write_direct(plan, 0)
+            summary = rt.after_batch(0, rows, 1.0)
+        assert summary["mirrored"] == 60 and summary["expired"] == 40
+        assert any("40 records (offsets 0-39) expired on the source" in r.getMessage() for r in caplog.records)
+        assert read_dst(clusters.dst_bootstrap, f"{topic}.m", 1)[0] == [str(i).encode() for i in range(40, 100)]
+    finally:
+        rt.close()
