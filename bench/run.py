@@ -50,8 +50,12 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 # mirrorflow-* mirror with the avro value serde (schema ids rewritten); the *-bytes variants copy values as
 # bytes. mm2 is MirrorMaker 2 as shipped, mm2-tuned as a performance-minded operator runs it.
+# *-direct* run with spark.read_path: direct (Spark plans, the driver reads the ranges itself; opt-in, not
+# in the default set).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
+DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
+                     "mirrorflow-alo-direct-bytes")
 FLOOR = "floor"  # no mirror: the watcher reads the source topic itself (what the measurement adds)
 LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mm2", "mm2-tuned", "raw-python", "kcat")
 
@@ -64,7 +68,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="records per size: one number for all or one per size (default 200000,50000)")
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--contenders", default=None,
-                    help=f"drain contenders (of {','.join(CONTENDERS)}; --quick leaves out mirrorflow-alo)")
+                    help=f"drain contenders (of {','.join(CONTENDERS + DIRECT_CONTENDERS)}; the default: "
+                         f"{','.join(CONTENDERS)}; --quick leaves out mirrorflow-alo)")
     ap.add_argument("--latency-contenders", default=None,
                     help=f"latency contenders (of {','.join(LATENCY_CONTENDERS)}; --quick: mirrorflow-eos,mm2,raw-python)")
     ap.add_argument("--rate", type=float, default=None, help="latency phase produce rate, records/s (default 2000)")
@@ -100,10 +105,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     lat = [c for c in args.latency_contenders.split(",") if c] if args.latency_contenders else lat_default
     args.latency_contenders = [] if args.no_latency else lat
     args.warmup = args.warmup if args.warmup is not None else (1.0 if quick else 10.0)
-    bad = [c for c in args.contenders if c not in CONTENDERS]
+    bad = [c for c in args.contenders if c not in CONTENDERS + DIRECT_CONTENDERS]
     bad += [c for c in args.latency_contenders if c not in LATENCY_CONTENDERS]
     if bad:
-        ap.error(f"unknown contender(s) {bad}; choose from {CONTENDERS}")
+        ap.error(f"unknown contender(s) {bad}; choose from {CONTENDERS + DIRECT_CONTENDERS}")
     return args
 
 
@@ -188,7 +193,8 @@ class Bench:
             path.write_text(mirrorflow_yaml(
                 self.ep, group=group, source_topic=source, destination_topic=dest, delivery=delivery,
                 value_serde=serde, trigger=self.args.trigger, checkpoint_dir=self.out / "checkpoints",
-                driver_batch_max_records=self.args.driver_max))
+                driver_batch_max_records=self.args.driver_max,
+                read_path="direct" if "direct" in parts else "spark"))
             cmd = mirrorflow_cmd(path, group, once=drain)
         elif contender in ("mm2", "mm2-tuned"):
             tuned = contender == "mm2-tuned"

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 #: records handed to a partition's writer at once (the writer cuts transactions at 20,000 itself)
 CHUNK_RECORDS = 20000
 #: a range that makes no progress for this long fails the batch (brokers gone); Spark retries nothing here
-STALL_TIMEOUT = 20.0
+STALL_TIMEOUT = 60.0
 #: ``consume()`` waits for its full count or this long, whichever comes first
 POLL_SECONDS = 0.05
 #: the consumer's prefetch across all partitions (librdkafka's default is 64 MiB)

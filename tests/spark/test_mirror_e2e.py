@@ -100,10 +100,11 @@ def run_once(config_path, group_name, timeout=300):
     return proc
 
 
-@pytest.mark.parametrize("written_by", ["driver", "tasks"])
+@pytest.mark.parametrize("written_by", ["driver", "tasks", "direct"])
 def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters, unique, tmp_path, written_by):
     """Both writing paths: small batches written by the driver, large ones by one task per partition
-    (forced here with ``driver_batch_max_records: 0``)."""
+    (forced here with ``driver_batch_max_records: 0``); and the direct read path (``spark.read_path:
+    direct``: Spark plans, the driver reads the ranges itself), whose copy must be the same byte for byte."""
     topic = unique("e2e")
     create_topic(clusters.src_bootstrap, topic, 3)
     src_sr = SchemaRegistryClient({"url": clusters.src_registry})
@@ -142,10 +143,13 @@ def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters
     tp.flush(30)
     tp.abort_transaction(30)
 
-    path, cfg = group_yaml(clusters, tmp_path, topic,
-                           spark=", driver_batch_max_records: 0" if written_by == "tasks" else "")
+    spark = {"driver": "", "tasks": ", driver_batch_max_records: 0", "direct": ", read_path: direct"}[written_by]
+    path, cfg = group_yaml(clusters, tmp_path, topic, spark=spark)
     proc = run_once(path, cfg.groups[0].name)
-    assert f"'written_by': '{written_by}'" in proc.stderr + proc.stdout
+    if written_by == "direct":
+        assert "'written_by': 'driver', 'read_by': 'direct'" in proc.stderr + proc.stdout
+    else:
+        assert f"'written_by': '{written_by}', 'read_by': 'spark'" in proc.stderr + proc.stdout
 
     got = read_all(clusters.dst_bootstrap, f"{topic}.mirror")
     dst_sr = SchemaRegistryClient({"url": clusters.dst_registry})
@@ -337,7 +341,8 @@ def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file,
 
 
 @pytest.mark.slow
-def test_exactly_once_survives_sigkill(clusters, unique, tmp_path):
+@pytest.mark.parametrize("read_path", ["spark", "direct"])
+def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     """SIGKILL the streaming job 3 times, each time while one of its transactions is open on the
     destination, while records stream in; every record arrives exactly once and in order.
 
@@ -348,13 +353,15 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path):
     one; from the second kill on, another writer keeps a transaction open on the offset-sync partition 8 s
     at a time (as another group's job sharing the sync topic does), hiding the job's newest syncs from a
     read_committed lookup (issue 11 item 6): the restarts after it, and the final drain, must still
-    resume exactly."""
+    resume exactly. With ``read_path: direct`` the driver reads each batch's ranges itself: a replayed
+    batch re-reads the same range from Spark's offset log."""
     import threading
 
     topic = unique("eos")
     dst_topic = f"{topic}.mirror"
     create_topic(clusters.src_bootstrap, topic, 3)
-    path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes")
+    path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes",
+                           spark=", read_path: direct" if read_path == "direct" else "")
     gname = cfg.groups[0].name
     stop_file = tmp_path / "stop-producing"
     # a steady stream (about 1,500 records/s) until the kills are done, so every job has work in flight

@@ -79,8 +79,11 @@ def syncs_of(bootstrap: str, syncs_topic: str, topic: str) -> list[OffsetSync]:
 # --------------------------------------------------------------------------- continuous job
 
 
-def test_regex_flow_discovers_new_topics_while_running_and_serves_metrics(clusters, unique, tmp_path):
-    """One long-running job: a topic created after start is provisioned and mirrored, /metrics counts it."""
+@pytest.mark.parametrize("read_path", ["spark", "direct"])
+def test_regex_flow_discovers_new_topics_while_running_and_serves_metrics(clusters, unique, tmp_path, read_path):
+    """One long-running job: a topic created after start is provisioned and mirrored, /metrics counts it.
+    With ``read_path: direct`` the new topic's partitions (no start in the offset log) are read from their
+    first offset, as Spark's source reads a new partition from ``earliest``."""
     prefix = unique("flow").replace("-", "")
     first, later = f"{prefix}.a", f"{prefix}.b"
     create_topic(clusters.src_bootstrap, first, 2)
@@ -97,7 +100,7 @@ groups:
     dead_letter_topic: "{prefix}.dlq"
     heartbeats: {{enabled: false}}
     topics_mirroring: {{replication_factor: {{type: fix, value: 1}}}}
-    spark: {{master: "local[2]", trigger: "1 second", metrics_port: {port},
+    spark: {{master: "local[2]", trigger: "1 second", metrics_port: {port}, read_path: {read_path},
              checkpoint_dir: "{tmp_path / 'ckpt'}"}}
     mirrors:
       - topics: {{include: "{prefix}\\\\..*"}}
@@ -154,7 +157,8 @@ def _exists(bootstrap: str, topic: str) -> bool:
 # --------------------------------------------------------------------------- one drain, many mirrors
 
 
-def test_dead_letters_header_ids_passthrough_heartbeats_and_at_least_once(clusters, unique, tmp_path):
+@pytest.mark.parametrize("read_path", ["spark", "direct"])
+def test_dead_letters_header_ids_passthrough_heartbeats_and_at_least_once(clusters, unique, tmp_path, read_path):
     g = unique("feat").replace("-", "")
     big, hdr, txt, alo = (f"{g}.big", f"{g}.hdr", f"{g}.txt", f"{g}.alo")
     for t, n in ((big, 2), (hdr, 1), (txt, 1), (alo, 2)):
@@ -204,7 +208,7 @@ groups:
     offset_syncs_topic: "{g}.syncs.internal"
     dead_letter_topic: "{g}.dlq"
     topics_mirroring: {{replication_factor: {{type: fix, value: 1}}}}
-    spark: {{master: "local[2]", trigger: "1 second", checkpoint_dir: "{tmp_path / ckpt}"}}
+    spark: {{master: "local[2]", trigger: "1 second", checkpoint_dir: "{tmp_path / ckpt}", read_path: {read_path}}}
     mirrors:
       - {{source_topic: {big}, destination_topic: {big}.m, serdes: {{key: bytes, value: bytes}}}}
       - {{source_topic: {hdr}, destination_topic: {hdr}.m}}

@@ -61,6 +61,11 @@ def test_mirrorflow_yaml_is_a_valid_mirrors_config(tmp_path: Path):
     assert g.delivery == "exactly_once" and g.serdes.value == "avro"
     assert g.spark.trigger == "200 milliseconds" and g.spark.conf["spark.ui.showConsoleProgress"] == "false"
     assert g.mirrors[0].destination_topic == "bench.s100.mirrorflow-eos"
+    assert g.spark.read_path == "spark"
+    direct = mirrorflow_yaml(EP, group="bench-eos-direct-s100", source_topic="bench.s100",
+                             destination_topic="bench.s100.d", delivery="exactly_once", value_serde="bytes",
+                             trigger="1 second", checkpoint_dir=tmp_path, read_path="direct")
+    assert parse_config(yaml.safe_load(direct), env={}).group("bench-eos-direct-s100").spark.read_path == "direct"
 
 
 def test_mm2_properties_give_every_internal_topic_replication_factor_one():

@@ -714,6 +714,7 @@ MALFORMED: list[tuple[str, Mutation | str, str, str]] = [
     ("zero-heartbeat-interval", _set(f"{G}.heartbeats", {"interval": "0s"}), f"{G}.heartbeats.interval", "positive"),
     ("negative-interval", _set(f"{G}.offsets", {"interval": -5}), f"{G}.offsets.interval", "positive"),
     ("bad-spark-trigger", _set(f"{G}.spark", {"trigger": "sometimes"}), f"{G}.spark.trigger", "available_now"),
+    ("bad-read-path", _set(f"{G}.spark", {"read_path": "jvm"}), f"{G}.spark.read_path", "'spark' or 'direct'"),
     (
         "zero-max-offsets",
         _set(f"{G}.spark", {"max_offsets_per_trigger": 0}),
