@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirror_core.config import parse_config
-from mirror_core.direct import DirectReader, Range, batch_ranges
+from mirror_core.direct import DirectReader, Range
 from mirror_core.stream import MirrorRuntime
 
 pytestmark = pytest.mark.integration
@@ -178,14 +178,6 @@ def test_ranges_end_at_their_end_across_markers_and_aborted_records(clusters, un
         assert again[0] == [x for x in whole[0] if x[0] >= 3]
     finally:
         reader.close()
-
-
-def test_batch_ranges_follow_the_offset_log():
-    """New partitions from their first offset, unchanged and moved-back partitions and skipped topics left out."""
-    starts = {"a": {0: 10, 1: 5, 2: -2}, "b": {0: 7}}
-    ends = {"a": {0: 20, 1: 5, 2: 3, 3: 4}, "b": {0: 3}, "c": {0: 9}, "x": {0: 5}}
-    assert batch_ranges(starts, ends, skip={"x"}) == [
-        Range("a", 0, 10, 20), Range("a", 2, None, 3), Range("a", 3, None, 4), Range("c", 0, None, 9)]
 
 
 def read_dst(bootstrap: str, topic: str, parts: int) -> dict[int, list[bytes]]:
