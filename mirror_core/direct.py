@@ -200,10 +200,18 @@ class DirectReader:
                 msgs = c.consume(CHUNK_RECORDS, POLL_SECONDS)
                 touched: set[tuple[str, int]] = set()
                 completed: list[tuple[str, int]] = []
+                # the records of one partition come in runs: its state is looked up once per run
+                cur: tuple[str, int] | None = None
+                taking = False
+                low = start = end = -1
+                buf = _Buffer()
                 for m in msgs:
-                    key = (m.topic(), m.partition())
                     err = m.error()
                     if err is not None:
+                        if taking:
+                            last[cur] = low  # type: ignore[index]
+                        cur, taking = None, False
+                        key = (m.topic(), m.partition())
                         code = err.code()
                         if code == KafkaError._PARTITION_EOF:
                             if key in open_ and key not in completed and m.offset() >= by_key[key].end:
@@ -213,14 +221,38 @@ class DirectReader:
                             log.debug("%s: direct read: %s", self.group, err.str())  # retried by the client
                             continue
                         raise KafkaOperationError(f"reading {m.topic()}[{m.partition()}]: {err.str()}", err.name())
-                    if key in open_ and key not in completed:
-                        touched.add(key)
-                        if take(key, m):
-                            completed.append(key)
-                    else:
+                    key = (m.topic(), m.partition())
+                    if key != cur:
+                        if taking:
+                            last[cur] = low  # type: ignore[index]
+                        cur = key
+                        taking = key in open_ and key not in completed
+                        if taking:
+                            touched.add(key)
+                            r = by_key[key]
+                            low, end = last.get(key, -1), r.end
+                            start = -1 if r.start is None else r.start
+                            buf = bufs[key]
+                    if not taking:
                         # a partition done (or not in this batch) whose fetched records arrive after its
                         # pause: kept for its next range, never dropped (that range continues from them)
                         self._ahead.setdefault(key, []).append(m)
+                        continue
+                    o = m.offset()
+                    if o <= low or o < start:
+                        continue  # fetched again after a resume (never handed over twice)
+                    if o >= end:
+                        self._ahead.setdefault(key, []).append(m)
+                        completed.append(key)
+                        last[key], taking = low, False
+                        continue
+                    low = o
+                    buf.add(m)
+                    if o >= end - 1:
+                        completed.append(key)
+                        last[key], taking = low, False
+                if taking:
+                    last[cur] = low  # type: ignore[index]
                 for key in touched:
                     if key not in completed and len(bufs[key].offsets) >= CHUNK_RECORDS:
                         flush(key, done=False)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
+
 from mirror_core.direct import Range, batch_ranges
 
 
@@ -13,3 +17,52 @@ def test_batch_ranges_follow_the_offset_log():
     assert batch_ranges(starts, ends, skip={"x"}) == [
         Range("a", 0, 10, 20), Range("a", 2, None, 3), Range("a", 3, None, 4), Range("c", 0, None, 9)]
     assert batch_ranges({}, {}) == []
+
+
+class _FakeReader:
+    """Delivers up to ``chunks`` chunks of one record for each range (for at most 30 s); counts them."""
+
+    def __init__(self, chunks: int):
+        self.chunks = chunks
+        self.delivered = 0
+        self.stopped_by: BaseException | None = None
+
+    def read(self, ranges, deliver) -> float:
+        from mirror_core.replicate import Columns
+
+        deadline = time.monotonic() + 30
+        try:
+            for i in range(self.chunks):
+                for r in ranges:
+                    deliver(r, Columns([i], [b"k"], [b"v"], [0]))
+                    self.delivered += 1
+                if time.monotonic() > deadline:
+                    break
+            for r in ranges:
+                deliver(r, None)
+        except BaseException as exc:
+            self.stopped_by = exc
+            raise
+        return 0.0
+
+
+def test_a_writer_failure_stops_the_read_and_is_raised():
+    """A record of a topic no mirror was set up for fails its partition's writer: the read stops (no more
+    chunks are taken) and the writer's own error is raised, naming the topic."""
+    from mirror_core.direct import write_ranges
+    from mirror_core.stream import UnknownTopicError, WriterPlan
+
+    plan = WriterPlan({}, {}, {"t": {0: 1000}}, {}, None, group="g")
+    reader = _FakeReader(chunks=10**9)  # stopped by the failure, not by running out
+    with pytest.raises(UnknownTopicError, match="source topic 't'"):
+        write_ranges(plan, [Range("t", 0, 0, 10**9)], reader)
+    assert reader.stopped_by is not None
+
+
+def test_ranges_of_topics_passed_over_are_written_as_nothing():
+    """A topic the group looked at and does not mirror: its records are passed over, nothing fails."""
+    from mirror_core.direct import write_ranges
+    from mirror_core.stream import WriterPlan
+
+    plan = WriterPlan({}, {}, {"t": {0: 3}}, {}, None, ignored=frozenset({"t"}), group="g")
+    assert write_ranges(plan, [Range("t", 0, 0, 3)], _FakeReader(chunks=3)) == []
