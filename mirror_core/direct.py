@@ -85,9 +85,13 @@ class DirectReader:
     already fetched past a range's end are kept for the next range), or seeks to its start when the range
     does not continue the last one (the first batch, a replay, an end that moved back)."""
 
-    def __init__(self, cluster: ClusterConfig, group: str, stall_timeout: float = STALL_TIMEOUT):
+    def __init__(self, cluster: ClusterConfig, group: str, stall_timeout: float = STALL_TIMEOUT,
+                 consumer_group: str | None = None):
         self.cluster = cluster
         self.group = group
+        #: the consumer's ``group.id``: a formality (it never joins or commits), so one the source principal
+        #: already has an ACL for (a mirror's consumer group) keeps a least-privilege setup free of denials
+        self.consumer_group = consumer_group or f"{group}.mirrorflow-direct-read"
         self.stall_timeout = stall_timeout
         self._consumer: Any = None
         #: (topic, partition) -> the offset the next range must start at to continue without a seek
@@ -98,7 +102,7 @@ class DirectReader:
     def _client(self) -> Any:
         if self._consumer is None:
             # assigned, never subscribed: the group id is a formality (no join, no commits)
-            self._consumer = clients.consumer(self.cluster, f"{self.group}.mirrorflow-direct-read", **{
+            self._consumer = clients.consumer(self.cluster, self.consumer_group, **{
                 "isolation.level": "read_committed", "enable.partition.eof": True,
                 "enable.auto.offset.store": False, "fetch.wait.max.ms": 10,
                 "queued.max.messages.kbytes": QUEUED_KBYTES})

@@ -388,7 +388,8 @@ class MirrorRuntime:
         starts, ends = self._starts.get(batch_id) or (self.batch_starts(batch_id), self.batch_ends(batch_id))
         ranges = batch_ranges(starts, ends, skip=plan.ignored)
         if self._direct is None:
-            self._direct = DirectReader(self.src, self.group.name)
+            self._direct = DirectReader(self.src, self.group.name,
+                                        consumer_group=min(self.consumer_groups.values(), default=None))
         return write_ranges(plan, ranges, self._direct, DRIVER_THREADS)
 
     def close(self) -> None:

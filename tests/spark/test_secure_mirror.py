@@ -78,6 +78,7 @@ def config_text(sc, groups: list[tuple[str, str, str, str, int]], tmp: Path) -> 
     spark:
       master: "local[2]"
       checkpoint_dir: "{tmp / 'ckpt'}"
+      read_path: {"spark" if delivery == "exactly_once" else "direct"}
       metrics_port: {metrics_port}
       conf: {{spark.eventLog.enabled: "true", spark.eventLog.compress: "false", spark.eventLog.dir: "file://{tmp / 'events'}"}}
     mirrors:
@@ -158,6 +159,9 @@ def cli(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.Com
 
 
 def test_secured_mirror_least_privilege_both_modes_no_password_leaks(secure_clusters, unique, tmp_path):
+    """Both delivery modes on SASL_SSL clusters with exactly the documented ACLs; the at_least_once group
+    reads with ``spark.read_path: direct`` (the driver's own consumer, the source cluster's librdkafka
+    security settings), the exactly_once one through Spark's source (the Java options)."""
     sc = secure_clusters
     sec = sc.security
     admin_src = AdminClient(sc.admin_config(sc.src_bootstrap) | {"log_level": 3})
@@ -196,6 +200,8 @@ def test_secured_mirror_least_privilege_both_modes_no_password_leaks(secure_clus
                                   "--once"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
             outputs += [job.stdout, job.stderr]
             assert job.returncode == 0, job.stderr[-4000:]
+            read_by = "spark" if delivery == "exactly_once" else "direct"
+            assert f"'read_by': '{read_by}'" in job.stderr + job.stdout
             ids = read_ids(sc, f"{topic}.mirror")
             assert len(ids) == RECORDS, f"{delivery}: {len(ids)} mirrored of {RECORDS}"
             assert sorted(ids) == list(range(RECORDS)), f"{delivery}: lost or duplicated records"
