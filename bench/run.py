@@ -57,7 +57,8 @@ CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirro
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
                      "mirrorflow-alo-direct-bytes")
 FLOOR = "floor"  # no mirror: the watcher reads the source topic itself (what the measurement adds)
-LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mm2", "mm2-tuned", "raw-python", "kcat")
+LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-direct", "mirrorflow-alo-direct",
+                      "mm2", "mm2-tuned", "raw-python", "kcat")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
