@@ -41,6 +41,9 @@ CHUNK_RECORDS = 20000
 STALL_TIMEOUT = 60.0
 #: ``consume()`` waits for its full count or this long, whichever comes first
 POLL_SECONDS = 0.05
+#: records of a partition kept past its range's end (for its next range) before the partition is paused
+#: until then: a pause and resume costs the partition a fetch restart (up to a second)
+AHEAD_RECORDS = 10000
 #: the consumer's prefetch across all partitions (librdkafka's default is 64 MiB)
 QUEUED_KBYTES = 32768
 
@@ -81,9 +84,10 @@ def batch_ranges(starts: dict[str, dict[int, int]], ends: dict[str, dict[int, in
 class DirectReader:
     """One long-lived read_committed consumer on the source, assigned to the partitions the batches touch.
 
-    Between batches a partition is paused; the next batch resumes it where the last one ended (records
-    already fetched past a range's end are kept for the next range), or seeks to its start when the range
-    does not continue the last one (the first batch, a replay, an end that moved back)."""
+    A range that continues the partition's last one (the usual case) goes on where the consumer stands:
+    records fetched past the last range's end were kept for it (a partition that got more than
+    :data:`AHEAD_RECORDS` ahead is paused until its next range). A range that does not continue (the first
+    batch, a replay, an end that moved back) seeks to its start."""
 
     def __init__(self, cluster: ClusterConfig, group: str, stall_timeout: float = STALL_TIMEOUT,
                  consumer_group: str | None = None):
@@ -98,16 +102,20 @@ class DirectReader:
         self._next: dict[tuple[str, int], int] = {}
         #: (topic, partition) -> records fetched past the last range's end, for the next range
         self._ahead: dict[tuple[str, int], list[Any]] = {}
+        #: (topic, partition) -> the highest end of partition the consumer reported (everything below it
+        #: has been handed over); reported once, so kept for the ranges after the one that was open then
+        self._eof: dict[tuple[str, int], int] = {}
 
     def _client(self) -> Any:
         if self._consumer is None:
             # assigned, never subscribed: the group id is a formality (no join, no commits)
             self._consumer = clients.consumer(self.cluster, self.consumer_group, **{
                 "isolation.level": "read_committed", "enable.partition.eof": True,
-                "enable.auto.offset.store": False, "fetch.wait.max.ms": 10,
+                "enable.auto.offset.store": False, "fetch.wait.max.ms": 10, "fetch.queue.backoff.ms": 10,
                 "queued.max.messages.kbytes": QUEUED_KBYTES})
             self._next.clear()
             self._ahead.clear()
+            self._eof.clear()
         return self._consumer
 
     def close(self) -> None:
@@ -138,6 +146,7 @@ class DirectReader:
                 continue
             self._ahead.pop(key, None)
             self._next.pop(key, None)
+            self._eof.pop(key, None)
         if moved:  # a new assignment drops what was fetched for it: the seek starts clean
             c.incremental_unassign([TopicPartition(tp.topic, tp.partition) for tp in moved])
         if fresh or moved:
@@ -187,7 +196,6 @@ class DirectReader:
 
             def finish(key: tuple[str, int]) -> None:
                 self._next[key] = by_key[key].end
-                c.pause([TopicPartition(*key)])
                 flush(key, done=True)
 
             # records fetched past the last range's end, first
@@ -198,6 +206,9 @@ class DirectReader:
                         self._ahead[key] = early[i + 1:] + self._ahead.get(key, [])
                         finish(key)
                         break
+                else:
+                    if self._eof.get(key, -1) >= by_key[key].end:
+                        finish(key)  # the partition's end, reported earlier, is at or past the range's end
             deadline = time.monotonic() + self.stall_timeout
             while open_:
                 t0 = time.monotonic()
@@ -218,6 +229,7 @@ class DirectReader:
                         key = (m.topic(), m.partition())
                         code = err.code()
                         if code == KafkaError._PARTITION_EOF:
+                            self._eof[key] = max(self._eof.get(key, -1), m.offset())
                             if key in open_ and key not in completed and m.offset() >= by_key[key].end:
                                 completed.append(key)  # the partition's end is at or past the range's end
                             continue
@@ -238,9 +250,12 @@ class DirectReader:
                             start = -1 if r.start is None else r.start
                             buf = bufs[key]
                     if not taking:
-                        # a partition done (or not in this batch) whose fetched records arrive after its
-                        # pause: kept for its next range, never dropped (that range continues from them)
-                        self._ahead.setdefault(key, []).append(m)
+                        # a partition done (or not in this batch): its records are kept for its next range,
+                        # never dropped (that range continues from them); paused when many are kept
+                        ahead = self._ahead.setdefault(key, [])
+                        ahead.append(m)
+                        if len(ahead) == AHEAD_RECORDS:
+                            c.pause([TopicPartition(*key)])
                         continue
                     o = m.offset()
                     if o <= low or o < start:

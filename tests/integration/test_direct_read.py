@@ -16,6 +16,7 @@ import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from mirror_core import direct
 from mirror_core.config import parse_config
 from mirror_core.direct import DirectReader, Range
 from mirror_core.stream import MirrorRuntime
@@ -112,11 +113,14 @@ def ends_of(bootstrap: str, topic: str, parts: int) -> dict[int, int]:
         c.close()
 
 
-def test_ranges_end_at_their_end_across_markers_and_aborted_records(clusters, unique):
+@pytest.mark.parametrize("ahead", [10000, 1])
+def test_ranges_end_at_their_end_across_markers_and_aborted_records(clusters, unique, monkeypatch, ahead):
     """Every range, cut anywhere (inside an aborted transaction, on a commit marker, at the partition's end
     behind aborted records), returns exactly the committed records inside it, in order, once, with key,
     value, timestamp and headers as a read_committed consumer sees them, and returns without waiting: a
-    range's end is reached by offset, not by a count of records."""
+    range's end is reached by offset, not by a count of records. With ``ahead`` 1 a partition is paused as
+    soon as one record past its range is kept, and resumed by its next range."""
+    monkeypatch.setattr(direct, "AHEAD_RECORDS", ahead)
     topic = unique("dread")
     create_topic(clusters.src_bootstrap, topic, 2)
     committed = produce_mixed(clusters.src_bootstrap, topic, unique("tx"))
