@@ -358,6 +358,10 @@ def test_batch_cap_defaults_to_the_driver_batch_on_local_masters() -> None:
     assert effective_max_offsets(SparkConfig(master="local[2]", driver_batch_max_records=0)) is None
     assert effective_max_offsets(SparkConfig(master="local[2]", max_offsets_per_trigger=7)) == 7
     assert effective_max_offsets(SparkConfig(master="spark://m:7077")) is None
+    # the direct read path: nothing collected, the driver always writes -> larger batches on a local master
+    assert effective_max_offsets(SparkConfig(master="local[2]", read_path="direct")) == 200_000
+    assert effective_max_offsets(SparkConfig(master="local[2]", read_path="direct", max_offsets_per_trigger=7)) == 7
+    assert effective_max_offsets(SparkConfig(master="spark://m:7077", read_path="direct")) is None
 
 
 def test_driver_or_tasks_decided_from_the_spark_checkpoint(tmp_path) -> None:
