@@ -40,7 +40,7 @@ CHUNK_RECORDS = 20000
 #: a range that makes no progress for this long fails the batch (brokers gone); Spark retries nothing here
 STALL_TIMEOUT = 60.0
 #: ``consume()`` waits for its full count or this long, whichever comes first
-POLL_SECONDS = 0.05
+POLL_SECONDS = 0.02
 #: records of a partition kept past its range's end (for its next range) before the partition is paused
 #: until then: a pause and resume costs the partition a fetch restart (up to a second)
 AHEAD_RECORDS = 10000
@@ -212,7 +212,10 @@ class DirectReader:
             deadline = time.monotonic() + self.stall_timeout
             while open_:
                 t0 = time.monotonic()
-                msgs = c.consume(CHUNK_RECORDS, POLL_SECONDS)
+                # ask for no more than the open ranges can still hold: consume() returns as soon as that
+                # many are in, instead of waiting out its timeout for a full chunk (a small batch of a live
+                # stream would wait POLL_SECONDS on every call)
+                msgs = c.consume(max(1, min(CHUNK_RECORDS, _left(open_, by_key, last))), POLL_SECONDS)
                 touched: set[tuple[str, int]] = set()
                 completed: list[tuple[str, int]] = []
                 # the records of one partition come in runs: its state is looked up once per run
@@ -287,6 +290,18 @@ class DirectReader:
         except BaseException:
             self.close()
             raise
+
+
+def _left(open_: set[tuple[str, int]], by_key: dict[tuple[str, int], Range], last: dict[tuple[str, int], int]) -> int:
+    """Offsets the open ranges still cover (records, transaction markers and aborted records): an upper
+    bound of the records still to come; a range read from its partition's first offset counts in full."""
+    n = 0
+    for key in open_:
+        r = by_key[key]
+        if r.start is None and key not in last:
+            return CHUNK_RECORDS
+        n += r.end - max(last.get(key, -1) + 1, r.start or 0)
+    return n
 
 
 class _Buffer:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from mirror_core.direct import Range, batch_ranges
+from mirror_core.direct import CHUNK_RECORDS, Range, _left, batch_ranges
 
 
 def test_batch_ranges_follow_the_offset_log():
@@ -17,6 +17,18 @@ def test_batch_ranges_follow_the_offset_log():
     assert batch_ranges(starts, ends, skip={"x"}) == [
         Range("a", 0, 10, 20), Range("a", 2, None, 3), Range("a", 3, None, 4), Range("c", 0, None, 9)]
     assert batch_ranges({}, {}) == []
+
+
+def test_the_reader_asks_for_no_more_records_than_the_open_ranges_hold():
+    """consume() is asked for what the open ranges can still hold (so a small batch of a live stream does
+    not wait out the poll timeout for a full chunk): offsets after the last one read, to the range's end;
+    a range from its partition's first offset, not yet started, is unbounded (a full chunk)."""
+    by_key = {("t", 0): Range("t", 0, 100, 110), ("t", 1): Range("t", 1, 50, 53), ("t", 2): Range("t", 2, None, 9)}
+    assert _left({("t", 0), ("t", 1)}, by_key, {}) == 13
+    assert _left({("t", 0), ("t", 1)}, by_key, {("t", 0): 104}) == 5 + 3
+    assert _left({("t", 2)}, by_key, {}) == CHUNK_RECORDS
+    assert _left({("t", 2)}, by_key, {("t", 2): 6}) == 2
+    assert _left(set(), by_key, {}) == 0
 
 
 class _FakeReader:
