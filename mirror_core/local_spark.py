@@ -9,6 +9,7 @@ pyspark is located, never imported (``mirror_core`` stays free of it).
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
 import json
 import os
@@ -124,8 +125,9 @@ def wait_workers(cluster: SparkCluster, want: int, timeout: float) -> None:
             if n >= want:
                 return
             last = f"{n} of {want} workers registered"
-        except OSError as exc:
-            last = str(exc)
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            # a master still starting may refuse, drop the connection or answer before its status is JSON
+            last = f"{type(exc).__name__}: {exc}"
         time.sleep(0.5)
     raise LocalClusterError(f"Spark master {cluster.master_url} not ready before the deadline ({last})")
 

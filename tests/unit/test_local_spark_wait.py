@@ -1,0 +1,62 @@
+"""Waiting for a local Spark standalone cluster: a master still starting may answer its status page with
+something that is not JSON yet (or drop the connection); the wait goes on until its workers register."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from mirror_core import local_spark
+from mirror_core.errors import LocalClusterError
+
+
+def _serve(answers: list[bytes]) -> tuple[HTTPServer, list[int]]:
+    """A status page answering ``answers`` in turn (the last one from then on); counts the requests."""
+    asked = [0]
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = answers[min(asked[0], len(answers) - 1)]
+            asked[0] += 1
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, asked
+
+
+def _cluster(server: HTTPServer) -> local_spark.SparkCluster:
+    me = os.getpid()  # "alive" daemons
+    return local_spark.SparkCluster("spark://127.0.0.1:1", f"http://127.0.0.1:{server.server_port}", me, (me, me),
+                                    ("", ""), "/tmp")
+
+
+def test_a_master_answering_before_its_status_is_json_is_waited_for(monkeypatch) -> None:
+    monkeypatch.setattr(local_spark.time, "sleep", lambda _s: None)
+    alive = json.dumps({"workers": [{"state": "ALIVE"}, {"state": "ALIVE"}]}).encode()
+    server, asked = _serve([b"<html>starting</html>", b"", json.dumps({"workers": [{"state": "ALIVE"}]}).encode(),
+                            alive])
+    try:
+        local_spark.wait_workers(_cluster(server), 2, timeout=30)
+    finally:
+        server.shutdown()
+    assert asked[0] == 4
+
+
+def test_workers_that_never_register_end_the_wait_with_one_line(monkeypatch) -> None:
+    server, _ = _serve([b"not json"])
+    try:
+        with pytest.raises(LocalClusterError, match=r"not ready before the deadline \(JSONDecodeError"):
+            local_spark.wait_workers(_cluster(server), 2, timeout=1.0)
+    finally:
+        server.shutdown()
