@@ -146,15 +146,17 @@ class MirrorJob:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
 
 
-def read_keys(bootstrap: str, topic: str, timeout: float = 120.0) -> list[int]:
-    """Independent reader: every committed record's key on ``topic`` (read_committed, from the start)."""
+def read_records(bootstrap: str, topic: str, timeout: float = 120.0, committed_only: bool = True) -> list[Any]:
+    """Independent reader: every record on ``topic`` from the start, to each partition's end (read_committed
+    unless ``committed_only`` is False)."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"fault-check-{time.time_ns()}", "log_level": 0,
-                  "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+                  "isolation.level": "read_committed" if committed_only else "read_uncommitted",
+                  "enable.partition.eof": True, "auto.offset.reset": "earliest"})
     try:
         parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
         c.assign([TopicPartition(topic, p, 0) for p in parts])
         done: set[int] = set()
-        keys: list[int] = []
+        out: list[Any] = []
         deadline = time.monotonic() + timeout
         while len(done) < len(parts) and time.monotonic() < deadline:
             m = c.poll(1.0)
@@ -163,10 +165,15 @@ def read_keys(bootstrap: str, topic: str, timeout: float = 120.0) -> list[int]:
             if m.error():
                 done.add(m.partition())
                 continue
-            keys.append(int(m.key()))
-        return keys
+            out.append(m)
+        return out
     finally:
         c.close()
+
+
+def read_keys(bootstrap: str, topic: str, timeout: float = 120.0) -> list[int]:
+    """Every committed record's key on ``topic`` (read_committed, from the start)."""
+    return [int(m.key()) for m in read_records(bootstrap, topic, timeout)]
 
 
 def wait_for_count(bootstrap: str, topic: str, want: int, job: MirrorJob, timeout: float = 300.0) -> None:

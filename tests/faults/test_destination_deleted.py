@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirror_core import local
 from mirror_core.config import default_consumer_group, mirror_name
-from tests.faults.harness import MirrorJob, RecordStream, group_yaml, read_keys, wait_for_count
+from tests.faults.harness import MirrorJob, RecordStream, group_yaml, read_keys, read_records, wait_for_count
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow]
 PARTITIONS = 3
@@ -56,24 +56,10 @@ class Follower:
 
 def source_records(bootstrap: str, topic: str) -> dict[int, list[tuple[int, int, int]]]:
     """partition -> [(offset, key, CreateTime ms)] of every record on the source."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"src-read-{time.time_ns()}", "log_level": 0,
-                  "enable.partition.eof": True})
     out: dict[int, list[tuple[int, int, int]]] = {p: [] for p in range(PARTITIONS)}
-    try:
-        c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-        done: set[int] = set()
-        deadline = time.monotonic() + 60
-        while len(done) < PARTITIONS and time.monotonic() < deadline:
-            m = c.poll(1.0)
-            if m is None:
-                continue
-            if m.error():
-                done.add(m.partition())
-                continue
-            out[m.partition()].append((m.offset(), int(m.key()), m.timestamp()[1]))
-        return out
-    finally:
-        c.close()
+    for m in read_records(bootstrap, topic, timeout=60, committed_only=False):
+        out[m.partition()].append((m.offset(), int(m.key()), m.timestamp()[1]))
+    return out
 
 
 def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
