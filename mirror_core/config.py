@@ -413,6 +413,10 @@ class SparkConfig(_Frozen):
     #: writer) or ``direct`` (Spark only plans the batch and keeps its offset log; the driver reads each
     #: partition's range [start, end) from that log with a librdkafka consumer and writes it)
     read_path: Literal["spark", "direct"] = "spark"
+    #: with ``read_path: direct``: how many writer processes read and write the batches, each owning a share of
+    #: the partitions (one Python process is bound by its GIL at about one core); 0 = one per CPU core of the
+    #: driver's host, at most 4; 1 = the driver itself
+    direct_processes: int = Field(default=0, ge=0, le=64)
     metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus /metrics on the driver; 0 = off
     #: where the Spark Kafka source's secrets are written (0600 files read by the Kafka clients on the
     #: driver and the executors); default: a private temporary directory on the driver's host

@@ -393,3 +393,239 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
 
 class _Stopped(Exception):
     """A writer failed: the read stops (the writer's error is raised)."""
+
+
+#: a worker process checks this often whether the job that started it is still there
+PARENT_CHECK_SECONDS = 0.5
+
+
+class WriterPool:
+    """The direct path on more than one core: ``processes`` long-lived writer processes, each with its own
+    source consumer, producers and positions (its own GIL), and each owning a fixed share of the partitions.
+
+    One Python process reads and writes about 110,000 100-byte records a second here, bound by its GIL
+    (consume and produce cost some 3 and 2 us a record in confluent-kafka); the brokers and Spark's
+    planning use little of a second core. A partition always goes to the same process while the job runs,
+    so its transactional producer, position and consumer fetch stay warm; a partition new to the job goes to
+    the process with the fewest. A batch is written when every process has written its share: a failure in
+    one is raised once all have stopped (the others' partitions are committed, and a replay skips them by
+    position, as when a partition writer fails in one process).
+
+    The workers are started with this interpreter (``python -m mirror_core.direct``); their configuration,
+    which holds the cluster's secrets, goes over a private socket, never the command line. A worker whose
+    job is gone (even a SIGKILL) exits within :data:`PARENT_CHECK_SECONDS`; its open transactions are
+    aborted when the next job's producers fence them."""
+
+    def __init__(self, cluster: ClusterConfig, group: str, processes: int, threads: int = 8,
+                 consumer_group: str | None = None):
+        self.cluster = cluster
+        self.group = group
+        self.processes = processes
+        self.threads = threads
+        self.consumer_group = consumer_group
+        self._workers: list[_Worker] = []
+        self._owner: dict[tuple[str, int], int] = {}
+
+    def _start(self) -> list[_Worker]:
+        if not self._workers:
+            verbose = logging.getLogger("mirror_core").isEnabledFor(logging.DEBUG)
+            self._workers = [_Worker.start(i, (self.cluster, self.group, self.consumer_group, self.threads, verbose))
+                             for i in range(self.processes)]
+        return self._workers
+
+    def _share(self, keys: Iterable[tuple[str, int]]) -> list[list[tuple[str, int]]]:
+        """Each worker's partitions of ``keys``; a partition not seen before goes to the worker with fewest."""
+        load = [0] * self.processes
+        for w in self._owner.values():
+            load[w] += 1
+        out: list[list[tuple[str, int]]] = [[] for _ in range(self.processes)]
+        for key in sorted(set(keys)):
+            owner = self._owner.get(key)
+            if owner is None:
+                owner = self._owner[key] = min(range(self.processes), key=lambda i: (load[i], i))
+                load[owner] += 1
+            out[owner].append(key)
+        return out
+
+    def warm(self, plan: Any) -> None:
+        """Start every process and have each start its partitions' producers and read their positions, in the
+        background of the driver (it does not wait): the first batch finds them ready."""
+        keys = [(s.source_topic, p) for s in plan.settings.values() for p in range(s.source_partitions)]
+        for w, share in zip(self._start(), self._share(keys), strict=True):
+            w.send(("warm", plan, share))
+
+    def write(self, plan: Any, ranges: list[Range]) -> list[dict[str, Any]]:
+        """Write a micro-batch's ranges, each by the process that owns its partition; the rows of all."""
+        workers = self._start()
+        shares = self._share((r.topic, r.partition) for r in ranges)
+        by_key = {(r.topic, r.partition): r for r in ranges}
+        busy = []
+        for w, share in zip(workers, shares, strict=True):
+            if share:
+                w.send(("write", plan, [by_key[k] for k in share]))
+                busy.append(w)
+        rows: list[dict[str, Any]] = []
+        failure: BaseException | None = None
+        for w in busy:
+            try:
+                rows += w.result()
+            except BaseException as exc:  # noqa: BLE001 - the others finish first: nothing is left mid-write
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        return rows
+
+    def close(self) -> None:
+        """Ask every process to end, and wait a little for them (a stuck one is killed)."""
+        workers, self._workers = self._workers, []
+        self._owner.clear()
+        for w in workers:
+            w.close()
+
+
+class _Worker:
+    """The driver's end of one writer process: requests go out in order, each answered once."""
+
+    def __init__(self, index: int, proc: Any, conn: Any):
+        self.index = index
+        self.proc = proc
+        self.conn = conn
+        #: requests sent and not answered yet (the answer of a "warm" is read before the next result)
+        self.pending = 0
+
+    @classmethod
+    def start(cls, index: int, setup: tuple[Any, ...]) -> _Worker:
+        import socket
+        import subprocess
+        import sys
+        from multiprocessing.connection import Connection
+
+        ours, theirs = socket.socketpair()
+        proc = subprocess.Popen([sys.executable, "-m", "mirror_core.direct", str(theirs.fileno())],
+                                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        theirs.close()
+        conn = Connection(ours.detach())
+        conn.send(("setup", *setup))  # not answered
+        return cls(index, proc, conn)
+
+    def send(self, request: tuple[Any, ...]) -> None:
+        try:
+            self.conn.send(request)
+        except OSError as exc:
+            raise KafkaOperationError(f"direct writer process {self.index} is gone "
+                                      f"(exit code {self.proc.poll()}): {exc}") from None
+        self.pending += 1
+
+    def _answer(self) -> Any:
+        try:
+            status, payload = self.conn.recv()
+        except (EOFError, OSError):
+            code = self.proc.wait(10)
+            raise KafkaOperationError(f"direct writer process {self.index} ended (exit code {code}) "
+                                      f"before answering; see its lines above") from None
+        finally:
+            self.pending -= 1
+        if status == "ok":
+            return payload
+        raise payload
+
+    def result(self) -> Any:
+        """The answer to the last request (answers to earlier ones, such as a warm-up, are waited for first;
+        a failed warm-up is only a lost head start)."""
+        while self.pending > 1:
+            try:
+                self._answer()
+            except Exception as exc:  # noqa: BLE001 - a failed warm-up is only a lost head start
+                log.warning("direct writer process %d: warm-up failed: %s", self.index, exc)
+        return self._answer()
+
+    def close(self) -> None:
+        import subprocess
+
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.conn.close()
+
+
+def _transportable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling (so the driver raises the same type and text), else a plain
+    :class:`KafkaOperationError` with its type and text."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc.with_traceback(None)
+    except Exception:  # noqa: BLE001 - anything that does not pickle travels as text
+        return KafkaOperationError(f"{type(exc).__name__}: {exc}")
+
+
+def _warm(bw: Any, keys: list[tuple[str, int]], threads: int) -> None:
+    """Start each partition's producer and read its position (a failure is logged: only a head start)."""
+    def one(key: tuple[str, int]) -> None:
+        try:
+            bw.prepare(*key)
+        except Exception as exc:  # noqa: BLE001 - the first write tries again
+            log.warning("%s: warm-up of %s[%d] failed: %s", bw.plan.group, key[0], key[1], exc)
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="mirrorflow-warm-up") as pool:
+        list(pool.map(one, keys))
+    log.debug("%s: %d partition writers ready in %.1fs", bw.plan.group, len(keys), time.monotonic() - t0)
+
+
+def _watch_parent(parent: int) -> None:
+    import os
+
+    while True:
+        time.sleep(PARENT_CHECK_SECONDS)
+        if os.getppid() != parent:
+            os._exit(70)  # the job is gone: its open transactions are fenced by the next job
+
+
+def serve(fd: int) -> int:
+    """A writer process of :class:`WriterPool`: answer requests on the socket ``fd`` until told to end."""
+    import os
+    import signal
+    from multiprocessing.connection import Connection
+
+    from mirror_core.logs import setup_logging
+    from mirror_core.stream import BatchWriter
+
+    # a stop is the job's to handle (it lets the running batch finish, then ends its workers); a Ctrl-C or a
+    # signal to the whole process group must not end a worker mid-batch
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), name="mirrorflow-parent-watch", daemon=True).start()
+    conn = Connection(fd)
+    _, cluster, group, consumer_group, threads, verbose = conn.recv()
+    setup_logging(verbose)
+    reader = DirectReader(cluster, group, consumer_group=consumer_group)
+    try:
+        while (request := conn.recv()) is not None:
+            kind, plan, work = request
+            try:
+                if kind == "warm":
+                    _warm(BatchWriter(plan), work, threads)
+                    conn.send(("ok", None))
+                else:
+                    conn.send(("ok", write_ranges(plan, work, reader, threads)))
+            except BaseException as exc:  # noqa: BLE001 - every failure goes back to the driver
+                conn.send(("err", _transportable(exc)))
+    except EOFError:
+        pass  # the driver is gone
+    finally:
+        reader.close()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(serve(int(sys.argv[1])))

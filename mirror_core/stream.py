@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import os
 import queue
 import re
 import shutil
@@ -158,6 +159,8 @@ class MirrorRuntime:
         self._secrets_dir: Path | None = None
         #: the source consumer of ``spark.read_path: direct`` (see :mod:`mirror_core.direct`)
         self._direct: Any = None
+        #: its writer processes, when there are more than one (see :meth:`direct_processes`)
+        self._pool: Any = None
 
     # -- setup
 
@@ -389,15 +392,36 @@ class MirrorRuntime:
 
         starts, ends = self._starts.get(batch_id) or (self.batch_starts(batch_id), self.batch_ends(batch_id))
         ranges = batch_ranges(starts, ends, skip=plan.ignored)
+        pool = self._writer_pool()
+        if pool is not None:
+            return pool.write(plan, ranges)
         if self._direct is None:
             self._direct = DirectReader(self.src, self.group.name,
                                         consumer_group=min(self.consumer_groups.values(), default=None))
         return write_ranges(plan, ranges, self._direct, DRIVER_THREADS)
 
+    def direct_processes(self) -> int:
+        """Writer processes of the direct path (``spark.direct_processes``; 0 = one per core, at most 4)."""
+        n = self.group.spark.direct_processes
+        return n if n > 0 else max(1, min(4, os.cpu_count() or 1))
+
+    def _writer_pool(self) -> Any:
+        """The direct path's :class:`~mirror_core.direct.WriterPool`, or None when the driver writes."""
+        if self.group.spark.read_path != "direct" or self.direct_processes() < 2:
+            return None
+        if self._pool is None:
+            from mirror_core.direct import WriterPool
+
+            self._pool = WriterPool(self.src, self.group.name, self.direct_processes(), DRIVER_THREADS,
+                                    consumer_group=min(self.consumer_groups.values(), default=None))
+        return self._pool
+
     def close(self) -> None:
-        """Close the direct path's source consumer (if any)."""
+        """Close the direct path's source consumer and writer processes (if any)."""
         if self._direct is not None:
             self._direct.close()
+        if self._pool is not None:
+            self._pool.close()
 
     def report_expired(self, batch_id: int, rows: list[dict[str, Any]]) -> int:
         """Records that retention removed from the source before they were mirrored: a partition of the batch
@@ -487,6 +511,13 @@ class MirrorRuntime:
         if not self.group.spark.driver_batch_max_records and self.group.spark.read_path != "direct":
             return None  # the tasks write: their producers live in the Python workers
         plan = self.writer_plan(-1)
+        pool = self._writer_pool()
+        if pool is not None:
+            pool.warm(plan)  # the writer processes start their partitions; the driver warms its committers
+            t = self._warm_thread = threading.Thread(target=self._warm_committers, name="mirrorflow-warm-up",
+                                                     daemon=True)
+            t.start()
+            return t
         bw = BatchWriter(plan)
 
         def one(item: tuple[WriterSettings, int]) -> None:

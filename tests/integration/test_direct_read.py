@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,7 +31,7 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
 
 
-def one_group(clusters, name: str, topic: str, tmp_path: Path, delivery: str = "exactly_once"):
+def one_group(clusters, name: str, topic: str, tmp_path: Path, delivery: str = "exactly_once", processes: int = 0):
     text = clusters.config_yaml(f"""
 groups:
   - name: {name}
@@ -41,7 +43,7 @@ groups:
     dead_letter_topic: "{name}.dlq"
     heartbeats: {{enabled: false}}
     topics_mirroring: {{partition_count: {{type: mirror_source}}, replication_factor: {{type: fix, value: 1}}}}
-    spark: {{checkpoint_dir: "{tmp_path / 'ckpt'}", read_path: direct}}
+    spark: {{checkpoint_dir: "{tmp_path / 'ckpt'}", read_path: direct, direct_processes: {processes}}}
     mirrors:
       - {{source_topic: {topic}, destination_topic: {topic}.m}}
 """)
@@ -201,21 +203,23 @@ def read_dst(bootstrap: str, topic: str, parts: int) -> dict[int, list[bytes]]:
     return out
 
 
-@pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
+@pytest.mark.parametrize(("delivery", "processes"), [("exactly_once", 2), ("at_least_once", 2), ("exactly_once", 1)])
 def test_direct_batches_mirror_committed_records_once_and_a_replay_adds_nothing(clusters, unique, tmp_path,
-                                                                                 delivery):
+                                                                                 delivery, processes):
     """The runtime's direct path batch by batch, as the Spark job drives it (plan, write, after): batch 0
     from the query's initial offsets, batch 1 continuing it, then batch 1 again (a crash after writing and
     before Spark committed it: the replay re-reads the same range). Exactly the committed records arrive,
-    in order; exactly_once writes the replay's records not again (skipped by position)."""
+    in order; exactly_once writes the replay's records not again (skipped by position). With two writer
+    processes each partition is written by its own process; with one, by the driver."""
     topic = unique("ddir")
     create_topic(clusters.src_bootstrap, topic, 2)
     committed = produce_mixed(clusters.src_bootstrap, topic, unique("tx"))
     ends = ends_of(clusters.src_bootstrap, topic, 2)
     name = unique("dg").replace("-", "")
-    cfg, g = one_group(clusters, name, topic, tmp_path, delivery)
+    cfg, g = one_group(clusters, name, topic, tmp_path, delivery, processes)
     rt = MirrorRuntime(cfg, g)
     rt.prepare()
+    assert (rt._writer_pool() is not None) == (processes > 1)
     try:
         write_initial_offsets(rt, {topic: {0: 0, 1: 0}})
         mid = {0: 12, 1: 9}  # inside partition 0's first aborted transaction; on partition 1's
@@ -277,3 +281,68 @@ def test_records_deleted_before_the_read_are_skipped_and_reported(clusters, uniq
         assert read_dst(clusters.dst_bootstrap, f"{topic}.m", 1)[0] == [str(i).encode() for i in range(40, 100)]
     finally:
         rt.close()
+
+
+def test_a_writer_process_failure_is_raised_in_the_driver_once_the_others_are_done(clusters, unique, tmp_path):
+    """A failure inside one writer process reaches the driver as the same error type and text (so the job's
+    one-line failure names it), after every process has finished its share: nothing is left mid-write. The
+    pool then goes on with its next batch."""
+    from mirror_core.direct import WriterPool
+    from mirror_core.stream import UnknownTopicError, WriterPlan
+
+    topic = unique("dfail")
+    create_topic(clusters.src_bootstrap, topic, 2)
+    p = Producer({"bootstrap.servers": clusters.src_bootstrap})
+    for i in range(20):
+        p.produce(topic, key=str(i).encode(), value=b"x", partition=i % 2)
+    assert p.flush(30) == 0
+    cfg, g = one_group(clusters, unique("dfg").replace("-", ""), topic, tmp_path)
+    pool = WriterPool(cfg.cluster("src"), g.name, processes=2)
+    try:
+        # a plan without the topic's settings, and not ruling it out: its records must fail the batch
+        plan = WriterPlan({}, {}, {}, {"bootstrap.servers": clusters.dst_bootstrap}, None, group=g.name)
+        ranges = [Range(topic, 0, 0, 10), Range(topic, 1, 0, 10)]
+        with pytest.raises(UnknownTopicError, match=topic):
+            pool.write(plan, ranges)
+        assert all(w.pending == 0 for w in pool._workers)  # both answered
+        passed_over = WriterPlan({}, {}, {}, {"bootstrap.servers": clusters.dst_bootstrap}, None,
+                                 ignored=frozenset({topic}), group=g.name)
+        assert pool.write(passed_over, ranges) == []
+    finally:
+        pool.close()
+
+
+def test_writer_processes_end_with_the_job_even_when_it_is_killed(clusters):
+    """The writer processes do not outlive their job: a SIGKILL of the job (no chance to close them) ends
+    them within a second or two, so no orphan keeps a producer or a source consumer."""
+    script = """
+import sys, time
+from mirror_core.config import ClusterConfig
+from mirror_core.direct import WriterPool
+from mirror_core.stream import WriterPlan
+pool = WriterPool(ClusterConfig.model_validate({"kafka": {"bootstrap.servers": sys.argv[1]}}), "g", processes=2)
+pool.warm(WriterPlan({}, {}, {}, {}, None, group="g"))  # starts them; nothing to warm
+assert [w.result() for w in pool._workers] == [None, None]  # both set up and answering
+print(" ".join(str(w.proc.pid) for w in pool._workers), flush=True)
+time.sleep(600)
+"""
+    job = subprocess.Popen([sys.executable, "-c", script, clusters.src_bootstrap], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(x) for x in job.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        job.kill()
+        job.wait(10)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in pids), "a writer process outlived its killed job"
+    finally:
+        job.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

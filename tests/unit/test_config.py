@@ -715,6 +715,8 @@ MALFORMED: list[tuple[str, Mutation | str, str, str]] = [
     ("negative-interval", _set(f"{G}.offsets", {"interval": -5}), f"{G}.offsets.interval", "positive"),
     ("bad-spark-trigger", _set(f"{G}.spark", {"trigger": "sometimes"}), f"{G}.spark.trigger", "available_now"),
     ("bad-read-path", _set(f"{G}.spark", {"read_path": "jvm"}), f"{G}.spark.read_path", "'spark' or 'direct'"),
+    ("negative-direct-processes", _set(f"{G}.spark", {"direct_processes": -1}), f"{G}.spark.direct_processes",
+     "greater than or equal to 0"),
     (
         "zero-max-offsets",
         _set(f"{G}.spark", {"max_offsets_per_trigger": 0}),

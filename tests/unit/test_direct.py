@@ -78,3 +78,58 @@ def test_ranges_of_topics_passed_over_are_written_as_nothing():
 
     plan = WriterPlan({}, {}, {"t": {0: 3}}, {}, None, ignored=frozenset({"t"}), group="g")
     assert write_ranges(plan, [Range("t", 0, 0, 3)], _FakeReader(chunks=3)) == []
+
+
+def test_writer_processes_keep_their_partitions_and_take_new_ones_by_load():
+    """A partition stays with the process that wrote it first (its producer, position and fetch stay warm
+    there), across batches that touch only some partitions; a partition new to the job goes to the process
+    with the fewest, so the share stays even as topics and partitions are added."""
+    from mirror_core.direct import WriterPool
+
+    pool = WriterPool(cluster=None, group="g", processes=2)  # type: ignore[arg-type] - no process is started
+    first = pool._share([("a", p) for p in range(6)])
+    assert sorted(len(s) for s in first) == [3, 3]
+    owner = {k: i for i, share in enumerate(first) for k in share}
+    again = pool._share([("a", 5), ("a", 0), ("a", 3)])
+    assert all(owner[k] == i for i, share in enumerate(again) for k in share)
+    assert sum(map(len, again)) == 3
+    # three new partitions, after one process got two more of an earlier topic: the other gets them first
+    pool._owner.update({("b", 0): 0, ("b", 1): 0})
+    new = pool._share([("c", 0), ("c", 1), ("c", 2), ("a", 1)])
+    grew = {k: i for i, share in enumerate(new) for k in share if k[0] == "c"}
+    assert sorted(grew.values()) == [0, 1, 1]
+    assert sum(1 for w in pool._owner.values() if w == 0) == sum(1 for w in pool._owner.values() if w == 1) + 1
+
+
+def test_direct_processes_default_to_one_per_core_up_to_four(monkeypatch):
+    """``spark.direct_processes: 0`` (the default) is one writer process per core of the driver's host, at
+    most 4; a set number is taken as it is; with one, the driver writes itself (no process is started)."""
+    import os
+
+    import yaml
+
+    from mirror_core.config import parse_config
+    from mirror_core.stream import MirrorRuntime
+
+    def runtime(extra: str) -> MirrorRuntime:
+        text = f"""
+clusters:
+  a: {{kafka: {{bootstrap.servers: "127.0.0.1:1"}}}}
+  b: {{kafka: {{bootstrap.servers: "127.0.0.1:2"}}}}
+groups:
+  - name: g
+    source: a
+    destination: b
+    spark: {{read_path: direct{extra}}}
+    mirrors: [{{source_topic: t}}]
+"""
+        cfg = parse_config(yaml.safe_load(text), env={})
+        return MirrorRuntime(cfg, cfg.groups[0])
+
+    for cores, want in ((1, 1), (2, 2), (3, 3), (16, 4)):
+        monkeypatch.setattr(os, "cpu_count", lambda c=cores: c)
+        assert runtime("").direct_processes() == want
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert runtime(", direct_processes: 6").direct_processes() == 6
+    rt = runtime(", direct_processes: 1")
+    assert rt.direct_processes() == 1 and rt._writer_pool() is None
