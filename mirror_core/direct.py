@@ -252,6 +252,9 @@ class DirectReader:
                             low, end = last.get(key, -1), r.end
                             start = -1 if r.start is None else r.start
                             buf = bufs[key]
+                            # _Buffer.add, inlined: a method call per record costs
+                            offs, ks, vs, ts, hs = (buf.offsets.append, buf.keys.append, buf.values.append,
+                                                    buf.timestamps.append, buf.headers.append)
                     if not taking:
                         # a partition done (or not in this batch): its records are kept for its next range,
                         # never dropped (that range continues from them); paused when many are kept
@@ -269,7 +272,16 @@ class DirectReader:
                         last[key], taking = low, False
                         continue
                     low = o
-                    buf.add(m)
+                    offs(o)
+                    ks(m.key())
+                    vs(m.value())
+                    ts(m.timestamp()[1])
+                    h = m.headers()
+                    if h:
+                        buf.any_headers = True
+                        hs(tuple(h))
+                    else:
+                        hs(())
                     if o >= end - 1:
                         completed.append(key)
                         last[key], taking = low, False

@@ -905,16 +905,18 @@ class PartitionWriter:
             return
         columns = [c for c, schema in ((cols.keys, self.fast.key_schema), (cols.values, self.fast.value_schema))
                    if schema]
-        seen: set[int] = set()
+        known = self.fast.prefixes
+        before = len(self.translator.id_map)
         for col in columns:
-            for data in col:
-                if data is None or len(data) < 5 or data[0] != 0:
+            # the distinct framing prefixes first (one set built at C speed), then each looked at once
+            for head in {data[:5] for data in col if data}:
+                if len(head) < 5 or head[0] != 0 or head in known:
                     continue
-                sid = int.from_bytes(data[1:5], "big")
-                if sid in seen or sid in self.translator.id_map:
-                    continue
-                seen.add(sid)
-                self.translator.lookup(sid)
+                sid = int.from_bytes(head[1:5], "big")
+                if sid not in self.translator.id_map:
+                    self.translator.lookup(sid)
+        if len(self.translator.id_map) != before:
+            self.fast.refresh(self.translator)  # the chunk's records take the inline path with the new ids
 
     def _produce_all(self, producer: Producer, partition: int, cols: Columns, result: BatchResult,
                      forced_dead: dict[int, DeadLetter], exact: bool = False) -> tuple[list[tuple[int, int]], list[int]]:
@@ -960,6 +962,10 @@ class PartitionWriter:
         fast_ok = fast.enabled and not forced_dead
         key_schema, value_schema = fast.key_schema, fast.value_schema
         prov = fast.provenance
+        # FastPath.rewrite and .fits, inlined for the records that need no more (a call per record costs):
+        # the id map as framing prefixes (refreshed in place), and the size bound without headers
+        mapped = fast.prefixes.get
+        limit = fast.limit
         mirrored = bytes_out = 0
         misses_before = self.translator.thread_misses()
         known = len(self.translator.id_map)
@@ -971,12 +977,17 @@ class PartitionWriter:
                 # the common case, inline: map the framed ids, keep the partition (add the provenance header)
                 nk, nv = k, v
                 if value_schema and v is not None:
-                    nv = fast.rewrite(v)
+                    head = mapped(v[:5])
+                    nv = None if head is None else head + v[5:]
                 if prov is not None:
                     hs = (*hs, prov)
                 if key_schema and k is not None:
-                    nk = fast.rewrite(k)
-                if (nv is not None or v is None) and (nk is not None or k is None) and fast.fits(nk, nv, hs):
+                    head = mapped(k[:5])
+                    nk = None if head is None else head + k[5:]
+                if (nv is not None or v is None) and (nk is not None or k is None) and (
+                        limit is None
+                        or (not hs and (len(nk) if nk else 0) + (len(nv) if nv else 0) + 128 <= limit)
+                        or fast.fits(nk, nv, hs)):
                     try:
                         produce(topic, nv, nk, partition, on_delivery=on_delivery(offsets[i]), timestamp=stamps[i],
                                 headers=list(hs) if hs else None)  # confluent-kafka takes a list, not a tuple
@@ -1217,9 +1228,9 @@ CHUNK_BYTES = 32 * 1024 * 1024
 def byte_bounded(cols: Columns, limit: int) -> list[Columns]:
     """``cols`` cut into consecutive pieces of at most ``limit`` key + value bytes each (a single larger
     record is a piece of its own). One piece, ``cols`` itself, in the usual case."""
+    if sum(map(len, filter(None, cols.keys))) + sum(map(len, filter(None, cols.values))) <= limit:
+        return [cols]  # the usual case, summed without a Python step per record
     sizes = [(len(k) if k else 0) + (len(v) if v else 0) for k, v in zip(cols.keys, cols.values, strict=True)]
-    if sum(sizes) <= limit:
-        return [cols]
     pieces: list[Columns] = []
     start, acc = 0, 0
     for i, n in enumerate(sizes):

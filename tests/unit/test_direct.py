@@ -133,3 +133,20 @@ groups:
     assert runtime(", direct_processes: 6").direct_processes() == 6
     rt = runtime(", direct_processes: 1")
     assert rt.direct_processes() == 1 and rt._writer_pool() is None
+
+
+def test_a_writer_process_error_travels_as_itself_or_as_its_text():
+    """What a writer process raised reaches the driver as the same type and text when it pickles (the job's
+    one-line failure then reads as in one process); an error that does not (confluent-kafka's, from its C
+    module) comes back as a KafkaOperationError carrying its type and text, the broker's reason included."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from mirror_core.direct import _transportable
+    from mirror_core.errors import KafkaOperationError
+    from mirror_core.replicate import WriterError
+
+    same = _transportable(WriterError("m partition 3: could not commit after 3 attempts"))
+    assert type(same) is WriterError and str(same) == "m partition 3: could not commit after 3 attempts"
+    text = _transportable(KafkaException(KafkaError(KafkaError._FENCED, "producer fenced")))
+    assert type(text) is KafkaOperationError
+    assert str(text).startswith("KafkaException: ") and "producer fenced" in str(text) and "_FENCED" in str(text)
