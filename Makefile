@@ -32,7 +32,7 @@ artifacts: $(STAMP)
 	$(BIN)/mirrorflow local fetch
 
 test: artifacts lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
