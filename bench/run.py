@@ -44,7 +44,7 @@ from bench.contenders import (  # noqa: E402
 )
 from bench.observe import Arrivals, DstWatcher, percentile  # noqa: E402
 from bench.workload import SCHEMA, RateProducer, load  # noqa: E402
-from mirror_core import artifacts, local  # noqa: E402
+from mirror_core import artifacts, local, local_spark  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -83,6 +83,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--driver-max", type=int, default=None,
                     help="mirrorflow's spark.driver_batch_max_records (default: the product default)")
     ap.add_argument("--mm2-tasks", type=int, default=2, help="MM2 tasks.max (Spark runs local[2])")
+    ap.add_argument("--spark-workers", type=int, default=0,
+                    help="run mirrorflow on a Spark standalone cluster of this many workers (1 core, 1 GB each; "
+                         "executor scaling, with --driver-max 0 so the tasks write) instead of local[2]")
     ap.add_argument("--timeout", type=float, default=600.0, help="deadline per contender run, seconds")
     ap.add_argument("--no-latency", action="store_true", help="skip the latency phase")
     ap.add_argument("--no-drain", action="store_true", help="skip the drain phase")
@@ -129,6 +132,8 @@ class Bench:
         self.rows: list[dict[str, Any]] = []
         self.current: Running | None = None
         self.kcat = shutil.which("kcat") or shutil.which("kafkacat")
+        #: the Spark master mirrorflow runs on (a standalone cluster with --spark-workers)
+        self.master = "local[2]"
         self.doc: dict[str, Any] = {
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
@@ -161,6 +166,12 @@ class Bench:
             pass
         if self.kcat is None:
             self.doc["notes"].append("kcat not installed (apt-get install -y kcat): kcat rows skipped")
+        if self.args.spark_workers:
+            self.say(f"starting a Spark standalone cluster of {self.args.spark_workers} workers (1 core, 1 GB each)")
+            cluster = local_spark.up(self.env, workers=self.args.spark_workers, cores_per_worker=1,
+                                     memory_per_worker="1g")
+            self.master = cluster.master_url
+            self.doc["spark_master"] = {"url": cluster.master_url, "workers": self.args.spark_workers}
 
     def create_topic(self, bootstrap: str, topic: str, partitions: int) -> None:
         admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -194,7 +205,7 @@ class Bench:
             path.write_text(mirrorflow_yaml(
                 self.ep, group=group, source_topic=source, destination_topic=dest, delivery=delivery,
                 value_serde=serde, trigger=self.args.trigger, checkpoint_dir=self.out / "checkpoints",
-                driver_batch_max_records=self.args.driver_max,
+                driver_batch_max_records=self.args.driver_max, master=self.master,
                 read_path="direct" if "direct" in parts else "spark"))
             cmd = mirrorflow_cmd(path, group, once=drain)
         elif contender in ("mm2", "mm2-tuned"):
@@ -400,7 +411,8 @@ class Bench:
         if self.current is not None:
             self.say(f"stopping {self.current.name}")
             self.finish(self.current)
-        stopped = local.down(self.env)
+        stopped = local_spark.down(self.env) if self.args.spark_workers else []
+        stopped += local.down(self.env)
         self.say(f"clusters stopped ({len(stopped)} processes)")
         shutil.rmtree(self.out / "checkpoints", ignore_errors=True)
 
