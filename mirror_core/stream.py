@@ -156,6 +156,9 @@ class MirrorRuntime:
         #: destination topic -> its topic id when the settings were made (see :meth:`check_destinations`)
         self.destination_ids: dict[str, str] = {}
         self._dst_admin: Any = None
+        #: makes the destination check's admin client (see :meth:`_destination_ids_when_answered`)
+        self._dst_admin_factory: Callable[[], Any] = lambda: clients.admin(
+            self.dst, **{"allow.auto.create.topics": False})
         self._secrets_dir: Path | None = None
         #: the source consumer of ``spark.read_path: direct`` (see :mod:`mirror_core.direct`)
         self._direct: Any = None
@@ -231,7 +234,7 @@ class MirrorRuntime:
         if not self.destination_ids:
             return
         if self._dst_admin is None:
-            self._dst_admin = clients.admin(self.dst, **{"allow.auto.create.topics": False})
+            self._dst_admin = self._dst_admin_factory()
         now = self._destination_ids_when_answered()
         for s in self.settings.values():
             before = self.destination_ids.get(s.destination_topic)
@@ -251,7 +254,12 @@ class MirrorRuntime:
         """The destination topics' ids; while the destination cluster does not answer (a broker restarting, a
         network partition) the batch waits for it, as the writer's producers would: an unreachable destination
         stalls the mirror, it does not end it. Errors that are not about reaching the cluster (authorization)
-        are raised."""
+        are raised.
+
+        Each attempt after one that got no answer uses a new admin client. librdkafka sends DescribeTopics to
+        the broker its metadata names as the controller (on a KRaft cluster, any live broker) and refreshes
+        that only every ``topic.metadata.refresh.interval.ms`` (5 minutes): when that broker dies, the old
+        client waits for it that long, while a new one bootstraps from the brokers still up."""
         from concurrent.futures import TimeoutError as FutureTimeout
 
         from confluent_kafka import KafkaException
@@ -268,6 +276,7 @@ class MirrorRuntime:
             log.warning("%s: destination cluster %s does not answer (%s); the batch waits for it (%.0fs so far)",
                         self.group.name, self.group.destination, reason, time.monotonic() - started)
             time.sleep(DESTINATION_RETRY_PAUSE)
+            self._dst_admin = self._dst_admin_factory()
 
     # -- the Spark source
 

@@ -40,6 +40,7 @@ def _runtime(admin: _FakeAdmin) -> MirrorRuntime:
     rt.settings = {"t": s}
     rt.destination_ids = {"t.m": "id-1"}
     rt._dst_admin = admin
+    rt._dst_admin_factory = lambda: admin
     rt.group = SimpleNamespace(name="g", destination="dst")
     return rt
 
@@ -118,6 +119,37 @@ def test_an_unreachable_destination_makes_the_batch_wait_not_fail(monkeypatch, c
     assert (silent.asked, transport.asked) == (3, 4)
     waits = [r.getMessage() for r in caplog.records if "does not answer" in r.getMessage()]
     assert len(waits) == 5 and all(m.startswith("g: destination cluster dst does not answer") for m in waits)
+
+
+class _StuckAdmin(_FakeAdmin):
+    """Waits for a controller that is gone (the broker its metadata names was killed): never answers."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.asked = 0
+
+    def describe_topics(self, topics: Any, request_timeout: float = 30) -> dict[str, Future[Any]]:
+        self.asked += 1
+        assert self.asked == 1, "asked the client that waits for a dead broker again"
+        return {t: Future() for t in topics.topic_names}
+
+
+def test_an_unanswered_check_asks_again_with_a_new_client(monkeypatch, caplog) -> None:
+    """A destination broker killed on a 3-broker cluster: the admin client still takes it for the
+    controller (for up to 5 minutes, until its metadata refresh) and never answers; the next attempt uses a
+    new client, which bootstraps from the brokers still up, and the batch goes on."""
+    from mirror_core import stream
+
+    monkeypatch.setattr(stream, "DESTINATION_CHECK_TIMEOUT", 0.05)
+    monkeypatch.setattr(stream, "DESTINATION_RETRY_PAUSE", 0.0)
+    stuck, fresh = _StuckAdmin(), _FakeAdmin({"t.m": "id-1"})
+    rt = _runtime(stuck)  # type: ignore[arg-type]
+    made: list[Any] = []
+    rt._dst_admin_factory = lambda: made.append(fresh) or fresh
+    with caplog.at_level("WARNING", logger="mirror_core.stream"):
+        rt.check_destinations()
+    assert stuck.asked == 1 and made == [fresh] and rt._dst_admin is fresh
+    assert sum("does not answer" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_a_refusal_from_the_destination_is_not_waited_on(monkeypatch) -> None:
