@@ -136,6 +136,8 @@ class MirrorRuntime:
         self.consumer_groups: dict[str, str] = {}
         self._committers: dict[str, Any] = {}  # one long-lived consumer per mirror consumer group
         self._committers_lock = threading.Lock()
+        #: the source-offset commit of the last batch, running beside the next batch (see :meth:`after_batch`)
+        self._commit_thread: threading.Thread | None = None
         self.id_map: dict[int, int] = {}
         #: key + value bytes per record of the batches so far (None before the first): sizes driver batches
         self.bytes_per_record: float | None = None
@@ -426,7 +428,11 @@ class MirrorRuntime:
         return self._pool
 
     def close(self) -> None:
-        """Close the direct path's source consumer and writer processes (if any)."""
+        """Finish the last source-offset commit, close the direct path's source consumer and writer processes
+        (if any)."""
+        if not self.wait_for_commits():
+            log.warning("%s: the last source-offset commit did not finish within 10s; the consumer group on the "
+                        "source may show the batch before", self.group.name)
         if self._direct is not None:
             self._direct.close()
         if self._pool is not None:
@@ -591,6 +597,9 @@ class MirrorRuntime:
         commits: dict[str, list[tuple[str, int, int]]] = {}
         totals: dict[str, Any] = {"records": 0, "mirrored": 0, "dead_lettered": 0, "replayed_skipped": 0, "bytes": 0}
         phases = {"input": 0.0, "setup": 0.0, "produce": 0.0, "commit": 0.0}
+        # latency samples (up to 200 per written chunk) go into the histogram thinned to about LATENCY_SAMPLES
+        # a batch, at least one per partition: an observation costs some 3 us, on every micro-batch's path
+        step = max(1, -(-sum(len(r["latency_ms"] or ()) for r in rows) // LATENCY_SAMPLES))
         for r in rows:
             s = self.settings.get(r["topic"])
             if s is None:
@@ -602,8 +611,10 @@ class MirrorRuntime:
             metrics.REPLAYED.labels(*labels).inc(r["replayed_skipped"])
             metrics.LOOPED.labels(*labels).inc(r["provenance_skipped"])
             metrics.MISSES.labels(*labels).inc(r["cache_misses"])
-            for lat in r["latency_ms"] or []:
-                metrics.LATENCY_MS.labels(*labels).observe(lat)
+            if r["latency_ms"]:
+                observe = metrics.LATENCY_MS.labels(*labels).observe
+                for lat in r["latency_ms"][::step]:
+                    observe(lat)
             if r["upstream_end"] is not None:
                 cg = self.consumer_groups[r["topic"]]
                 commits.setdefault(cg, []).append((r["topic"], r["partition"], r["upstream_end"]))
@@ -619,7 +630,7 @@ class MirrorRuntime:
             recent = totals["bytes"] / totals["mirrored"]
             prev = self.bytes_per_record
             self.bytes_per_record = recent if prev is None else max(recent, 0.7 * prev + 0.3 * recent)
-        self.commit_source_offsets(commits)
+        self._commit_in_background(commits)
         lats = [x for r in rows for x in (r["latency_ms"] or [])]
         totals["latency_p50_ms"] = round(statistics.median(lats), 1) if lats else None
         totals["expired"] = self.report_expired(batch_id, rows)
@@ -650,6 +661,39 @@ class MirrorRuntime:
             except Exception as exc:  # noqa: BLE001 - only a head start: the first commit tries again
                 log.debug("%s: committer warm-up for %s: %s", self.group.name, cg, exc)
 
+    def _commit_in_background(self, commits: dict[str, list[tuple[str, int, int]]]) -> None:
+        """Commit ``commits`` on a thread of its own once the previous batch's commit has finished, so they land
+        in batch order. The commit is a round trip to the source's group coordinator that only monitoring
+        reads (the mirror's own position is in the offset syncs): the next micro-batch does not wait for it,
+        which shortens a continuous mirror's cycle by that round trip. A commit still running after a minute
+        (the source unreachable) makes this batch's commit wait for the next batch's, which covers it."""
+        if not self.wait_for_commits(60.0):
+            log.warning("%s: the previous source-offset commit has not finished after 60s; this batch's "
+                        "positions are committed with the next batch's", self.group.name)
+            return
+        if commits:
+            t = self._commit_thread = threading.Thread(target=self._commit_quietly, args=(commits,),
+                                                       name="mirrorflow-source-commit", daemon=True)
+            t.start()
+
+    def _commit_quietly(self, commits: dict[str, list[tuple[str, int, int]]]) -> None:
+        try:
+            self.commit_source_offsets(commits)
+        except Exception as exc:  # noqa: BLE001 - a thread's traceback would be the only trace; one line instead
+            log.warning("%s: could not commit source offsets: %s", self.group.name, exc)
+
+    def wait_for_commits(self, timeout: float = 10.0) -> bool:
+        """Wait up to ``timeout`` seconds for the source-offset commit in flight, if any; False if it is still
+        running then."""
+        t = self._commit_thread
+        if t is None:
+            return True
+        t.join(timeout)
+        if t.is_alive():
+            return False
+        self._commit_thread = None
+        return True
+
     def commit_source_offsets(self, commits: dict[str, list[tuple[str, int, int]]]) -> None:
         """So kafka-consumer-groups and lag exporters see the mirror's position on the source."""
         from confluent_kafka import KafkaException, TopicPartition
@@ -665,6 +709,8 @@ class MirrorRuntime:
                             exc.args[0].str())
 
 
+#: latency observations per micro-batch at most (about; see :meth:`MirrorRuntime.after_batch`)
+LATENCY_SAMPLES = 400
 DESTINATION_CHECK_TIMEOUT = 15.0  # one attempt of the per-batch destination check
 DESTINATION_RETRY_PAUSE = 2.0
 

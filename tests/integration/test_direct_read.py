@@ -243,7 +243,9 @@ def test_direct_batches_mirror_committed_records_once_and_a_replay_adds_nothing(
             batch(1)  # at_least_once writes a replayed batch again (duplicates, as after any retry)
             assert summaries[2]["mirrored"] == 0 and summaries[2]["replayed_skipped"] == summaries[1]["mirrored"]
             assert read_dst(clusters.dst_bootstrap, f"{topic}.m", 2) == got
-        # the mirror's consumer group on the source is at the batch end (markers included)
+        # the mirror's consumer group on the source is at the batch end (markers included), once the last
+        # batch's commit (which runs beside the next batch) is done
+        assert rt.wait_for_commits()
         c = Consumer({"bootstrap.servers": clusters.src_bootstrap, "group.id": rt.consumer_groups[topic]})
         assert [tp.offset for tp in c.committed([TopicPartition(topic, p) for p in (0, 1)], timeout=10)] == \
             [ends[0], ends[1]]

@@ -136,3 +136,62 @@ def test_item5_records_expired_before_they_were_mirrored_are_counted(tmp_path, m
     before = metrics.EXPIRED.labels("g", "g__t__t")._value.get()
     assert rt.report_expired(3, rows) == 12
     assert metrics.EXPIRED.labels("g", "g__t__t")._value.get() - before == 12
+
+
+def _row(partition: int, end: int) -> dict:
+    return {"topic": "t", "partition": partition, "records_in": 1, "mirrored": 1, "bytes_out": 10, "dead_lettered": 0,
+            "replayed_skipped": 0, "provenance_skipped": 0, "cache_misses": 0, "latency_ms": [], "upstream_end": end,
+            "first_offset": end - 1, "input_ms": 0.0, "setup_ms": 0.0, "produce_ms": 0.0, "commit_ms": 0.0}
+
+
+def test_the_source_offset_commit_runs_beside_the_next_batch_and_in_batch_order(tmp_path) -> None:
+    """The commit of a batch's source positions (monitoring only) must not hold the next micro-batch; a
+    later batch's commit waits for the earlier one (positions never move back), and close() waits for the
+    last one, so a drain's consumer group ends at its end."""
+    import threading
+
+    release = threading.Event()
+    commits: list[list[tuple[int, int]]] = []
+
+    class SlowCommitter:
+        def commit(self, offsets, asynchronous):
+            assert asynchronous is False
+            release.wait(10)
+            commits.append([(tp.partition, tp.offset) for tp in offsets])
+
+    rt = _runtime(tmp_path)
+    rt.settings = {"t": _settings(2, 2)}
+    rt.consumer_groups = {"t": "cg"}
+    rt._committer = lambda cg: SlowCommitter()  # type: ignore[method-assign]
+    rt.after_batch(0, [_row(0, 5), _row(1, 7)], 0.1)
+    assert commits == []  # after_batch returned while its commit is still running
+    second = threading.Thread(target=rt.after_batch, args=(1, [_row(0, 9)], 0.1))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive() and commits == []  # batch 1's commit waits for batch 0's
+    release.set()
+    second.join(10)
+    rt.close()
+    assert commits == [[(0, 5), (1, 7)], [(0, 9)]]
+
+
+def test_a_batch_observes_a_bounded_spread_of_its_latency_samples(tmp_path) -> None:
+    """1,000 partitions of 200 latency samples each must not cost a micro-batch 200,000 histogram
+    observations: about LATENCY_SAMPLES of them, taken from every partition, and the batch's p50 from all."""
+    from mirror_core import metrics
+
+    rt = _runtime(tmp_path)
+    rt.settings = {"t": _settings(1000, 1000)}
+    rt.consumer_groups = {"t": "cg"}
+    rt._commit_in_background = lambda commits: None  # type: ignore[method-assign]
+    rows = []
+    for p in range(1000):
+        row = _row(p, 5)
+        row["latency_ms"] = [float(p)] * 200
+        rows.append(row)
+    hist = metrics.LATENCY_MS.labels("g", "g__t__t")
+    before = hist._sum.get()
+    summary = rt.after_batch(0, rows, 0.1)
+    # each partition's samples (all p ms) were observed exactly once: the sum of 0..999, and no more
+    assert hist._sum.get() - before == sum(range(1000))
+    assert summary["latency_p50_ms"] == 499.5
