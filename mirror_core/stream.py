@@ -79,7 +79,7 @@ class WriterPlan:
     group: str = ""
     #: (topic, partition) -> (previous batch end, this batch end) where the source's end moved back (the
     #: topic was re-created or its log truncated): Spark drops that range, :meth:`MirrorRuntime.write_rewound`
-    #: writes it from the partition's start
+    #: (or, on the direct path, :meth:`MirrorRuntime.write_direct`) writes it from the partition's start
     rewound: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -377,8 +377,9 @@ class MirrorRuntime:
         """Write, from the driver, the records of partitions whose end moved back, from the partition's
         start to the batch end. Spark's source (``failOnDataLoss=false``) drops a range that moved back,
         so without this the re-created topic's first records would never be mirrored; the writer, finding
-        its committed position beyond the source's end, takes them as new."""
-        if not plan.rewound:
+        its committed position beyond the source's end, takes them as new. On the direct read path they are
+        ranges of the batch instead (:meth:`write_direct`), written by the process that owns the partition."""
+        if not plan.rewound or self.group.spark.read_path == "direct":
             return []
         bw = BatchWriter(plan)
         for (t, p), (_before, end) in sorted(plan.rewound.items()):
@@ -399,10 +400,13 @@ class MirrorRuntime:
         """``spark.read_path: direct``: read micro-batch ``batch_id``'s ranges from the source (the ones in
         Spark's offset log, so a replayed batch reads exactly the same) and write them from the driver. The
         micro-batch DataFrame is never evaluated. Call after :meth:`writer_plan` for the same batch."""
-        from mirror_core.direct import DirectReader, batch_ranges, write_ranges
+        from mirror_core.direct import DirectReader, Range, batch_ranges, write_ranges
 
         starts, ends = self._starts.get(batch_id) or (self.batch_starts(batch_id), self.batch_ends(batch_id))
         ranges = batch_ranges(starts, ends, skip=plan.ignored)
+        # partitions whose end moved back (topic re-created, log truncated) have no range from Spark: they are
+        # read from their first offset, as a new partition is, and their writer takes the records as new
+        ranges += [Range(t, p, None, end) for (t, p), (_start, end) in sorted(plan.rewound.items()) if end > 0]
         pool = self._writer_pool()
         if pool is not None:
             return pool.write(plan, ranges)

@@ -342,6 +342,41 @@ time.sleep(600)
         job.kill()
 
 
+def test_a_writer_process_busy_mid_batch_ends_with_its_killed_job(clusters, unique):
+    """A writer process in the middle of a batch does not read its socket, so it cannot see its job's end
+    there: the parent watcher ends it within a second or two of a SIGKILL of the job. Here the process is
+    waiting for records of a range that are not there yet (it would wait a minute before giving up)."""
+    topic = unique("busy")
+    create_topic(clusters.src_bootstrap, topic, 1)
+    script = """
+import sys, threading, time
+from mirror_core.config import ClusterConfig
+from mirror_core.direct import Range, WriterPool
+from mirror_core.stream import WriterPlan
+pool = WriterPool(ClusterConfig.model_validate({"kafka": {"bootstrap.servers": sys.argv[1]}}), "g", processes=2)
+plan = WriterPlan({}, {}, {}, {}, None, group="g")
+pool.warm(plan)
+assert [w.result() for w in pool._workers] == [None, None]
+threading.Thread(target=pool.write, args=(plan, [Range(sys.argv[2], 0, 0, 10)]), daemon=True).start()
+time.sleep(2)  # the owner of the partition is reading, waiting for offsets 0-9
+print(" ".join(str(w.proc.pid) for w in pool._workers), flush=True)
+time.sleep(600)
+"""
+    job = subprocess.Popen([sys.executable, "-c", script, clusters.src_bootstrap, topic], stdout=subprocess.PIPE,
+                           text=True)
+    try:
+        pids = [int(x) for x in job.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        job.kill()
+        job.wait(10)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in pids), "a busy writer process outlived its killed job"
+    finally:
+        job.kill()
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
