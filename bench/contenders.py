@@ -43,7 +43,8 @@ class Endpoints:
 
 def mirrorflow_yaml(ep: Endpoints, *, group: str, source_topic: str, destination_topic: str, delivery: str,
                     value_serde: str, trigger: str, checkpoint_dir: Path, master: str = "local[2]",
-                    driver_batch_max_records: int | None = None, read_path: str = "spark") -> str:
+                    driver_batch_max_records: int | None = None, read_path: str = "spark",
+                    transactions: str = "per_partition") -> str:
     """A mirrors YAML with one group mirroring ``source_topic`` to ``destination_topic``."""
     def reg(url: str | None) -> str:
         return f"\n    schema_registry: {{url: \"{url}\"}}" if url else ""
@@ -71,6 +72,7 @@ groups:
       trigger: "{trigger}"
       checkpoint_dir: "{checkpoint_dir}"{driver_max}
       read_path: {read_path}
+      transactions: {transactions}
       conf: {{spark.ui.showConsoleProgress: "false"}}
     mirrors:
       - source_topic: {source_topic}

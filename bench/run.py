@@ -51,14 +51,15 @@ RESULTS = ROOT / "bench" / "results"
 # mirrorflow-* mirror with the avro value serde (schema ids rewritten); the *-bytes variants copy values as
 # bytes. mm2 is MirrorMaker 2 as shipped, mm2-tuned as a performance-minded operator runs it.
 # *-direct* run with spark.read_path: direct (Spark plans, the driver reads the ranges itself; opt-in, not
-# in the default set).
+# in the default set); *-writer* too, with spark.transactions: per_writer (one transaction per writer process
+# and batch).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
-                     "mirrorflow-alo-direct-bytes")
+                     "mirrorflow-alo-direct-bytes", "mirrorflow-eos-writer", "mirrorflow-eos-writer-bytes")
 FLOOR = "floor"  # no mirror: the watcher reads the source topic itself (what the measurement adds)
 LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-direct", "mirrorflow-alo-direct",
-                      "mm2", "mm2-tuned", "raw-python", "kcat")
+                      "mirrorflow-eos-writer", "mm2", "mm2-tuned", "raw-python", "kcat")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -206,7 +207,8 @@ class Bench:
                 self.ep, group=group, source_topic=source, destination_topic=dest, delivery=delivery,
                 value_serde=serde, trigger=self.args.trigger, checkpoint_dir=self.out / "checkpoints",
                 driver_batch_max_records=self.args.driver_max, master=self.master,
-                read_path="direct" if "direct" in parts else "spark"))
+                read_path="direct" if "direct" in parts or "writer" in parts else "spark",
+                transactions="per_writer" if "writer" in parts else "per_partition"))
             cmd = mirrorflow_cmd(path, group, once=drain)
         elif contender in ("mm2", "mm2-tuned"):
             tuned = contender == "mm2-tuned"

@@ -389,6 +389,11 @@ def reserved_source_option(key: str) -> str | None:
 
 StreamMode = Literal["continuous", "available_now"]
 
+#: ``transactions: per_writer``: the transactional ids ``<stem>:writer-0`` to ``-15`` a group's writer processes
+#: use; every start fences those its job does not use, so a writer of an earlier job with more processes
+#: cannot commit after the positions are read
+WRITER_SLOTS = 16
+
 
 class SparkConfig(_Frozen):
     #: how Airflow runs the group's stream: one long-lived job (relaunched when it dies) or a scheduled
@@ -417,6 +422,10 @@ class SparkConfig(_Frozen):
     #: the partitions (one Python process is bound by its GIL at about one core); 0 = one per CPU core of the
     #: driver's host, at most 4; 1 = the driver itself
     direct_processes: int = Field(default=0, ge=0, le=64)
+    #: with ``read_path: direct`` and ``exactly_once``: ``per_partition`` (each partition's records commit in a
+    #: transaction of their own, with a producer per partition) or ``per_writer`` (each writer process commits
+    #: one transaction per micro-batch holding all its partitions, with one producer: for many partitions)
+    transactions: Literal["per_partition", "per_writer"] = "per_partition"
     metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus /metrics on the driver; 0 = off
     #: where the Spark Kafka source's secrets are written (0600 files read by the Kafka clients on the
     #: driver and the executors); default: a private temporary directory on the driver's host
@@ -457,6 +466,17 @@ class SparkConfig(_Frozen):
             except ValueError:
                 raise ValueError(f"not a trigger: {v!r} (use 'available_now' or a duration like '1 second')") from None
         return v
+
+    @model_validator(mode="after")
+    def _per_writer(self) -> SparkConfig:
+        if self.transactions == "per_writer":
+            if self.read_path != "direct":
+                raise ValueError("transactions: per_writer needs read_path: direct (Spark's tasks write a "
+                                 "transaction per partition)")
+            if self.direct_processes > WRITER_SLOTS:
+                raise ValueError(f"transactions: per_writer allows at most {WRITER_SLOTS} direct_processes "
+                                 f"(each has a transactional id of its own, and a start fences all {WRITER_SLOTS})")
+        return self
 
 
 class SchemasConfig(_Frozen):
@@ -616,6 +636,12 @@ def transactional_id(group: str, source_alias: str, source_topic: str, destinati
     producer, lock and position). It keeps the ``mirrorflow.`` prefix that prefixed ACLs match.
     """
     return "mirrorflow." + ":".join((group, source_alias, source_topic, destination_topic))
+
+
+def writer_transactional_id(group: str, source_alias: str, slot: int) -> str:
+    """``transactions: per_writer``: the transactional id of a group's writer process ``slot``. The empty
+    source-topic field keeps it apart from every mirror's ids (a topic name is never empty)."""
+    return transactional_id(group, source_alias, "", f"writer-{slot}")
 
 
 def default_consumer_group(group: str, source_topic: str, destination_topic: str) -> str:

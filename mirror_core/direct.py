@@ -346,12 +346,17 @@ class _Buffer:
                        self.headers if self.any_headers else None)
 
 
-def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: int = 8) -> list[dict[str, Any]]:
+def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: int = 8, slot: int = 0,
+                 slots_used: int = 1) -> list[dict[str, Any]]:
     """Read a micro-batch's ranges with ``reader`` and write them with one :class:`BatchWriter` (the
     ``plan`` is the batch's :class:`~mirror_core.stream.WriterPlan`): each partition by one thread at a
     time, in offset order, up to ``threads`` partitions at once; the read goes on while they write.
-    Returns the writer's result rows; the first writer error is raised once every partition has stopped."""
+    Returns the writer's result rows; the first writer error is raised once every partition has stopped.
+    With ``transactions: per_writer``, see :func:`write_ranges_per_writer` (``slot``: this writer's)."""
     from mirror_core.stream import BatchWriter
+
+    if plan.transactions == "per_writer":
+        return write_ranges_per_writer(plan, ranges, reader, slot, slots_used)
 
     bw = BatchWriter(plan)
     failed: list[BaseException] = []
@@ -403,6 +408,39 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
     return bw.rows(read_s * 1000)
 
 
+def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader, slot: int,
+                            slots_used: int) -> list[dict[str, Any]]:
+    """``transactions: per_writer``: read the ranges, then write the exactly-once partitions' records in one
+    transaction of this writer's producer (``slot``; see :meth:`~mirror_core.stream.BatchWriter.write_shared`).
+    The rest (at-least-once mirrors, or the whole batch when the shared transaction cannot be used) is
+    written partition by partition, as on the ``per_partition`` path."""
+    from mirror_core.replicate import Columns, WriterTransaction
+    from mirror_core.stream import BatchWriter
+
+    bw = BatchWriter(plan)
+    pieces: dict[tuple[str, int], list[Columns]] = {}
+
+    def deliver(r: Range, cols: Columns | None) -> None:
+        if cols is not None:
+            pieces.setdefault((r.topic, r.partition), []).append(cols)
+
+    read_s = reader.read(ranges, deliver)
+    shared: dict[tuple[str, int], Columns] = {}
+    alone: dict[tuple[str, int], Columns] = {}
+    for key, parts in pieces.items():
+        s = plan.settings.get(key[0])
+        target = shared if s is not None and s.delivery == "exactly_once" else alone
+        target[key] = Columns.concat(parts)
+    if shared:
+        txn = WriterTransaction(plan.settings.values(), slot, slots_used)
+        if not bw.write_shared(txn, shared):
+            alone.update(shared)
+    for (topic, part), cols in sorted(alone.items()):
+        bw.feed(topic, part, cols)  # an unknown topic fails here, as on the per-partition path
+        bw.finish(topic, part)
+    return bw.rows(read_s * 1000)
+
+
 class _Stopped(Exception):
     """A writer failed: the read stops (the writer's error is raised)."""
 
@@ -441,7 +479,8 @@ class WriterPool:
     def _start(self) -> list[_Worker]:
         if not self._workers:
             verbose = logging.getLogger("mirror_core").isEnabledFor(logging.DEBUG)
-            self._workers = [_Worker.start(i, (self.cluster, self.group, self.consumer_group, self.threads, verbose))
+            self._workers = [_Worker.start(i, (self.cluster, self.group, self.consumer_group, self.threads, verbose,
+                                               i, self.processes))
                              for i in range(self.processes)]
         return self._workers
 
@@ -578,16 +617,34 @@ def _transportable(exc: BaseException) -> BaseException:
         return KafkaOperationError(f"{type(exc).__name__}: {exc}")
 
 
-def _warm(bw: Any, keys: list[tuple[str, int]], threads: int) -> None:
-    """Start each partition's producer and read its position (a failure is logged: only a head start)."""
+def _warm(bw: Any, keys: list[tuple[str, int]], threads: int, slot: int = 0, slots_used: int = 1,
+          stop: threading.Event | None = None) -> None:
+    """Start each partition's producer and read its position (a failure is logged: only a head start). With
+    ``transactions: per_writer``: fence the writer ids the job does not use and each partition's own id, read
+    the positions, and start this writer's (``slot``) producer."""
+    from mirror_core.replicate import WriterTransaction
+
+    shared = bw.plan.transactions == "per_writer"
+    prepare = bw.prepare_shared if shared else bw.prepare
+
     def one(key: tuple[str, int]) -> None:
+        if stop is not None and stop.is_set():
+            return
         try:
-            bw.prepare(*key)
+            prepare(*key)
         except Exception as exc:  # noqa: BLE001 - the first write tries again
             log.warning("%s: warm-up of %s[%d] failed: %s", bw.plan.group, key[0], key[1], exc)
 
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="mirrorflow-warm-up") as pool:
+        if shared:
+            txn = WriterTransaction(bw.plan.settings.values(), slot, slots_used)
+            try:
+                txn.fence_unused()
+                if txn.txid:
+                    txn.producer()
+            except Exception as exc:  # noqa: BLE001 - the first write tries again
+                log.warning("%s: warm-up of writer %d failed: %s", bw.plan.group, slot, exc)
         list(pool.map(one, keys))
     log.debug("%s: %d partition writers ready in %.1fs", bw.plan.group, len(keys), time.monotonic() - t0)
 
@@ -616,7 +673,7 @@ def serve(fd: int) -> int:
         signal.signal(sig, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(os.getppid(),), name="mirrorflow-parent-watch", daemon=True).start()
     conn = Connection(fd)
-    _, cluster, group, consumer_group, threads, verbose = conn.recv()
+    _, cluster, group, consumer_group, threads, verbose, slot, slots_used = conn.recv()
     setup_logging(verbose)
     reader = DirectReader(cluster, group, consumer_group=consumer_group)
     try:
@@ -624,10 +681,10 @@ def serve(fd: int) -> int:
             kind, plan, work = request
             try:
                 if kind == "warm":
-                    _warm(BatchWriter(plan), work, threads)
+                    _warm(BatchWriter(plan), work, threads, slot, slots_used)
                     conn.send(("ok", None))
                 else:
-                    conn.send(("ok", write_ranges(plan, work, reader, threads)))
+                    conn.send(("ok", write_ranges(plan, work, reader, threads, slot, slots_used)))
             except BaseException as exc:  # noqa: BLE001 - every failure goes back to the driver
                 conn.send(("err", _transportable(exc)))
     except EOFError:

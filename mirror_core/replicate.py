@@ -41,7 +41,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from mirror_core import wire
-from mirror_core.config import transactional_id
+from mirror_core.config import WRITER_SLOTS, transactional_id, writer_transactional_id
 from mirror_core.errors import MirrorError
 from mirror_core.logs import LIBRDKAFKA_LOG
 from mirror_core.offsets import OffsetSync, syncs_for_batch
@@ -122,6 +122,23 @@ class Columns:
     def record(self, topic: str, partition: int, i: int) -> SourceRecord:
         return SourceRecord(topic, partition, self.offsets[i], self.keys[i], self.values[i],
                             self.headers[i] if self.headers is not None else (), self.timestamps[i])
+
+    @classmethod
+    def concat(cls, parts: list[Columns]) -> Columns:
+        """The records of ``parts`` (consecutive pieces of one partition) as one."""
+        if len(parts) == 1:
+            return parts[0]
+        out = cls([], [], [], [], None)
+        if any(p.headers is not None for p in parts):
+            out.headers = []
+        for p in parts:
+            out.offsets += p.offsets
+            out.keys += p.keys
+            out.values += p.values
+            out.timestamps += p.timestamps
+            if out.headers is not None:
+                out.headers += p.headers if p.headers is not None else [()] * len(p)
+        return out
 
     @classmethod
     def from_records(cls, records: Iterable[SourceRecord]) -> Columns:
@@ -535,6 +552,87 @@ def position_syncs(topic: str, partition: int, first_upstream: int, upstream_end
             OffsetSync(topic, partition, upstream_end, downstream)]
 
 
+def fence_transactional_id(producer_config: dict[str, Any], txid: str) -> None:
+    """``init_transactions`` with ``txid`` on a producer used for nothing else: a transaction open under that
+    id is aborted, and a writer still holding it can no longer commit."""
+    p = Producer(producer_config | {"transactional.id": txid, "transaction.timeout.ms": 60000, "log_level": 3,
+                                    "logger": LIBRDKAFKA_LOG})
+    p.init_transactions(60)
+
+
+#: ``transactions: per_writer``: per-partition transactional ids this process has fenced (see
+#: :meth:`PartitionWriter.prepare_shared`)
+_FENCED_PARTITIONS: set[str] = set()
+_FENCE_GUARD = threading.Lock()
+
+
+class WriterTransaction:
+    """``transactions: per_writer``: the one transactional producer of a writer process (``slot``), whose
+    transaction holds a micro-batch's records, dead letters and offset syncs of every partition the process
+    owns (see :meth:`stream.BatchWriter.write_shared`). Kept for the life of the process, like the
+    per-partition producers; built again when a destination's size limit or partition count changed."""
+
+    def __init__(self, settings: Iterable[WriterSettings], slot: int, slots_used: int):
+        exactly = [s for s in settings if s.delivery == "exactly_once"]
+        first = exactly[0] if exactly else None
+        self.slot = slot
+        self.slots_used = slots_used
+        self._names = ("", "") if first is None else (first.group, first.source_alias)
+        self.txid = "" if first is None else writer_transactional_id(*self._names, slot)
+        self.producer_config = {} if first is None else dict(first.producer_config)
+        limits = [s.destination_max_message_bytes for s in exactly if s.destination_max_message_bytes is not None]
+        self.limit = min(limits) if limits else None
+        self.partitions = sum(s.destination_partitions for s in exactly)
+
+    def fence_unused(self) -> None:
+        """Fence the writer ids this job does not use (``slots_used`` and up): a writer of an earlier job that
+        ran with more processes might still hold one (once per process)."""
+        if not self.txid:
+            return
+        for slot in range(self.slots_used, WRITER_SLOTS):
+            txid = writer_transactional_id(*self._names, slot)
+            with _FENCE_GUARD:
+                if txid in _FENCED_PARTITIONS:
+                    continue
+                _FENCED_PARTITIONS.add(txid)
+            fence_transactional_id(self.producer_config, txid)
+
+    def producer(self) -> Producer:
+        """The slot's producer, started (fencing any zombie of the same id) when first needed."""
+        key = self.txid
+        if key in _PRODUCERS and (_PRODUCER_LIMITS.get(key) != self.limit
+                                  or _PRODUCER_PARTITIONS.get(key) != self.partitions):
+            _drop_producer(key)
+        if key not in _PRODUCERS:
+            base: dict[str, Any] = {"enable.idempotence": True, "acks": "all", "linger.ms": 5, "log_level": 3,
+                                    "logger": LIBRDKAFKA_LOG, "allow.auto.create.topics": False,
+                                    "transactional.id": key, "transaction.timeout.ms": 60000}
+            if self.limit is not None:
+                base["batch.size"] = max(1, min(1_000_000, self.limit - 100))
+            p = Producer(self.producer_config | base)
+            p.init_transactions(60)
+            _PRODUCERS[key] = p
+            _PRODUCER_LIMITS[key] = self.limit
+            _PRODUCER_PARTITIONS[key] = self.partitions
+        return _PRODUCERS[key]
+
+    def drop(self) -> None:
+        """Forget the producer (after a fatal error or a fence): the next batch starts a new one."""
+        _drop_producer(self.txid)
+
+
+@dataclass
+class Staged:
+    """``transactions: per_writer``: one partition's records produced into the writer's open transaction."""
+
+    partition: int
+    todo: Columns
+    upstream_end: int
+    position: Position | None
+    sent: _Sent
+    downstream: int | None = None
+
+
 # --------------------------------------------------------------------------- the writer
 
 
@@ -583,6 +681,25 @@ class FastPath:
 
 _ID_PREFIX = struct.Struct(">bi")
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+@dataclass
+class _Sent:
+    """A chunk handed to a producer, and the delivery reports coming in for it (see
+    :meth:`PartitionWriter._produce_records`)."""
+
+    partition: int
+    cols: Columns
+    result: BatchResult
+    #: every record went to its own partition number: the i-th report is the i-th record's
+    ordered: bool
+    acks: list[tuple[int, int | None]]
+    errors: list[tuple[int, KafkaError]]
+    #: dead letters the broker refused
+    failed: list[str]
+    #: ordered: upstream offsets in produce order, and downstream offsets in report order
+    sent: list[int]
+    reported: list[int | None]
 
 
 class PartitionWriter:
@@ -794,6 +911,75 @@ class PartitionWriter:
             downstream = self.downstream_end(self.s.destination_topic, self._dst_partition(partition))
         return position_syncs(self.s.source_topic, partition, first_upstream, upstream_end, downstream), downstream
 
+    # -- exactly once, transactions per writer
+
+    def prepare_shared(self, partition: int) -> Position | None:
+        """``transactions: per_writer``: fence the partition's own transactional id (a per-partition writer of
+        an earlier job may still hold it) once in this process, then read its committed position."""
+        key = self.s.transactional_id_for(partition)
+        with partition_lock(self.s, partition):
+            with _FENCE_GUARD:
+                fenced = key in _FENCED_PARTITIONS
+            if not fenced:
+                if key not in _PRODUCERS:  # a producer of this process holding the id fenced it already
+                    fence_transactional_id(dict(self.s.producer_config), key)
+                    _POSITIONS.pop(key, None)  # a zombie may have committed before the fence: read again
+                with _FENCE_GUARD:
+                    _FENCED_PARTITIONS.add(key)
+            return self._position(key, partition)
+
+    def stage(self, partition: int, cols: Columns, upstream_end: int, producer: Producer
+              ) -> tuple[BatchResult, Staged | None]:
+        """Produce the records of ``cols`` past the partition's committed position into ``producer``'s open
+        transaction. Returns the partition's result and what :meth:`settle_staged` needs (None when every
+        record was committed before: a replay)."""
+        result = BatchResult(self.s.source_topic, partition, records_in=len(cols), first_offset=cols.offsets[0],
+                             last_offset=cols.offsets[-1], upstream_end=upstream_end)
+        t0 = time.monotonic()
+        key = self.s.transactional_id_for(partition)
+        position = self.prepare_shared(partition)
+        start = 0 if position is None else bisect.bisect_left(cols.offsets, position.upstream)
+        if start and position is not None and self._beyond_source_end(key, partition, position):
+            position = _POSITIONS[key] = Position(0)  # the topic was re-created: its records are new
+            start = 0
+        result.replayed_skipped = start
+        t1 = time.monotonic()
+        result.setup_ms += (t1 - t0) * 1000
+        if start == len(cols):
+            if position is not None and position.downstream is not None:
+                result.last_downstream = position.downstream - 1
+            return result, None
+        todo = cols.slice(start, len(cols)) if start else cols
+        sent = self._produce_records(producer, partition, todo, result, {})
+        result.produce_ms += (time.monotonic() - t1) * 1000
+        return result, Staged(partition, todo, upstream_end, position, sent)
+
+    def settle_staged(self, producer: Producer, staged: Staged) -> None:
+        """Once every report is in: the partition's offset syncs into the same transaction. Raises
+        :class:`_Unmapped` when the reports cannot be tied to records or the broker rejected a record as too
+        large: the caller aborts and writes the batch partition by partition (which handles both)."""
+        acks, too_large = self._settle(producer, staged.sent)
+        if too_large:
+            raise _Unmapped()
+        syncs, staged.downstream = self._syncs(staged.partition, staged.todo.offsets[0], acks, staged.upstream_end,
+                                               staged.position)
+        for sync in syncs:
+            self._emit_sync(producer, sync)
+
+    def committed_staged(self, staged: Staged) -> None:
+        """The transaction holding ``staged`` committed: its position moves."""
+        key = self.s.transactional_id_for(staged.partition)
+        with partition_lock(self.s, staged.partition):
+            _POSITIONS[key] = Position(staged.upstream_end, staged.downstream)
+        result = staged.sent.result
+        result.last_downstream = None if staged.downstream is None else staged.downstream - 1
+        _note_latency(result, staged.todo.timestamps)
+
+    def resolve_ids(self, cols: Columns) -> None:
+        """Resolve the schema ids of ``cols`` not cached yet, before a transaction opens (see
+        :meth:`_write_transactional`)."""
+        self._resolve_ids(cols)
+
     # -- exactly once
 
     def _write_transactional(self, partition: int, chunk: Columns, result: BatchResult) -> None:
@@ -929,6 +1115,17 @@ class PartitionWriter:
         proven (or a record was rejected as too large, whose offset must be known) it raises
         :class:`_Unmapped` and the caller writes the chunk again with ``exact``: one callback per record."""
         t0 = time.monotonic()
+        sent = self._produce_records(producer, partition, cols, result, forced_dead, exact)
+        remaining = self._flush(producer, 60)
+        result.produce_ms += (time.monotonic() - t0) * 1000
+        if remaining:
+            raise WriterError(f"{self.s.mirror}: {remaining} records not acknowledged within 60 s")
+        return self._settle(producer, sent)
+
+    def _produce_records(self, producer: Producer, partition: int, cols: Columns, result: BatchResult,
+                         forced_dead: dict[int, DeadLetter], exact: bool = False) -> _Sent:
+        """The producing half of :meth:`_produce_all`: every record of ``cols`` handed to ``producer``, whose
+        reports land in the returned :class:`_Sent` (settled by :meth:`_settle` once they are all in)."""
         acks: list[tuple[int, int | None]] = []
         errors: list[tuple[int, KafkaError]] = []
         failed: list[str] = []  # dead letters the broker refused
@@ -1036,27 +1233,27 @@ class PartitionWriter:
             bytes_out += len(decision.value or b"") + len(decision.key or b"")
         result.mirrored += mirrored
         result.bytes_out += bytes_out
-        remaining = self._flush(producer, 60)
-        result.produce_ms += (time.monotonic() - t0) * 1000
-        if remaining:
-            raise WriterError(f"{self.s.mirror}: {remaining} records not acknowledged within 60 s")
-        self._check_dead_letters(failed)
         result.cache_misses += self.translator.thread_misses() - misses_before
-        fatal = [e for _, e in errors if not _is_too_large(e)]
+        return _Sent(partition, cols, result, ordered, acks, errors, failed, sent, reported)
+
+    def _settle(self, producer: Producer, sent: _Sent) -> tuple[list[tuple[int, int]], list[int]]:
+        """The settling half of :meth:`_produce_all`, once every report of ``sent`` is in."""
+        self._check_dead_letters(sent.failed)
+        fatal = [e for _, e in sent.errors if not _is_too_large(e)]
         if fatal:
             raise KafkaException(fatal[0])
-        if ordered:
-            pairs = None if errors else ordered_acks(sent, reported)
+        if sent.ordered:
+            pairs = None if sent.errors else ordered_acks(sent.sent, sent.reported)
             if pairs is None:
                 raise _Unmapped()
             return pairs, []
-        too_large = sorted(u for u, e in errors if _is_too_large(e))
+        too_large = sorted(u for u, e in sent.errors if _is_too_large(e))
         if too_large and self.s.on_error == "fail":
-            i = bisect.bisect_left(cols.offsets, too_large[0])
-            self._dead_letter(producer, cols.record(s.source_topic, partition, i),
-                              DeadLetter("record_too_large", "the destination rejected the record size"), result,
-                              failed)
-        acks.sort()
+            i = bisect.bisect_left(sent.cols.offsets, too_large[0])
+            self._dead_letter(producer, sent.cols.record(self.s.source_topic, sent.partition, i),
+                              DeadLetter("record_too_large", "the destination rejected the record size"),
+                              sent.result, sent.failed)
+        acks = sorted(sent.acks)
         return [(u, d) for u, d in acks if d is not None], too_large
 
     def _flush(self, producer: Producer, timeout: float) -> int:

@@ -38,6 +38,9 @@ from mirror_core.replicate import (
     SchemaIdTranslator,
     SourceRecord,
     WriterSettings,
+    WriterTransaction,
+    _abort_quietly,
+    _Unmapped,
     destination_deleted,
     last_committed_sync,
 )
@@ -81,6 +84,8 @@ class WriterPlan:
     #: topic was re-created or its log truncated): Spark drops that range, :meth:`MirrorRuntime.write_rewound`
     #: (or, on the direct path, :meth:`MirrorRuntime.write_direct`) writes it from the partition's start
     rewound: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    #: ``spark.transactions`` (the direct path's writers: a transaction per partition or per writer)
+    transactions: str = "per_partition"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "destination_consumer_config", client_config(self.destination_consumer_config))
@@ -362,7 +367,7 @@ class MirrorRuntime:
         return WriterPlan(dict(self.settings), dict(self.id_map), ends,
                           clients.kafka_config(self.dst), regs,
                           ignored=frozenset(self.known_topics - set(self.settings)), group=self.group.name,
-                          rewound=rewound)
+                          rewound=rewound, transactions=self.group.spark.transactions)
 
     def batch_starts(self, batch_id: int) -> dict[str, dict[int, int]]:
         """Where micro-batch ``batch_id`` starts per partition: the batch before's ends, or for the first
@@ -555,7 +560,12 @@ class MirrorRuntime:
             t0 = time.monotonic()
             with ThreadPoolExecutor(max_workers=DRIVER_THREADS, thread_name_prefix="mirrorflow-warm-up") as pool:
                 committers = pool.submit(self._warm_committers)
-                list(pool.map(one, items))
+                if plan.transactions == "per_writer":
+                    from mirror_core.direct import _warm
+
+                    _warm(bw, [(s.source_topic, p) for s, p in items], DRIVER_THREADS, stop=self._warm_stop)
+                else:
+                    list(pool.map(one, items))
                 committers.result()
             log.info("%s: %d partition writers ready in %.1fs", self.group.name, len(items), time.monotonic() - t0)
 
@@ -974,6 +984,84 @@ class BatchWriter:
             r = w.write(part, chunk, end if is_last else None)
             with self._lock:
                 _merge(self.results, r)
+
+    def prepare_shared(self, topic: str, part: int) -> None:
+        """``transactions: per_writer``: fence the partition's own transactional id and read its position."""
+        s = self.plan.settings.get(topic)
+        if s is not None and s.delivery == "exactly_once":
+            self._writer(topic, s).prepare_shared(part)
+
+    def write_shared(self, txn: WriterTransaction, parts: dict[tuple[str, int], Columns]) -> bool:
+        """``transactions: per_writer``: write ``parts`` (exactly-once partitions, each its whole range of the
+        batch, in offset order) in one transaction of ``txn``'s producer: records, dead letters and every
+        partition's offset syncs commit together, or nothing does.
+
+        Returns False, with nothing committed, when the batch is to be written partition by partition instead
+        (:meth:`feed`): delivery reports that cannot be tied to records, a record the destination rejected as
+        too large, or a producer error. The per-partition writer handles each of those (it retries, fences,
+        learns the size limit, dead-letters) and says what is wrong when it cannot. A failure that one
+        partition's writer would raise as well (``on_error: fail``, a dead letter not delivered, the
+        destination topic gone) is raised here, after the abort."""
+        from confluent_kafka import KafkaException
+
+        todo = []
+        for (topic, part), cols in parts.items():
+            w = self._writer(topic, self.plan.settings[topic])
+            w.resolve_ids(cols)  # a registry outage is waited out before the transaction opens
+            end = self.plan.end_offsets.get(topic, {}).get(part)
+            todo.append((w, part, cols, end if end is not None and end > cols.offsets[-1] else cols.offsets[-1] + 1))
+        producer = txn.producer()
+        results: list[BatchResult] = []
+        staged = []
+        try:
+            producer.begin_transaction()
+            try:
+                for w, part, cols, upstream_end in todo:
+                    r, st = w.stage(part, cols, upstream_end, producer)
+                    results.append(r)
+                    if st is not None:
+                        staged.append((w, st))
+                t0 = time.monotonic()
+                remaining = int(producer.flush(60))
+                if remaining:
+                    log.warning("%s: %d records not acknowledged within 60 s; writing the batch partition by "
+                                "partition", self.plan.group, remaining)
+                    raise _Unmapped()
+                for w, st in staged:
+                    w.settle_staged(producer, st)
+                producer.commit_transaction(60)
+                commit_ms = (time.monotonic() - t0) * 1000
+            except (_Unmapped, KafkaException):
+                raise
+            except DestinationTopicError:
+                txn.drop()  # records wait for partitions that are gone: an abort would wait for them
+                raise
+            except BaseException:
+                if not _abort_quietly(producer):
+                    txn.drop()
+                raise
+        except _Unmapped:
+            log.info("%s: the writer transaction was aborted (delivery reports not tied to records, or a record "
+                     "the destination rejected as too large); writing the batch partition by partition",
+                     self.plan.group)
+            if not _abort_quietly(producer):
+                txn.drop()
+            return False
+        except KafkaException as exc:
+            # fenced, fatal, abortable or a timeout: a new producer next batch; this one partition by partition
+            log.warning("%s: the writer transaction failed (%s); writing the batch partition by partition",
+                        self.plan.group, exc.args[0].str())
+            if exc.args[0].fatal() or not _abort_quietly(producer):
+                txn.drop()
+            return False
+        share = commit_ms / max(1, len(results))
+        for w, st in staged:
+            w.committed_staged(st)
+        with self._lock:
+            for r in results:
+                r.commit_ms += share
+                _merge(self.results, r)
+        return True
 
     def finish(self, topic: str, part: int) -> None:
         """Trailing transaction markers / aborted records: move the position to the batch end."""

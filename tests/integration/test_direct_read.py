@@ -31,7 +31,8 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
 
 
-def one_group(clusters, name: str, topic: str, tmp_path: Path, delivery: str = "exactly_once", processes: int = 0):
+def one_group(clusters, name: str, topic: str, tmp_path: Path, delivery: str = "exactly_once", processes: int = 0,
+              transactions: str = "per_partition"):
     text = clusters.config_yaml(f"""
 groups:
   - name: {name}
@@ -43,7 +44,8 @@ groups:
     dead_letter_topic: "{name}.dlq"
     heartbeats: {{enabled: false}}
     topics_mirroring: {{partition_count: {{type: mirror_source}}, replication_factor: {{type: fix, value: 1}}}}
-    spark: {{checkpoint_dir: "{tmp_path / 'ckpt'}", read_path: direct, direct_processes: {processes}}}
+    spark: {{checkpoint_dir: "{tmp_path / 'ckpt'}", read_path: direct, direct_processes: {processes},
+             transactions: {transactions}}}
     mirrors:
       - {{source_topic: {topic}, destination_topic: {topic}.m}}
 """)
@@ -203,20 +205,25 @@ def read_dst(bootstrap: str, topic: str, parts: int) -> dict[int, list[bytes]]:
     return out
 
 
-@pytest.mark.parametrize(("delivery", "processes"), [("exactly_once", 2), ("at_least_once", 2), ("exactly_once", 1)])
+@pytest.mark.parametrize(("delivery", "processes", "transactions"), [
+    ("exactly_once", 2, "per_partition"), ("at_least_once", 2, "per_partition"), ("exactly_once", 1, "per_partition"),
+    ("exactly_once", 2, "per_writer"), ("exactly_once", 1, "per_writer")])
 def test_direct_batches_mirror_committed_records_once_and_a_replay_adds_nothing(clusters, unique, tmp_path,
-                                                                                 delivery, processes):
+                                                                                 delivery, processes, transactions):
     """The runtime's direct path batch by batch, as the Spark job drives it (plan, write, after): batch 0
     from the query's initial offsets, batch 1 continuing it, then batch 1 again (a crash after writing and
     before Spark committed it: the replay re-reads the same range). Exactly the committed records arrive,
     in order; exactly_once writes the replay's records not again (skipped by position). With two writer
-    processes each partition is written by its own process; with one, by the driver."""
+    processes each partition is written by its own process; with one, by the driver. With ``per_writer``
+    transactions one transaction holds both partitions (checked in the driver: no per-partition producer)."""
+    from mirror_core import replicate
+
     topic = unique("ddir")
     create_topic(clusters.src_bootstrap, topic, 2)
     committed = produce_mixed(clusters.src_bootstrap, topic, unique("tx"))
     ends = ends_of(clusters.src_bootstrap, topic, 2)
     name = unique("dg").replace("-", "")
-    cfg, g = one_group(clusters, name, topic, tmp_path, delivery, processes)
+    cfg, g = one_group(clusters, name, topic, tmp_path, delivery, processes, transactions)
     rt = MirrorRuntime(cfg, g)
     rt.prepare()
     assert (rt._writer_pool() is not None) == (processes > 1)
@@ -243,6 +250,12 @@ def test_direct_batches_mirror_committed_records_once_and_a_replay_adds_nothing(
             batch(1)  # at_least_once writes a replayed batch again (duplicates, as after any retry)
             assert summaries[2]["mirrored"] == 0 and summaries[2]["replayed_skipped"] == summaries[1]["mirrored"]
             assert read_dst(clusters.dst_bootstrap, f"{topic}.m", 2) == got
+        if processes == 1:
+            ours = [k for k in replicate._PRODUCERS if k.startswith(f"mirrorflow.{name}:")]
+            if transactions == "per_writer":
+                assert ours == [f"mirrorflow.{name}:src::writer-0"]
+            else:
+                assert len(ours) == 2 and all(k.endswith((":0", ":1")) for k in ours)
         # the mirror's consumer group on the source is at the batch end (markers included), once the last
         # batch's commit (which runs beside the next batch) is done
         assert rt.wait_for_commits()
@@ -281,6 +294,52 @@ def test_records_deleted_before_the_read_are_skipped_and_reported(clusters, uniq
         assert summary["mirrored"] == 60 and summary["expired"] == 40
         assert any("40 records (offsets 0-39) expired on the source" in r.getMessage() for r in caplog.records)
         assert read_dst(clusters.dst_bootstrap, f"{topic}.m", 1)[0] == [str(i).encode() for i in range(40, 100)]
+    finally:
+        rt.close()
+
+
+def test_per_writer_falls_back_to_partition_transactions_without_losing_or_doubling(clusters, unique, tmp_path,
+                                                                                      caplog):
+    """``transactions: per_writer``: the destination rejects a record as too large that the writer did not
+    know to be (the topic's limit was lowered after the start). The one transaction holding both partitions
+    is aborted and the batch written partition by partition, which learns the limit and dead-letters the
+    record: every other record arrives once, in order, and a replay of the batch adds nothing."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    topic = unique("dpw")
+    create_topic(clusters.src_bootstrap, topic, 2)
+    p = Producer({"bootstrap.servers": clusters.src_bootstrap})
+    want0 = [f"a{i}".encode() for i in range(20)] + [f"b{i}".encode() for i in range(20)]
+    for k in want0[:20]:
+        p.produce(topic, key=k, value=b"x", partition=0)
+    p.produce(topic, key=b"huge", value=b"y" * 10_000, partition=0)
+    for k in want0[20:]:
+        p.produce(topic, key=k, value=b"x", partition=0)
+    want1 = [f"c{i}".encode() for i in range(30)]
+    for k in want1:
+        p.produce(topic, key=k, value=b"x", partition=1)
+    assert p.flush(30) == 0
+    name = unique("dpw").replace("-", "")
+    cfg, g = one_group(clusters, name, topic, tmp_path, processes=1, transactions="per_writer")
+    rt = MirrorRuntime(cfg, g)
+    rt.prepare()
+    dst_admin = AdminClient({"bootstrap.servers": clusters.dst_bootstrap})
+    res = ConfigResource(ResourceType.TOPIC, f"{topic}.m", incremental_configs=[
+        ConfigEntry("max.message.bytes", "2000", incremental_operation=AlterConfigOpType.SET)])
+    dst_admin.incremental_alter_configs([res])[res].result(30)
+    try:
+        write_initial_offsets(rt, {topic: {0: 0, 1: 0}})
+        write_offset_log(rt, 0, {topic: {0: 41, 1: 30}})
+        with caplog.at_level(logging.INFO, logger="mirror_core.stream"):
+            summary = rt.after_batch(0, rt.write_direct(rt.writer_plan(0), 0), 1.0)
+        assert any("writing the batch partition by partition" in r.getMessage() for r in caplog.records)
+        assert summary["mirrored"] == 70 and summary["dead_lettered"] == 1
+        got = read_dst(clusters.dst_bootstrap, f"{topic}.m", 2)
+        assert (got[0], got[1]) == (want0, want1)
+        assert read_dst(clusters.dst_bootstrap, f"{name}.dlq", 1)[0] == [b"huge"]
+        again = rt.after_batch(0, rt.write_direct(rt.writer_plan(0), 0), 1.0)  # a replay of the batch
+        assert again["mirrored"] == 0 and again["replayed_skipped"] == 71
+        assert read_dst(clusters.dst_bootstrap, f"{topic}.m", 2) == got
     finally:
         rt.close()
 

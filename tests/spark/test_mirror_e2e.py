@@ -341,7 +341,7 @@ def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("read_path", ["spark", "direct"])
+@pytest.mark.parametrize("read_path", ["spark", "direct", "direct-per-writer"])
 def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     """SIGKILL the streaming job 3 times, each time while one of its transactions is open on the
     destination, while records stream in; every record arrives exactly once and in order.
@@ -354,14 +354,16 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     at a time (as another group's job sharing the sync topic does), hiding the job's newest syncs from a
     read_committed lookup (issue 11 item 6): the restarts after it, and the final drain, must still
     resume exactly. With ``read_path: direct`` the driver reads each batch's ranges itself: a replayed
-    batch re-reads the same range from Spark's offset log."""
+    batch re-reads the same range from Spark's offset log. ``direct-per-writer``: each writer process
+    commits one transaction per batch for all its partitions (``transactions: per_writer``)."""
     import threading
 
     topic = unique("eos")
     dst_topic = f"{topic}.mirror"
     create_topic(clusters.src_bootstrap, topic, 3)
     path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes",
-                           spark=", read_path: direct" if read_path == "direct" else "")
+                           spark={"spark": "", "direct": ", read_path: direct",
+                                  "direct-per-writer": ", read_path: direct, transactions: per_writer"}[read_path])
     gname = cfg.groups[0].name
     stop_file = tmp_path / "stop-producing"
     # a steady stream (about 1,500 records/s) until the kills are done, so every job has work in flight

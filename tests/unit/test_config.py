@@ -717,6 +717,13 @@ MALFORMED: list[tuple[str, Mutation | str, str, str]] = [
     ("bad-read-path", _set(f"{G}.spark", {"read_path": "jvm"}), f"{G}.spark.read_path", "'spark' or 'direct'"),
     ("negative-direct-processes", _set(f"{G}.spark", {"direct_processes": -1}), f"{G}.spark.direct_processes",
      "greater than or equal to 0"),
+    ("per-writer-on-spark-path", _set(f"{G}.spark", {"transactions": "per_writer"}), f"{G}.spark",
+     "per_writer needs read_path: direct"),
+    ("per-writer-too-many-processes",
+     _set(f"{G}.spark", {"transactions": "per_writer", "read_path": "direct", "direct_processes": 17}),
+     f"{G}.spark", "at most 16 direct_processes"),
+    ("bad-transactions", _set(f"{G}.spark", {"transactions": "per_batch"}), f"{G}.spark.transactions",
+     "'per_partition' or 'per_writer'"),
     (
         "zero-max-offsets",
         _set(f"{G}.spark", {"max_offsets_per_trigger": 0}),
