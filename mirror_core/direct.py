@@ -46,6 +46,9 @@ POLL_SECONDS = 0.02
 AHEAD_RECORDS = 10000
 #: the consumer's prefetch across all partitions (librdkafka's default is 64 MiB)
 QUEUED_KBYTES = 32768
+#: ``transactions: per_writer``: threads that fence the partitions' own transactional ids and read their
+#: positions when a writer starts
+WARM_THREADS_PER_WRITER = 64
 
 
 @dataclass(frozen=True)
@@ -636,6 +639,10 @@ def _warm(bw: Any, keys: list[tuple[str, int]], threads: int, slot: int = 0, slo
             log.warning("%s: warm-up of %s[%d] failed: %s", bw.plan.group, key[0], key[1], exc)
 
     t0 = time.monotonic()
+    if shared:
+        # a fence and a lookup per partition are round trips (a fence is a producer of its own): at 1,000
+        # partitions 8 threads take some 20 s, 64 about 5 s on this machine
+        threads = max(threads, min(WARM_THREADS_PER_WRITER, len(keys)))
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="mirrorflow-warm-up") as pool:
         if shared:
             txn = WriterTransaction(bw.plan.settings.values(), slot, slots_used)

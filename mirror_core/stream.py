@@ -1027,10 +1027,16 @@ class BatchWriter:
                     log.warning("%s: %d records not acknowledged within 60 s; writing the batch partition by "
                                 "partition", self.plan.group, remaining)
                     raise _Unmapped()
+                t1 = time.monotonic()
                 for w, st in staged:
                     w.settle_staged(producer, st)
+                t2 = time.monotonic()
                 producer.commit_transaction(60)
-                commit_ms = (time.monotonic() - t0) * 1000
+                t3 = time.monotonic()
+                commit_ms = (t3 - t0) * 1000
+                log.debug("%s: writer transaction of %d partitions: flush %.0f ms, offset syncs %.0f ms, commit "
+                          "%.0f ms", self.plan.group, len(staged), (t1 - t0) * 1000, (t2 - t1) * 1000,
+                          (t3 - t2) * 1000)
             except (_Unmapped, KafkaException):
                 raise
             except DestinationTopicError:
