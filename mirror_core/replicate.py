@@ -564,6 +564,7 @@ def fence_transactional_id(producer_config: dict[str, Any], txid: str) -> None:
 #: :meth:`PartitionWriter.prepare_shared`)
 _FENCED_PARTITIONS: set[str] = set()
 _FENCE_GUARD = threading.Lock()
+_WRITER_GUARD = threading.Lock()
 
 
 class WriterTransaction:
@@ -594,11 +595,17 @@ class WriterTransaction:
             with _FENCE_GUARD:
                 if txid in _FENCED_PARTITIONS:
                     continue
-                _FENCED_PARTITIONS.add(txid)
+            # marked only once done: a caller racing this one fences again (harmless), never goes on before
             fence_transactional_id(self.producer_config, txid)
+            with _FENCE_GUARD:
+                _FENCED_PARTITIONS.add(txid)
 
     def producer(self) -> Producer:
         """The slot's producer, started (fencing any zombie of the same id) when first needed."""
+        with _WRITER_GUARD:  # the driver's warm-up and its first batch may both ask: one producer, not two
+            return self._producer()
+
+    def _producer(self) -> Producer:
         key = self.txid
         if key in _PRODUCERS and (_PRODUCER_LIMITS.get(key) != self.limit
                                   or _PRODUCER_PARTITIONS.get(key) != self.partitions):
@@ -617,8 +624,17 @@ class WriterTransaction:
         return _PRODUCERS[key]
 
     def drop(self) -> None:
-        """Forget the producer (after a fatal error or a fence): the next batch starts a new one."""
-        _drop_producer(self.txid)
+        """Replace the producer after a fatal error or an abort that failed: the new one's
+        ``init_transactions`` aborts a transaction the old one left open, which would otherwise hold the
+        offset-sync topic's last stable offset (and so every position lookup) until it timed out."""
+        with _WRITER_GUARD:
+            _drop_producer(self.txid)
+            try:
+                self._producer()
+            except KafkaException as exc:
+                log.warning("writer %s could not start again: %s; the next batch tries again", self.txid,
+                            exc.args[0].str())
+                _drop_producer(self.txid)
 
 
 @dataclass
@@ -974,6 +990,12 @@ class PartitionWriter:
         result = staged.sent.result
         result.last_downstream = None if staged.downstream is None else staged.downstream - 1
         _note_latency(result, staged.todo.timestamps)
+
+    def forget_position(self, partition: int) -> None:
+        """A writer transaction holding the partition failed: its outcome is not known here (a commit that
+        reported an error may have gone through), so the next write reads the committed position again."""
+        with partition_lock(self.s, partition):
+            _POSITIONS.pop(self.s.transactional_id_for(partition), None)
 
     def resolve_ids(self, cols: Columns) -> None:
         """Resolve the schema ids of ``cols`` not cached yet, before a transaction opens (see

@@ -1013,6 +1013,11 @@ class BatchWriter:
         producer = txn.producer()
         results: list[BatchResult] = []
         staged = []
+
+        def forget() -> None:
+            for w, part, _cols, _end in todo:
+                w.forget_position(part)
+
         try:
             producer.begin_transaction()
             try:
@@ -1041,12 +1046,15 @@ class BatchWriter:
                 raise
             except DestinationTopicError:
                 txn.drop()  # records wait for partitions that are gone: an abort would wait for them
+                forget()
                 raise
             except BaseException:
                 if not _abort_quietly(producer):
                     txn.drop()
+                forget()
                 raise
         except _Unmapped:
+            forget()
             log.info("%s: the writer transaction was aborted (delivery reports not tied to records, or a record "
                      "the destination rejected as too large); writing the batch partition by partition",
                      self.plan.group)
@@ -1054,7 +1062,9 @@ class BatchWriter:
                 txn.drop()
             return False
         except KafkaException as exc:
-            # fenced, fatal, abortable or a timeout: a new producer next batch; this one partition by partition
+            # fenced, fatal, abortable or a timeout: a new producer next batch; this one partition by partition,
+            # from positions read again (a commit that reported an error may have gone through)
+            forget()
             log.warning("%s: the writer transaction failed (%s); writing the batch partition by partition",
                         self.plan.group, exc.args[0].str())
             if exc.args[0].fatal() or not _abort_quietly(producer):

@@ -868,3 +868,55 @@ groups:
     mirrors: [{source_topic: orders, destination_topic: orders-archive}]
 """
     parse_config(yaml.safe_load(two_groups), env={})
+
+
+def test_per_writer_commit_that_reports_an_error_but_went_through_writes_nothing_twice(monkeypatch) -> None:
+    """``transactions: per_writer``: the writer transaction's commit raises (a timeout) although the broker
+    committed it. The batch is then written partition by partition, which must start from the positions
+    committed meanwhile, not from the ones cached before the transaction: nothing is written twice. An
+    earlier fallback left per-partition producers in the process, so no new producer re-reads them."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from mirror_core.replicate import Columns, WriterTransaction
+    from mirror_core.stream import BatchWriter, WriterPlan
+
+    s = settings(value_serde="bytes", source_partitions=2, destination_partitions=2)
+    store: dict[int, OffsetSync] = {}  # the newest committed sync per partition (what a lookup reads)
+
+    class CommitsThenTimesOut(_FakeProducer):
+        def __init__(self, *_a: object) -> None:
+            super().__init__()
+
+        def init_transactions(self, timeout: float) -> None:
+            pass
+
+        def commit_transaction(self, timeout: float) -> None:
+            super().commit_transaction(timeout)
+            for t, k, v in self._txn:
+                if t == "syncs":
+                    sync = OffsetSync.from_record(k, v)
+                    store[sync.partition] = sync
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "commit timed out", retriable=True))
+
+    per_partition = _FakeProducer()
+    monkeypatch.setattr(replicate, "Producer", CommitsThenTimesOut)
+    monkeypatch.setattr(replicate, "fence_transactional_id", lambda config, txid: None)
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (per_partition, _s.transactional_id_for(p)))
+    for name, empty in (("_POSITIONS", {}), ("_PRODUCERS", {}), ("_PRODUCER_LIMITS", {}),
+                        ("_PRODUCER_PARTITIONS", {}), ("_FENCED_PARTITIONS", set())):
+        monkeypatch.setattr(replicate, name, empty)
+    plan = WriterPlan({"t": s}, {}, {"t": {0: 10, 1: 10}}, {}, None, group="g", transactions="per_writer")
+    bw = BatchWriter(plan)
+    bw._writers["t"] = replicate.PartitionWriter(s, ids({}), lambda t, p: store.get(p),
+                                                 downstream_end=lambda t, p: 0, destination_high=lambda t, p: 999)
+
+    def cols() -> Columns:
+        return Columns(list(range(10)), [b"k"] * 10, [b"v"] * 10, [1_700_000_000_000] * 10)
+
+    parts = {("t", 0): cols(), ("t", 1): cols()}
+    assert bw.write_shared(WriterTransaction([s], 0, 1), parts) is False  # the commit "failed"
+    assert {p: (x.upstream_offset, x.downstream_offset) for p, x in store.items()} == {0: (10, 10), 1: (10, 10)}
+    for (t, p), c in parts.items():  # what write_ranges_per_writer does next
+        bw.feed(t, p, c)
+    assert per_partition.full == []  # every record was committed by the writer transaction: none again
+    assert [r["replayed_skipped"] for r in bw.rows()] == [10, 10]
