@@ -46,6 +46,9 @@ POLL_SECONDS = 0.02
 AHEAD_RECORDS = 10000
 #: the consumer's prefetch across all partitions (librdkafka's default is 64 MiB)
 QUEUED_KBYTES = 32768
+#: ``transactions: per_writer``: a writer transaction holds at most about this many records (and
+#: ``replicate.CHUNK_BYTES`` of keys and values)
+WRITER_TXN_RECORDS = 100000
 #: ``transactions: per_writer``: threads that fence the partitions' own transactional ids and read their
 #: positions when a writer starts
 WARM_THREADS_PER_WRITER = 64
@@ -413,34 +416,67 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
 
 def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader, slot: int,
                             slots_used: int) -> list[dict[str, Any]]:
-    """``transactions: per_writer``: read the ranges, then write the exactly-once partitions' records in one
-    transaction of this writer's producer (``slot``; see :meth:`~mirror_core.stream.BatchWriter.write_shared`).
-    The rest (at-least-once mirrors, or the whole batch when the shared transaction cannot be used) is
-    written partition by partition, as on the ``per_partition`` path."""
-    from mirror_core.replicate import Columns, WriterTransaction
+    """``transactions: per_writer``: read the ranges and write the exactly-once partitions' records in
+    transactions of this writer's producer (``slot``; see :meth:`~mirror_core.stream.BatchWriter.write_shared`),
+    each holding every partition's records read since the last one: at the end of the read, or sooner when
+    they reach :data:`WRITER_TXN_RECORDS` records or ``CHUNK_BYTES`` of keys and values (memory and transaction
+    size stay bounded whatever the batch). The rest (at-least-once mirrors, or a transaction's records when the
+    shared transaction cannot be used) is written partition by partition, as on the ``per_partition`` path."""
+    from mirror_core.replicate import CHUNK_BYTES, Columns, WriterTransaction
     from mirror_core.stream import BatchWriter
 
     bw = BatchWriter(plan)
+    txn = WriterTransaction(plan.settings.values(), slot, slots_used)
+    by_key = {(r.topic, r.partition): r for r in ranges}
     pieces: dict[tuple[str, int], list[Columns]] = {}
+    complete: set[tuple[str, int]] = set()
+    held = [0, 0]  # records, bytes
+
+    def cut(advance: dict[tuple[str, int], tuple[Columns, int]] | None = None) -> None:
+        shared: dict[tuple[str, int], tuple[Columns, int]] = dict(advance or {})
+        alone: dict[tuple[str, int], Columns] = {}
+        for key, parts in pieces.items():
+            cols = Columns.concat(parts)
+            s = plan.settings.get(key[0])
+            if s is not None and s.delivery == "exactly_once":
+                # a range read to its end moves the position past its trailing markers; a range cut short, to
+                # just after its last record
+                shared[key] = (cols, by_key[key].end if key in complete else cols.offsets[-1] + 1)
+            else:
+                alone[key] = cols
+        if shared and not bw.write_shared(txn, shared):
+            alone.update({key: cols for key, (cols, _end) in shared.items() if len(cols)})
+        for (topic, part), cols in sorted(alone.items()):
+            bw.feed(topic, part, cols)  # an unknown topic fails here, as on the per-partition path
+        pieces.clear()
+        held[0] = held[1] = 0
 
     def deliver(r: Range, cols: Columns | None) -> None:
-        if cols is not None:
-            pieces.setdefault((r.topic, r.partition), []).append(cols)
+        key = (r.topic, r.partition)
+        if cols is None:
+            complete.add(key)
+            return
+        # what is held goes out before more is taken (not as soon as it is over the bounds): a range's last
+        # records and its end, which the reader hands over one after the other, then share a transaction
+        if held[0] >= WRITER_TXN_RECORDS or held[1] >= CHUNK_BYTES:
+            cut()
+        pieces.setdefault(key, []).append(cols)
+        held[0] += len(cols)
+        held[1] += sum(map(len, filter(None, cols.values))) + sum(map(len, filter(None, cols.keys)))
 
     read_s = reader.read(ranges, deliver)
-    shared: dict[tuple[str, int], Columns] = {}
-    alone: dict[tuple[str, int], Columns] = {}
-    for key, parts in pieces.items():
+    # the last transaction also moves the position of partitions whose records went out in an earlier one
+    # and whose range ended after them (trailing transaction markers)
+    advance: dict[tuple[str, int], tuple[Columns, int]] = {}
+    for key in complete - pieces.keys():
+        r = bw.results.get(key)
         s = plan.settings.get(key[0])
-        target = shared if s is not None and s.delivery == "exactly_once" else alone
-        target[key] = Columns.concat(parts)
-    if shared:
-        txn = WriterTransaction(plan.settings.values(), slot, slots_used)
-        if not bw.write_shared(txn, shared):
-            alone.update(shared)
-    for (topic, part), cols in sorted(alone.items()):
-        bw.feed(topic, part, cols)  # an unknown topic fails here, as on the per-partition path
-        bw.finish(topic, part)
+        if r is not None and r.upstream_end is not None and r.upstream_end < by_key[key].end and s is not None \
+                and s.delivery == "exactly_once":
+            advance[key] = (Columns([], [], [], []), by_key[key].end)
+    cut(advance)
+    for topic, part in sorted(complete):
+        bw.finish(topic, part)  # what was written partition by partition: past its trailing markers
     return bw.rows(read_s * 1000)
 
 

@@ -645,7 +645,9 @@ class Staged:
     todo: Columns
     upstream_end: int
     position: Position | None
-    sent: _Sent
+    result: BatchResult
+    #: None: no records, only the position moves (past trailing transaction markers)
+    sent: _Sent | None
     downstream: int | None = None
 
 
@@ -949,10 +951,18 @@ class PartitionWriter:
         """Produce the records of ``cols`` past the partition's committed position into ``producer``'s open
         transaction. Returns the partition's result and what :meth:`settle_staged` needs (None when every
         record was committed before: a replay)."""
-        result = BatchResult(self.s.source_topic, partition, records_in=len(cols), first_offset=cols.offsets[0],
-                             last_offset=cols.offsets[-1], upstream_end=upstream_end)
         t0 = time.monotonic()
         key = self.s.transactional_id_for(partition)
+        if not len(cols):
+            # no records: the partition's records went out in an earlier transaction and its range ended later
+            # (trailing transaction markers): only its position moves, by a sync in this transaction
+            result = BatchResult(self.s.source_topic, partition, records_in=0, upstream_end=upstream_end)
+            position = self.prepare_shared(partition)
+            if position is None or position.downstream is None or position.upstream >= upstream_end:
+                return result, None
+            return result, Staged(partition, cols, upstream_end, position, result, None, position.downstream)
+        result = BatchResult(self.s.source_topic, partition, records_in=len(cols), first_offset=cols.offsets[0],
+                             last_offset=cols.offsets[-1], upstream_end=upstream_end)
         position = self.prepare_shared(partition)
         start = 0 if position is None else bisect.bisect_left(cols.offsets, position.upstream)
         if start and position is not None and self._beyond_source_end(key, partition, position):
@@ -968,12 +978,17 @@ class PartitionWriter:
         todo = cols.slice(start, len(cols)) if start else cols
         sent = self._produce_records(producer, partition, todo, result, {})
         result.produce_ms += (time.monotonic() - t1) * 1000
-        return result, Staged(partition, todo, upstream_end, position, sent)
+        return result, Staged(partition, todo, upstream_end, position, result, sent)
 
     def settle_staged(self, producer: Producer, staged: Staged) -> None:
         """Once every report is in: the partition's offset syncs into the same transaction. Raises
         :class:`_Unmapped` when the reports cannot be tied to records or the broker rejected a record as too
         large: the caller aborts and writes the batch partition by partition (which handles both)."""
+        if staged.sent is None:
+            assert staged.downstream is not None
+            self._emit_sync(producer, OffsetSync(self.s.source_topic, staged.partition, staged.upstream_end,
+                                                 staged.downstream))
+            return
         acks, too_large = self._settle(producer, staged.sent)
         if too_large:
             raise _Unmapped()
@@ -987,9 +1002,10 @@ class PartitionWriter:
         key = self.s.transactional_id_for(staged.partition)
         with partition_lock(self.s, staged.partition):
             _POSITIONS[key] = Position(staged.upstream_end, staged.downstream)
-        result = staged.sent.result
+        result = staged.result
         result.last_downstream = None if staged.downstream is None else staged.downstream - 1
-        _note_latency(result, staged.todo.timestamps)
+        if len(staged.todo):
+            _note_latency(result, staged.todo.timestamps)
 
     def forget_position(self, partition: int) -> None:
         """A writer transaction holding the partition failed: its outcome is not known here (a commit that

@@ -991,10 +991,10 @@ class BatchWriter:
         if s is not None and s.delivery == "exactly_once":
             self._writer(topic, s).prepare_shared(part)
 
-    def write_shared(self, txn: WriterTransaction, parts: dict[tuple[str, int], Columns]) -> bool:
-        """``transactions: per_writer``: write ``parts`` (exactly-once partitions, each its whole range of the
-        batch, in offset order) in one transaction of ``txn``'s producer: records, dead letters and every
-        partition's offset syncs commit together, or nothing does.
+    def write_shared(self, txn: WriterTransaction, parts: dict[tuple[str, int], tuple[Columns, int]]) -> bool:
+        """``transactions: per_writer``: write ``parts`` (exactly-once partitions: their next records in offset
+        order, and the upstream position after them) in one transaction of ``txn``'s producer: records, dead
+        letters and every partition's offset syncs commit together, or nothing does.
 
         Returns False, with nothing committed, when the batch is to be written partition by partition instead
         (:meth:`feed`): delivery reports that cannot be tied to records, a record the destination rejected as
@@ -1005,11 +1005,10 @@ class BatchWriter:
         from confluent_kafka import KafkaException
 
         todo = []
-        for (topic, part), cols in parts.items():
+        for (topic, part), (cols, upstream_end) in parts.items():
             w = self._writer(topic, self.plan.settings[topic])
             w.resolve_ids(cols)  # a registry outage is waited out before the transaction opens
-            end = self.plan.end_offsets.get(topic, {}).get(part)
-            todo.append((w, part, cols, end if end is not None and end > cols.offsets[-1] else cols.offsets[-1] + 1))
+            todo.append((w, part, cols, upstream_end))
         producer = txn.producer()
         results: list[BatchResult] = []
         staged = []
@@ -1205,7 +1204,7 @@ def _merge(results: dict[tuple[str, int], BatchResult], r: BatchResult) -> None:
     for f in ("records_in", "mirrored", "bytes_out", "replayed_skipped", "provenance_skipped", "dead_lettered",
               "cache_misses", "setup_ms", "produce_ms", "commit_ms"):
         setattr(acc, f, getattr(acc, f) + getattr(r, f))
-    acc.last_offset = r.last_offset
+    acc.last_offset = r.last_offset if r.last_offset is not None else acc.last_offset
     acc.upstream_end = r.upstream_end
     acc.last_downstream = r.last_downstream if r.last_downstream is not None else acc.last_downstream
     acc.latency_ms = (acc.latency_ms + r.latency_ms)[-400:]

@@ -209,14 +209,19 @@ def read_dst(bootstrap: str, topic: str, parts: int) -> dict[int, list[bytes]]:
     ("exactly_once", 2, "per_partition"), ("at_least_once", 2, "per_partition"), ("exactly_once", 1, "per_partition"),
     ("exactly_once", 2, "per_writer"), ("exactly_once", 1, "per_writer")])
 def test_direct_batches_mirror_committed_records_once_and_a_replay_adds_nothing(clusters, unique, tmp_path,
-                                                                                 delivery, processes, transactions):
+                                                                                 delivery, processes, transactions,
+                                                                                 monkeypatch):
     """The runtime's direct path batch by batch, as the Spark job drives it (plan, write, after): batch 0
     from the query's initial offsets, batch 1 continuing it, then batch 1 again (a crash after writing and
     before Spark committed it: the replay re-reads the same range). Exactly the committed records arrive,
     in order; exactly_once writes the replay's records not again (skipped by position). With two writer
     processes each partition is written by its own process; with one, by the driver. With ``per_writer``
-    transactions one transaction holds both partitions (checked in the driver: no per-partition producer)."""
+    transactions one transaction holds both partitions (checked in the driver: no per-partition producer);
+    in the driver its transactions are cut every 7 records, so partitions are cut mid-range too."""
     from mirror_core import replicate
+
+    if processes == 1:
+        monkeypatch.setattr(direct, "WRITER_TXN_RECORDS", 7)
 
     topic = unique("ddir")
     create_topic(clusters.src_bootstrap, topic, 2)

@@ -914,9 +914,73 @@ def test_per_writer_commit_that_reports_an_error_but_went_through_writes_nothing
         return Columns(list(range(10)), [b"k"] * 10, [b"v"] * 10, [1_700_000_000_000] * 10)
 
     parts = {("t", 0): cols(), ("t", 1): cols()}
-    assert bw.write_shared(WriterTransaction([s], 0, 1), parts) is False  # the commit "failed"
+    shared = {key: (c, 10) for key, c in parts.items()}
+    assert bw.write_shared(WriterTransaction([s], 0, 1), shared) is False  # the commit "failed"
     assert {p: (x.upstream_offset, x.downstream_offset) for p, x in store.items()} == {0: (10, 10), 1: (10, 10)}
     for (t, p), c in parts.items():  # what write_ranges_per_writer does next
         bw.feed(t, p, c)
     assert per_partition.full == []  # every record was committed by the writer transaction: none again
     assert [r["replayed_skipped"] for r in bw.rows()] == [10, 10]
+
+
+def test_per_writer_moves_a_position_past_trailing_markers_in_its_own_transaction(monkeypatch) -> None:
+    """``transactions: per_writer`` with transactions cut by size: partition 0's records (offsets 0-9) go out
+    in a first transaction, and only then does its range turn out to end at 12 (a commit marker and an
+    aborted record follow). Its position must move to 12 in the writer's next transaction, by an offset
+    sync, not through a producer and a transaction of the partition's own."""
+    from mirror_core import direct
+    from mirror_core.direct import Range
+    from mirror_core.replicate import Columns
+    from mirror_core.stream import BatchWriter, WriterPlan
+
+    s = settings(value_serde="bytes", source_partitions=2, destination_partitions=2)
+    store: dict[int, OffsetSync] = {}
+    commits: list[list[str]] = []
+
+    class WriterProducer(_FakeProducer):
+        def __init__(self, *_a: object) -> None:
+            super().__init__()
+
+        def init_transactions(self, timeout: float) -> None:
+            pass
+
+        def commit_transaction(self, timeout: float) -> None:
+            super().commit_transaction(timeout)
+            commits.append([t for t, _k, _v in self._txn])
+            for t, k, v in self._txn:
+                if t == "syncs":
+                    sync = OffsetSync.from_record(k, v)
+                    store[sync.partition] = sync
+
+    per_partition = _FakeProducer()
+    monkeypatch.setattr(replicate, "Producer", WriterProducer)
+    monkeypatch.setattr(replicate, "fence_transactional_id", lambda config, txid: None)
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (per_partition, _s.transactional_id_for(p)))
+    for name, empty in (("_POSITIONS", {}), ("_PRODUCERS", {}), ("_PRODUCER_LIMITS", {}),
+                        ("_PRODUCER_PARTITIONS", {}), ("_FENCED_PARTITIONS", set())):
+        monkeypatch.setattr(replicate, name, empty)
+    monkeypatch.setattr(direct, "WRITER_TXN_RECORDS", 7)
+    monkeypatch.setattr(BatchWriter, "_writer", lambda self, topic, _s: self._writers.setdefault(topic, writer))
+    writer = replicate.PartitionWriter(s, ids({}), lambda t, p: store.get(p), downstream_end=lambda t, p: 0,
+                                       destination_high=lambda t, p: 999)
+
+    def cols(n: int) -> Columns:
+        return Columns(list(range(n)), [b"k"] * n, [b"v"] * n, [1_700_000_000_000] * n)
+
+    ranges = [Range("t", 0, 0, 12), Range("t", 1, 0, 10)]
+
+    class Reader:
+        def read(self, rs: list[Range], deliver) -> float:
+            deliver(rs[0], cols(10))  # partition 0's records
+            deliver(rs[1], cols(10))  # 10 held: partition 0's go out first, its end not known yet
+            deliver(rs[0], None)      # partition 0's range is complete: markers at 10 and 11
+            deliver(rs[1], None)
+            return 0.0
+
+    plan = WriterPlan({"t": s}, {}, {"t": {0: 12, 1: 10}}, {}, None, group="g", transactions="per_writer")
+    rows = direct.write_ranges_per_writer(plan, ranges, Reader(), 0, 1)  # type: ignore[arg-type]
+    assert len(commits) == 2 and per_partition.full == []
+    assert commits[0].count("t") == 10 and commits[1].count("t") == 10  # partition 0's, then partition 1's
+    assert (store[0].upstream_offset, store[0].downstream_offset) == (12, 10)
+    assert (store[1].upstream_offset, store[1].downstream_offset) == (10, 10)
+    assert sorted((r["partition"], r["mirrored"], r["upstream_end"]) for r in rows) == [(0, 10, 12), (1, 10, 10)]
