@@ -427,6 +427,7 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
 
     bw = BatchWriter(plan)
     txn = WriterTransaction(plan.settings.values(), slot, slots_used)
+    txn.fence_unused()  # done by the warm-up once; the driver's first batch may run beside it
     by_key = {(r.topic, r.partition): r for r in ranges}
     pieces: dict[tuple[str, int], list[Columns]] = {}
     complete: set[tuple[str, int]] = set()
