@@ -461,16 +461,22 @@ def partition_lock(s: WriterSettings, partition: int) -> threading.RLock:
         return lock
 
 
-def _producer(s: WriterSettings, partition: int) -> tuple[Producer, str]:
-    """A long-lived producer per (writer, partition) in this process (call with its partition_lock)."""
+def _base_config(limit: int | None) -> dict[str, Any]:
+    """The writer producers' settings over the destination's config, for a destination size limit ``limit``."""
     base: dict[str, Any] = {"enable.idempotence": True, "acks": "all", "linger.ms": 5, "log_level": 3,
                             "logger": LIBRDKAFKA_LOG,
                             # a deleted destination topic must not come back with the broker's default
                             # partitions when the producer asks for its metadata (auto.create.topics.enable)
                             "allow.auto.create.topics": False}
-    if s.destination_max_message_bytes is not None:
+    if limit is not None:
         # keep batches of small records under the topic's limit (a single larger record still goes alone)
-        base["batch.size"] = max(1, min(1_000_000, s.destination_max_message_bytes - 100))
+        base["batch.size"] = max(1, min(1_000_000, limit - 100))
+    return base
+
+
+def _producer(s: WriterSettings, partition: int) -> tuple[Producer, str]:
+    """A long-lived producer per (writer, partition) in this process (call with its partition_lock)."""
+    base = _base_config(s.destination_max_message_bytes)
     if s.delivery == "exactly_once":
         txid = s.transactional_id_for(partition)
         if _built_for_other(txid, s):
@@ -514,9 +520,7 @@ def fence_legacy_writer(s: WriterSettings, partition: int) -> None:
     txid = s.legacy_transactional_id_for(partition)
     if txid in _FENCED_LEGACY:
         return
-    p = Producer(s.producer_config | {"transactional.id": txid, "transaction.timeout.ms": 60000, "log_level": 3,
-                                      "logger": LIBRDKAFKA_LOG})
-    p.init_transactions(60)
+    fence_transactional_id(dict(s.producer_config), txid)
     _FENCED_LEGACY.add(txid)
     log.info("%s: fenced the earlier release's transactional id of partition %d", s.mirror, partition)
 
@@ -611,12 +615,8 @@ class WriterTransaction:
                                   or _PRODUCER_PARTITIONS.get(key) != self.partitions):
             _drop_producer(key)
         if key not in _PRODUCERS:
-            base: dict[str, Any] = {"enable.idempotence": True, "acks": "all", "linger.ms": 5, "log_level": 3,
-                                    "logger": LIBRDKAFKA_LOG, "allow.auto.create.topics": False,
-                                    "transactional.id": key, "transaction.timeout.ms": 60000}
-            if self.limit is not None:
-                base["batch.size"] = max(1, min(1_000_000, self.limit - 100))
-            p = Producer(self.producer_config | base)
+            p = Producer(self.producer_config | _base_config(self.limit)
+                         | {"transactional.id": key, "transaction.timeout.ms": 60000})
             p.init_transactions(60)
             _PRODUCERS[key] = p
             _PRODUCER_LIMITS[key] = self.limit

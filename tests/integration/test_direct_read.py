@@ -392,18 +392,7 @@ assert [w.result() for w in pool._workers] == [None, None]  # both set up and an
 print(" ".join(str(w.proc.pid) for w in pool._workers), flush=True)
 time.sleep(600)
 """
-    job = subprocess.Popen([sys.executable, "-c", script, clusters.src_bootstrap], stdout=subprocess.PIPE, text=True)
-    try:
-        pids = [int(x) for x in job.stdout.readline().split()]
-        assert len(pids) == 2 and all(_alive(p) for p in pids)
-        job.kill()
-        job.wait(10)
-        deadline = time.monotonic() + 10
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(_alive(p) for p in pids), "a writer process outlived its killed job"
-    finally:
-        job.kill()
+    _kill_and_expect_its_writers_gone([script, clusters.src_bootstrap], "a writer process outlived its killed job")
 
 
 def test_a_writer_process_busy_mid_batch_ends_with_its_killed_job(clusters, unique):
@@ -426,8 +415,14 @@ time.sleep(2)  # the owner of the partition is reading, waiting for offsets 0-9
 print(" ".join(str(w.proc.pid) for w in pool._workers), flush=True)
 time.sleep(600)
 """
-    job = subprocess.Popen([sys.executable, "-c", script, clusters.src_bootstrap, topic], stdout=subprocess.PIPE,
-                           text=True)
+    _kill_and_expect_its_writers_gone([script, clusters.src_bootstrap, topic],
+                                      "a busy writer process outlived its killed job")
+
+
+def _kill_and_expect_its_writers_gone(args: list[str], message: str) -> None:
+    """Start a job (``python -c``, printing its two writer processes' pids), SIGKILL it, and expect both
+    processes gone within 10 s."""
+    job = subprocess.Popen([sys.executable, "-c", *args], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(x) for x in job.stdout.readline().split()]
         assert len(pids) == 2 and all(_alive(p) for p in pids)
@@ -436,7 +431,7 @@ time.sleep(600)
         deadline = time.monotonic() + 10
         while any(_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(_alive(p) for p in pids), "a busy writer process outlived its killed job"
+        assert not any(_alive(p) for p in pids), message
     finally:
         job.kill()
 

@@ -870,6 +870,42 @@ groups:
     parse_config(yaml.safe_load(two_groups), env={})
 
 
+def _per_writer_fakes(monkeypatch, commit_error: Exception | None = None
+                      ) -> tuple[dict[int, OffsetSync], list[list[str]], _FakeProducer]:
+    """A fake writer producer for ``transactions: per_writer`` (and a fake per-partition one), with fresh producer
+    and position tables. Returns the newest committed sync per partition (what a lookup reads), the topics of
+    each committed transaction's records, and the per-partition producer. ``commit_error`` is raised by every
+    commit after it went through."""
+    store: dict[int, OffsetSync] = {}
+    commits: list[list[str]] = []
+
+    class WriterProducer(_FakeProducer):
+        def __init__(self, *_a: object) -> None:
+            super().__init__()
+
+        def init_transactions(self, timeout: float) -> None:
+            pass
+
+        def commit_transaction(self, timeout: float) -> None:
+            super().commit_transaction(timeout)
+            commits.append([t for t, _k, _v in self._txn])
+            for t, k, v in self._txn:
+                if t == "syncs":
+                    sync = OffsetSync.from_record(k, v)
+                    store[sync.partition] = sync
+            if commit_error is not None:
+                raise commit_error
+
+    per_partition = _FakeProducer()
+    monkeypatch.setattr(replicate, "Producer", WriterProducer)
+    monkeypatch.setattr(replicate, "fence_transactional_id", lambda config, txid: None)
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (per_partition, _s.transactional_id_for(p)))
+    for name, empty in (("_POSITIONS", {}), ("_PRODUCERS", {}), ("_PRODUCER_LIMITS", {}),
+                        ("_PRODUCER_PARTITIONS", {}), ("_FENCED_PARTITIONS", set())):
+        monkeypatch.setattr(replicate, name, empty)
+    return store, commits, per_partition
+
+
 def test_per_writer_commit_that_reports_an_error_but_went_through_writes_nothing_twice(monkeypatch) -> None:
     """``transactions: per_writer``: the writer transaction's commit raises (a timeout) although the broker
     committed it. The batch is then written partition by partition, which must start from the positions
@@ -881,30 +917,8 @@ def test_per_writer_commit_that_reports_an_error_but_went_through_writes_nothing
     from mirror_core.stream import BatchWriter, WriterPlan
 
     s = settings(value_serde="bytes", source_partitions=2, destination_partitions=2)
-    store: dict[int, OffsetSync] = {}  # the newest committed sync per partition (what a lookup reads)
-
-    class CommitsThenTimesOut(_FakeProducer):
-        def __init__(self, *_a: object) -> None:
-            super().__init__()
-
-        def init_transactions(self, timeout: float) -> None:
-            pass
-
-        def commit_transaction(self, timeout: float) -> None:
-            super().commit_transaction(timeout)
-            for t, k, v in self._txn:
-                if t == "syncs":
-                    sync = OffsetSync.from_record(k, v)
-                    store[sync.partition] = sync
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "commit timed out", retriable=True))
-
-    per_partition = _FakeProducer()
-    monkeypatch.setattr(replicate, "Producer", CommitsThenTimesOut)
-    monkeypatch.setattr(replicate, "fence_transactional_id", lambda config, txid: None)
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (per_partition, _s.transactional_id_for(p)))
-    for name, empty in (("_POSITIONS", {}), ("_PRODUCERS", {}), ("_PRODUCER_LIMITS", {}),
-                        ("_PRODUCER_PARTITIONS", {}), ("_FENCED_PARTITIONS", set())):
-        monkeypatch.setattr(replicate, name, empty)
+    timeout = KafkaException(KafkaError(KafkaError._TIMED_OUT, "commit timed out", retriable=True))
+    store, _commits, per_partition = _per_writer_fakes(monkeypatch, commit_error=timeout)
     plan = WriterPlan({"t": s}, {}, {"t": {0: 10, 1: 10}}, {}, None, group="g", transactions="per_writer")
     bw = BatchWriter(plan)
     bw._writers["t"] = replicate.PartitionWriter(s, ids({}), lambda t, p: store.get(p),
@@ -934,31 +948,7 @@ def test_per_writer_moves_a_position_past_trailing_markers_in_its_own_transactio
     from mirror_core.stream import BatchWriter, WriterPlan
 
     s = settings(value_serde="bytes", source_partitions=2, destination_partitions=2)
-    store: dict[int, OffsetSync] = {}
-    commits: list[list[str]] = []
-
-    class WriterProducer(_FakeProducer):
-        def __init__(self, *_a: object) -> None:
-            super().__init__()
-
-        def init_transactions(self, timeout: float) -> None:
-            pass
-
-        def commit_transaction(self, timeout: float) -> None:
-            super().commit_transaction(timeout)
-            commits.append([t for t, _k, _v in self._txn])
-            for t, k, v in self._txn:
-                if t == "syncs":
-                    sync = OffsetSync.from_record(k, v)
-                    store[sync.partition] = sync
-
-    per_partition = _FakeProducer()
-    monkeypatch.setattr(replicate, "Producer", WriterProducer)
-    monkeypatch.setattr(replicate, "fence_transactional_id", lambda config, txid: None)
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (per_partition, _s.transactional_id_for(p)))
-    for name, empty in (("_POSITIONS", {}), ("_PRODUCERS", {}), ("_PRODUCER_LIMITS", {}),
-                        ("_PRODUCER_PARTITIONS", {}), ("_FENCED_PARTITIONS", set())):
-        monkeypatch.setattr(replicate, name, empty)
+    store, commits, per_partition = _per_writer_fakes(monkeypatch)
     monkeypatch.setattr(direct, "WRITER_TXN_RECORDS", 7)
     monkeypatch.setattr(BatchWriter, "_writer", lambda self, topic, _s: self._writers.setdefault(topic, writer))
     writer = replicate.PartitionWriter(s, ids({}), lambda t, p: store.get(p), downstream_end=lambda t, p: 0,
