@@ -52,11 +52,12 @@ RESULTS = ROOT / "bench" / "results"
 # bytes. mm2 is MirrorMaker 2 as shipped, mm2-tuned as a performance-minded operator runs it.
 # *-direct* run with spark.read_path: direct (Spark plans, the driver reads the ranges itself; opt-in, not
 # in the default set); *-writer* too, with spark.transactions: per_writer (one transaction per writer process
-# and batch).
+# and batch; at_least_once: one idempotent producer per writer process).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
-                     "mirrorflow-alo-direct-bytes", "mirrorflow-eos-writer", "mirrorflow-eos-writer-bytes")
+                     "mirrorflow-alo-direct-bytes", "mirrorflow-eos-writer", "mirrorflow-eos-writer-bytes",
+                     "mirrorflow-alo-writer", "mirrorflow-alo-writer-bytes")
 FLOOR = "floor"  # no mirror: the watcher reads the source topic itself (what the measurement adds)
 LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-direct", "mirrorflow-alo-direct",
                       "mirrorflow-eos-writer", "mm2", "mm2-tuned", "raw-python", "kcat")

@@ -422,9 +422,10 @@ class SparkConfig(_Frozen):
     #: the partitions (one Python process is bound by its GIL at about one core); 0 = one per CPU core of the
     #: driver's host, at most 4; 1 = the driver itself
     direct_processes: int = Field(default=0, ge=0, le=64)
-    #: with ``read_path: direct`` and ``exactly_once``: ``per_partition`` (each partition's records commit in a
-    #: transaction of their own, with a producer per partition) or ``per_writer`` (each writer process commits
-    #: one transaction per micro-batch holding all its partitions, with one producer: for many partitions)
+    #: with ``read_path: direct``: ``per_partition`` (each partition's records commit in a transaction of their
+    #: own, with a producer per partition) or ``per_writer`` (each writer process commits one transaction per
+    #: micro-batch holding all its partitions, with one producer: for many partitions; its at_least_once
+    #: mirrors share one idempotent producer per writer process too, instead of one per partition)
     transactions: Literal["per_partition", "per_writer"] = "per_partition"
     metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus /metrics on the driver; 0 = off
     #: where the Spark Kafka source's secrets are written (0600 files read by the Kafka clients on the

@@ -420,13 +420,16 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     transactions of this writer's producer (``slot``; see :meth:`~mirror_core.stream.BatchWriter.write_shared`),
     each holding every partition's records read since the last one: at the end of the read, or sooner when
     they reach :data:`WRITER_TXN_RECORDS` records or ``CHUNK_BYTES`` of keys and values (memory and transaction
-    size stay bounded whatever the batch). The rest (at-least-once mirrors, or a transaction's records when the
-    shared transaction cannot be used) is written partition by partition, as on the ``per_partition`` path."""
+    size stay bounded whatever the batch). At-least-once partitions are written at the same cuts through one
+    idempotent producer of the writer (flushed once for all of them, no transaction). What a shared producer
+    cannot write (see :meth:`~mirror_core.stream.BatchWriter.write_shared`) is written partition by partition,
+    as on the ``per_partition`` path."""
     from mirror_core.replicate import CHUNK_BYTES, Columns, WriterTransaction
     from mirror_core.stream import BatchWriter
 
     bw = BatchWriter(plan)
     txn = WriterTransaction(plan.settings.values(), slot, slots_used)
+    alo = WriterTransaction(plan.settings.values(), slot, slots_used, delivery="at_least_once")
     txn.fence_unused()  # done by the warm-up once; the driver's first batch may run beside it
     by_key = {(r.topic, r.partition): r for r in ranges}
     pieces: dict[tuple[str, int], list[Columns]] = {}
@@ -434,19 +437,22 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     held = [0, 0]  # records, bytes
 
     def cut(advance: dict[tuple[str, int], tuple[Columns, int]] | None = None) -> None:
-        shared: dict[tuple[str, int], tuple[Columns, int]] = dict(advance or {})
+        shared: dict[str, dict[tuple[str, int], tuple[Columns, int]]] = {"exactly_once": {}, "at_least_once": {}}
+        for key, entry in (advance or {}).items():
+            shared[plan.settings[key[0]].delivery][key] = entry
         alone: dict[tuple[str, int], Columns] = {}
         for key, parts in pieces.items():
             cols = Columns.concat(parts)
             s = plan.settings.get(key[0])
-            if s is not None and s.delivery == "exactly_once":
+            if s is not None:
                 # a range read to its end moves the position past its trailing markers; a range cut short, to
                 # just after its last record
-                shared[key] = (cols, by_key[key].end if key in complete else cols.offsets[-1] + 1)
+                shared[s.delivery][key] = (cols, by_key[key].end if key in complete else cols.offsets[-1] + 1)
             else:
                 alone[key] = cols
-        if shared and not bw.write_shared(txn, shared):
-            alone.update({key: cols for key, (cols, _end) in shared.items() if len(cols)})
+        for writer, todo in ((txn, shared["exactly_once"]), (alo, shared["at_least_once"])):
+            if todo and not bw.write_shared(writer, todo):
+                alone.update({key: cols for key, (cols, _end) in todo.items() if len(cols)})
         for (topic, part), cols in sorted(alone.items()):
             bw.feed(topic, part, cols)  # an unknown topic fails here, as on the per-partition path
         pieces.clear()
@@ -472,8 +478,7 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     for key in complete - pieces.keys():
         r = bw.results.get(key)
         s = plan.settings.get(key[0])
-        if r is not None and r.upstream_end is not None and r.upstream_end < by_key[key].end and s is not None \
-                and s.delivery == "exactly_once":
+        if r is not None and r.upstream_end is not None and r.upstream_end < by_key[key].end and s is not None:
             advance[key] = (Columns([], [], [], []), by_key[key].end)
     cut(advance)
     for topic, part in sorted(complete):
@@ -661,7 +666,7 @@ def _warm(bw: Any, keys: list[tuple[str, int]], threads: int, slot: int = 0, slo
           stop: threading.Event | None = None) -> None:
     """Start each partition's producer and read its position (a failure is logged: only a head start). With
     ``transactions: per_writer``: fence the writer ids the job does not use and each partition's own id, read
-    the positions, and start this writer's (``slot``) producer."""
+    the positions, and start this writer's (``slot``) producers."""
     from mirror_core.replicate import WriterTransaction
 
     shared = bw.plan.transactions == "per_writer"
@@ -683,10 +688,12 @@ def _warm(bw: Any, keys: list[tuple[str, int]], threads: int, slot: int = 0, slo
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="mirrorflow-warm-up") as pool:
         if shared:
             txn = WriterTransaction(bw.plan.settings.values(), slot, slots_used)
+            alo = WriterTransaction(bw.plan.settings.values(), slot, slots_used, delivery="at_least_once")
             try:
                 txn.fence_unused()
-                if txn.txid:
-                    txn.producer()
+                for writer in (txn, alo):
+                    if writer.txid:
+                        writer.producer()
             except Exception as exc:  # noqa: BLE001 - the first write tries again
                 log.warning("%s: warm-up of writer %d failed: %s", bw.plan.group, slot, exc)
         list(pool.map(one, keys))

@@ -492,7 +492,7 @@ def _producer(s: WriterSettings, partition: int) -> tuple[Producer, str]:
             _PRODUCER_PARTITIONS[txid] = s.destination_partitions
             _POSITIONS.pop(txid, None)  # a zombie may have committed since: re-read
         return _PRODUCERS[txid], txid
-    key = f"{s.transactional_id}:{partition}:alo"  # per partition too: flushes never wait for another's
+    key = _alo_key(s, partition)  # per partition too: flushes never wait for another's
     if _built_for_other(key, s):
         _drop_producer(key, keep_position=True)
     if key not in _PRODUCERS:
@@ -500,6 +500,11 @@ def _producer(s: WriterSettings, partition: int) -> tuple[Producer, str]:
         _PRODUCER_LIMITS[key] = s.destination_max_message_bytes
         _PRODUCER_PARTITIONS[key] = s.destination_partitions
     return _PRODUCERS[key], key
+
+
+def _alo_key(s: WriterSettings, partition: int) -> str:
+    """The key of an at-least-once partition's producer and position in this process."""
+    return f"{s.transactional_id}:{partition}:alo"
 
 
 def _built_for_other(key: str, s: WriterSettings) -> bool:
@@ -575,24 +580,32 @@ class WriterTransaction:
     """``transactions: per_writer``: the one transactional producer of a writer process (``slot``), whose
     transaction holds a micro-batch's records, dead letters and offset syncs of every partition the process
     owns (see :meth:`stream.BatchWriter.write_shared`). Kept for the life of the process, like the
-    per-partition producers; built again when a destination's size limit or partition count changed."""
+    per-partition producers; built again when a destination's size limit or partition count changed.
 
-    def __init__(self, settings: Iterable[WriterSettings], slot: int, slots_used: int):
-        exactly = [s for s in settings if s.delivery == "exactly_once"]
-        first = exactly[0] if exactly else None
+    With ``delivery="at_least_once"``: the one idempotent producer the process's at-least-once partitions
+    share, flushed once per write of all of them (and no transaction)."""
+
+    def __init__(self, settings: Iterable[WriterSettings], slot: int, slots_used: int,
+                 delivery: str = "exactly_once"):
+        mine = [s for s in settings if s.delivery == delivery]
+        first = mine[0] if mine else None
         self.slot = slot
         self.slots_used = slots_used
+        #: False: the writer's at-least-once mirrors, which share one idempotent producer (no transaction)
+        self.transactional = delivery == "exactly_once"
         self._names = ("", "") if first is None else (first.group, first.source_alias)
-        self.txid = "" if first is None else writer_transactional_id(*self._names, slot)
+        writer_id = "" if first is None else writer_transactional_id(*self._names, slot)
+        #: the transactional id; for the at-least-once producer only its key in this process
+        self.txid = writer_id if self.transactional or not writer_id else f"{writer_id}:alo"
         self.producer_config = {} if first is None else dict(first.producer_config)
-        limits = [s.destination_max_message_bytes for s in exactly if s.destination_max_message_bytes is not None]
+        limits = [s.destination_max_message_bytes for s in mine if s.destination_max_message_bytes is not None]
         self.limit = min(limits) if limits else None
-        self.partitions = sum(s.destination_partitions for s in exactly)
+        self.partitions = sum(s.destination_partitions for s in mine)
 
     def fence_unused(self) -> None:
         """Fence the writer ids this job does not use (``slots_used`` and up): a writer of an earlier job that
         ran with more processes might still hold one (once per process)."""
-        if not self.txid:
+        if not self.txid or not self.transactional:
             return
         for slot in range(self.slots_used, WRITER_SLOTS):
             txid = writer_transactional_id(*self._names, slot)
@@ -615,9 +628,12 @@ class WriterTransaction:
                                   or _PRODUCER_PARTITIONS.get(key) != self.partitions):
             _drop_producer(key)
         if key not in _PRODUCERS:
-            p = Producer(self.producer_config | _base_config(self.limit)
-                         | {"transactional.id": key, "transaction.timeout.ms": 60000})
-            p.init_transactions(60)
+            if not self.transactional:
+                p = Producer(self.producer_config | _base_config(self.limit))
+            else:
+                p = Producer(self.producer_config | _base_config(self.limit)
+                             | {"transactional.id": key, "transaction.timeout.ms": 60000})
+                p.init_transactions(60)
             _PRODUCERS[key] = p
             _PRODUCER_LIMITS[key] = self.limit
             _PRODUCER_PARTITIONS[key] = self.partitions
@@ -949,20 +965,27 @@ class PartitionWriter:
     def stage(self, partition: int, cols: Columns, upstream_end: int, producer: Producer
               ) -> tuple[BatchResult, Staged | None]:
         """Produce the records of ``cols`` past the partition's committed position into ``producer``'s open
-        transaction. Returns the partition's result and what :meth:`settle_staged` needs (None when every
-        record was committed before: a replay)."""
+        transaction (at-least-once: all of them, into the shared idempotent producer). Returns the partition's
+        result and what :meth:`settle_staged` needs (None when every record was committed before: a replay)."""
         t0 = time.monotonic()
         key = self.s.transactional_id_for(partition)
+        exactly = self.s.delivery == "exactly_once"
         if not len(cols):
             # no records: the partition's records went out in an earlier transaction and its range ended later
             # (trailing transaction markers): only its position moves, by a sync in this transaction
             result = BatchResult(self.s.source_topic, partition, records_in=0, upstream_end=upstream_end)
-            position = self.prepare_shared(partition)
+            position = self.prepare_shared(partition) if exactly else _POSITIONS.get(_alo_key(self.s, partition))
             if position is None or position.downstream is None or position.upstream >= upstream_end:
                 return result, None
             return result, Staged(partition, cols, upstream_end, position, result, None, position.downstream)
         result = BatchResult(self.s.source_topic, partition, records_in=len(cols), first_offset=cols.offsets[0],
                              last_offset=cols.offsets[-1], upstream_end=upstream_end)
+        if not exactly:
+            # at-least-once writes every record of the batch again on a replay, as its per-partition writer does
+            sent = self._produce_records(producer, partition, cols, result, {})
+            result.produce_ms += (time.monotonic() - t0) * 1000
+            return result, Staged(partition, cols, upstream_end, _POSITIONS.get(_alo_key(self.s, partition)),
+                                  result, sent)
         position = self.prepare_shared(partition)
         start = 0 if position is None else bisect.bisect_left(cols.offsets, position.upstream)
         if start and position is not None and self._beyond_source_end(key, partition, position):
@@ -998,8 +1021,10 @@ class PartitionWriter:
             self._emit_sync(producer, sync)
 
     def committed_staged(self, staged: Staged) -> None:
-        """The transaction holding ``staged`` committed: its position moves."""
-        key = self.s.transactional_id_for(staged.partition)
+        """The transaction holding ``staged`` committed (at-least-once: its records and offset syncs were
+        acknowledged): its position moves."""
+        key = self.s.transactional_id_for(staged.partition) if self.s.delivery == "exactly_once" \
+            else _alo_key(self.s, staged.partition)
         with partition_lock(self.s, staged.partition):
             _POSITIONS[key] = Position(staged.upstream_end, staged.downstream)
         result = staged.result
@@ -1009,7 +1034,10 @@ class PartitionWriter:
 
     def forget_position(self, partition: int) -> None:
         """A writer transaction holding the partition failed: its outcome is not known here (a commit that
-        reported an error may have gone through), so the next write reads the committed position again."""
+        reported an error may have gone through), so the next write reads the committed position again.
+        (At-least-once positions are not read back: its per-partition writer writes the batch again.)"""
+        if self.s.delivery != "exactly_once":
+            return
         with partition_lock(self.s, partition):
             _POSITIONS.pop(self.s.transactional_id_for(partition), None)
 

@@ -1001,8 +1001,14 @@ class BatchWriter:
         too large, or a producer error. The per-partition writer handles each of those (it retries, fences,
         learns the size limit, dead-letters) and says what is wrong when it cannot. A failure that one
         partition's writer would raise as well (``on_error: fail``, a dead letter not delivered, the
-        destination topic gone) is raised here, after the abort."""
+        destination topic gone) is raised here, after the abort.
+
+        With ``txn.transactional`` False (the writer's at-least-once partitions): the same, with the shared
+        idempotent producer and no transaction: the records, then the offset syncs, are flushed once for all
+        partitions. On False, what went out may be written again by the per-partition writer (at-least-once)."""
         from confluent_kafka import KafkaException
+
+        transactional = txn.transactional
 
         todo = []
         for (topic, part), (cols, upstream_end) in parts.items():
@@ -1018,7 +1024,8 @@ class BatchWriter:
                 w.forget_position(part)
 
         try:
-            producer.begin_transaction()
+            if transactional:
+                producer.begin_transaction()
             try:
                 for w, part, cols, upstream_end in todo:
                     r, st = w.stage(part, cols, upstream_end, producer)
@@ -1035,7 +1042,12 @@ class BatchWriter:
                 for w, st in staged:
                     w.settle_staged(producer, st)
                 t2 = time.monotonic()
-                producer.commit_transaction(60)
+                if transactional:
+                    producer.commit_transaction(60)
+                elif producer.flush(60):
+                    log.warning("%s: offset syncs not acknowledged within 60 s; writing the batch partition by "
+                                "partition", self.plan.group)
+                    raise _Unmapped()
                 t3 = time.monotonic()
                 commit_ms = (t3 - t0) * 1000
                 log.debug("%s: writer transaction of %d partitions: flush %.0f ms, offset syncs %.0f ms, commit "
@@ -1048,25 +1060,28 @@ class BatchWriter:
                 forget()
                 raise
             except BaseException:
-                if not _abort_quietly(producer):
+                if not transactional or not _abort_quietly(producer):
                     txn.drop()
                 forget()
                 raise
         except _Unmapped:
             forget()
-            log.info("%s: the writer transaction was aborted (delivery reports not tied to records, or a record "
-                     "the destination rejected as too large); writing the batch partition by partition",
-                     self.plan.group)
-            if not _abort_quietly(producer):
+            log.info("%s: the writer %s was %s (delivery reports not tied to records, or a record the "
+                     "destination rejected as too large); writing the batch partition by partition",
+                     self.plan.group, *(("transaction", "aborted") if transactional else ("write", "stopped")))
+            if not transactional:
+                producer.purge()  # records still queued must not land after the per-partition writer's
+                txn.drop()
+            elif not _abort_quietly(producer):
                 txn.drop()
             return False
         except KafkaException as exc:
             # fenced, fatal, abortable or a timeout: a new producer next batch; this one partition by partition,
             # from positions read again (a commit that reported an error may have gone through)
             forget()
-            log.warning("%s: the writer transaction failed (%s); writing the batch partition by partition",
-                        self.plan.group, exc.args[0].str())
-            if exc.args[0].fatal() or not _abort_quietly(producer):
+            log.warning("%s: the writer %s failed (%s); writing the batch partition by partition",
+                        self.plan.group, "transaction" if transactional else "write", exc.args[0].str())
+            if exc.args[0].fatal() or not transactional or not _abort_quietly(producer):
                 txn.drop()
             return False
         share = commit_ms / max(1, len(results))

@@ -207,7 +207,7 @@ def read_dst(bootstrap: str, topic: str, parts: int) -> dict[int, list[bytes]]:
 
 @pytest.mark.parametrize(("delivery", "processes", "transactions"), [
     ("exactly_once", 2, "per_partition"), ("at_least_once", 2, "per_partition"), ("exactly_once", 1, "per_partition"),
-    ("exactly_once", 2, "per_writer"), ("exactly_once", 1, "per_writer")])
+    ("exactly_once", 2, "per_writer"), ("exactly_once", 1, "per_writer"), ("at_least_once", 1, "per_writer")])
 def test_direct_batches_mirror_committed_records_once_and_a_replay_adds_nothing(clusters, unique, tmp_path,
                                                                                  delivery, processes, transactions,
                                                                                  monkeypatch):
@@ -216,8 +216,9 @@ def test_direct_batches_mirror_committed_records_once_and_a_replay_adds_nothing(
     before Spark committed it: the replay re-reads the same range). Exactly the committed records arrive,
     in order; exactly_once writes the replay's records not again (skipped by position). With two writer
     processes each partition is written by its own process; with one, by the driver. With ``per_writer``
-    transactions one transaction holds both partitions (checked in the driver: no per-partition producer);
-    in the driver its transactions are cut every 7 records, so partitions are cut mid-range too."""
+    transactions one transaction holds both partitions (at_least_once: the writer's one idempotent producer
+    writes both; checked in the driver: no per-partition producer); in the driver its transactions are cut
+    every 7 records, so partitions are cut mid-range too."""
     from mirror_core import replicate
 
     if processes == 1:
@@ -257,8 +258,8 @@ def test_direct_batches_mirror_committed_records_once_and_a_replay_adds_nothing(
             assert read_dst(clusters.dst_bootstrap, f"{topic}.m", 2) == got
         if processes == 1:
             ours = [k for k in replicate._PRODUCERS if k.startswith(f"mirrorflow.{name}:")]
-            if transactions == "per_writer":
-                assert ours == [f"mirrorflow.{name}:src::writer-0"]
+            if transactions == "per_writer":  # at_least_once: the writer's one idempotent producer
+                assert ours == [f"mirrorflow.{name}:src::writer-0" + (":alo" if delivery == "at_least_once" else "")]
             else:
                 assert len(ours) == 2 and all(k.endswith((":0", ":1")) for k in ours)
         # the mirror's consumer group on the source is at the batch end (markers included), once the last

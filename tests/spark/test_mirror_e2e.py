@@ -282,6 +282,44 @@ def _hold_foreign_transactions(bootstrap, topic, txid, stop, hold_s=8.0):
         n += 1
 
 
+def _stream_source(bootstrap, topic, stop_file):
+    """A steady stream into ``topic``'s 3 partitions (about 1,500 records/s, key = value = the record's number)
+    until ``stop_file`` exists and at least 20,000 were written; the process prints how many it wrote."""
+    script = f"""
+import os, time
+from confluent_kafka import Producer
+p = Producer({{"bootstrap.servers": "{bootstrap}", "enable.idempotence": True, "linger.ms": 20}})
+i = 0
+while not os.path.exists({str(stop_file)!r}) or i < 20000:
+    for _ in range(150):
+        while True:
+            try:
+                p.produce("{topic}", key=str(i).encode(), value=str(i).encode() * 3, partition=i % 3)
+                break
+            except BufferError:
+                p.poll(0.05)
+        i += 1
+    p.poll(0)
+    time.sleep(0.1)
+p.flush(60)
+print(i)
+"""
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+
+
+def _stop_all(job, producer, stop_file):
+    """After a kill test, pass or fail: the streaming job (if one still runs) and the source stream end."""
+    if job is not None:
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        job.wait(30)
+    stop_file.touch()
+    if producer.poll() is None:
+        producer.kill()
+
+
 def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file, holder):
     """Start the streaming job and SIGKILL it while a transaction of it is open on the destination, until
     3 kills are proven mid-transaction; then stop the source producer. Starts ``holder`` after the 2nd.
@@ -327,15 +365,7 @@ def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file,
         assert producer.returncode == 0
         return int(out.strip()), attempts, kills, time.monotonic() - t0
     finally:
-        if job is not None:  # failed while a job ran: stop it
-            try:
-                os.killpg(job.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            job.wait(30)
-        stop_file.touch()
-        if producer.poll() is None:
-            producer.kill()
+        _stop_all(job, producer, stop_file)
         hw_reader.close()
         lso_reader.close()
 
@@ -367,25 +397,7 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     gname = cfg.groups[0].name
     stop_file = tmp_path / "stop-producing"
     # a steady stream (about 1,500 records/s) until the kills are done, so every job has work in flight
-    producer = subprocess.Popen([sys.executable, "-c", f"""
-import os, time
-from confluent_kafka import Producer
-p = Producer({{"bootstrap.servers": "{clusters.src_bootstrap}", "enable.idempotence": True, "linger.ms": 20}})
-i = 0
-while not os.path.exists({str(stop_file)!r}) or i < 20000:
-    for _ in range(150):
-        while True:
-            try:
-                p.produce("{topic}", key=str(i).encode(), value=str(i).encode() * 3, partition=i % 3)
-                break
-            except BufferError:
-                p.poll(0.05)
-        i += 1
-    p.poll(0)
-    time.sleep(0.1)
-p.flush(60)
-print(i)
-"""], stdout=subprocess.PIPE, text=True)
+    producer = _stream_source(clusters.src_bootstrap, topic, stop_file)
     stop_foreign = threading.Event()
     holder = threading.Thread(target=_hold_foreign_transactions, daemon=True,
                               args=(clusters.dst_bootstrap, f"{topic}.syncs.internal", unique("foreign"), stop_foreign))
@@ -414,6 +426,54 @@ print(i)
     for i, open_at_kill in enumerate(mid_transaction_kills):
         assert any(off in aborted[p] for p, off in open_at_kill.items()), \
             f"kill {i + 1}: the transaction open at {open_at_kill} was not aborted"
+
+
+
+@pytest.mark.slow
+def test_at_least_once_per_writer_loses_nothing_when_killed(clusters, unique, tmp_path):
+    """``at_least_once`` with ``transactions: per_writer`` (the writer processes' partitions share one
+    idempotent producer, flushed once for all of them): SIGKILL the streaming job twice while records stream
+    in and it writes, then drain. Every record arrives (duplicates are allowed: at-least-once), and each
+    partition's records first arrive in their source order."""
+    topic = unique("alokill")
+    dst_topic = f"{topic}.mirror"
+    create_topic(clusters.src_bootstrap, topic, 3)
+    path, cfg = group_yaml(clusters, tmp_path, topic, delivery="at_least_once", value_serde="bytes",
+                           spark=", read_path: direct, transactions: per_writer")
+    gname = cfg.groups[0].name
+    stop_file = tmp_path / "stop-producing"
+    producer = _stream_source(clusters.src_bootstrap, topic, stop_file)
+    job = None
+    try:
+        for _kill in range(2):
+            job = subprocess.Popen([sys.executable, "-m", "spark_jobs.mirror_stream", str(path), "--group", gname],
+                                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   start_new_session=True)
+            base = _dst_count(clusters.dst_bootstrap, dst_topic)
+            deadline = time.monotonic() + 180
+            while _dst_count(clusters.dst_bootstrap, dst_topic) < base + 1000:  # this job is writing
+                assert job.poll() is None, f"the streaming job exited with {job.returncode}"
+                assert time.monotonic() < deadline, "the job wrote nothing in 180 s"
+                time.sleep(0.2)
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(30)
+            job = None
+        stop_file.touch()
+        out, _ = producer.communicate(timeout=300)
+        assert producer.returncode == 0
+        total = int(out.strip())
+        run_once(path, gname, timeout=600)
+    finally:
+        _stop_all(job, producer, stop_file)
+    got = read_all(clusters.dst_bootstrap, dst_topic, timeout=180)
+    keys = [int(m.key()) for ms in got.values() for m in ms]
+    print(f"{total} records, {len(keys) - len(set(keys))} written twice", file=sys.stderr)
+    assert set(keys) == set(range(total)), f"{len(set(range(total)) - set(keys))} records lost"
+    for part, ms in got.items():
+        seen: set[int] = set()
+        first = [k for k in (int(m.key()) for m in ms) if not (k in seen or seen.add(k))]
+        assert first == sorted(first), f"partition {part}: records first arrived out of order"
+        assert all(k % 3 == part for k in first), f"partition {part} holds another partition's records"
 
 
 def _dst_count(bootstrap, topic):

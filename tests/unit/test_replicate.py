@@ -937,40 +937,69 @@ def test_per_writer_commit_that_reports_an_error_but_went_through_writes_nothing
     assert [r["replayed_skipped"] for r in bw.rows()] == [10, 10]
 
 
-def test_per_writer_moves_a_position_past_trailing_markers_in_its_own_transaction(monkeypatch) -> None:
-    """``transactions: per_writer`` with transactions cut by size: partition 0's records (offsets 0-9) go out
-    in a first transaction, and only then does its range turn out to end at 12 (a commit marker and an
-    aborted record follow). Its position must move to 12 in the writer's next transaction, by an offset
-    sync, not through a producer and a transaction of the partition's own."""
+def _write_past_trailing_markers(monkeypatch, s, store: dict[int, OffsetSync]) -> list[dict]:
+    """``transactions: per_writer`` with transactions cut every 7 records: a fake reader hands over partition
+    0's records (offsets 0-9), then partition 1's (0-9; partition 0's go out first, its end not known yet),
+    then the ends of both ranges: partition 0's at 12 (a commit marker and an aborted record follow its
+    records), partition 1's at 10. Returns the batch's rows."""
     from mirror_core import direct
     from mirror_core.direct import Range
     from mirror_core.replicate import Columns
     from mirror_core.stream import BatchWriter, WriterPlan
 
-    s = settings(value_serde="bytes", source_partitions=2, destination_partitions=2)
-    store, commits, per_partition = _per_writer_fakes(monkeypatch)
     monkeypatch.setattr(direct, "WRITER_TXN_RECORDS", 7)
-    monkeypatch.setattr(BatchWriter, "_writer", lambda self, topic, _s: self._writers.setdefault(topic, writer))
     writer = replicate.PartitionWriter(s, ids({}), lambda t, p: store.get(p), downstream_end=lambda t, p: 0,
                                        destination_high=lambda t, p: 999)
+    monkeypatch.setattr(BatchWriter, "_writer", lambda self, topic, _s: self._writers.setdefault(topic, writer))
 
     def cols(n: int) -> Columns:
         return Columns(list(range(n)), [b"k"] * n, [b"v"] * n, [1_700_000_000_000] * n)
 
-    ranges = [Range("t", 0, 0, 12), Range("t", 1, 0, 10)]
-
     class Reader:
         def read(self, rs: list[Range], deliver) -> float:
-            deliver(rs[0], cols(10))  # partition 0's records
-            deliver(rs[1], cols(10))  # 10 held: partition 0's go out first, its end not known yet
-            deliver(rs[0], None)      # partition 0's range is complete: markers at 10 and 11
+            deliver(rs[0], cols(10))
+            deliver(rs[1], cols(10))
+            deliver(rs[0], None)
             deliver(rs[1], None)
             return 0.0
 
     plan = WriterPlan({"t": s}, {}, {"t": {0: 12, 1: 10}}, {}, None, group="g", transactions="per_writer")
-    rows = direct.write_ranges_per_writer(plan, ranges, Reader(), 0, 1)  # type: ignore[arg-type]
+    return direct.write_ranges_per_writer(plan, [Range("t", 0, 0, 12), Range("t", 1, 0, 10)], Reader(), 0, 1)
+
+
+def test_per_writer_moves_a_position_past_trailing_markers_in_its_own_transaction(monkeypatch) -> None:
+    """``transactions: per_writer`` with transactions cut by size: partition 0's records (offsets 0-9) go out
+    in a first transaction, and only then does its range turn out to end at 12 (a commit marker and an
+    aborted record follow). Its position must move to 12 in the writer's next transaction, by an offset
+    sync, not through a producer and a transaction of the partition's own."""
+    s = settings(value_serde="bytes", source_partitions=2, destination_partitions=2)
+    store, commits, per_partition = _per_writer_fakes(monkeypatch)
+    rows = _write_past_trailing_markers(monkeypatch, s, store)
     assert len(commits) == 2 and per_partition.full == []
     assert commits[0].count("t") == 10 and commits[1].count("t") == 10  # partition 0's, then partition 1's
     assert (store[0].upstream_offset, store[0].downstream_offset) == (12, 10)
     assert (store[1].upstream_offset, store[1].downstream_offset) == (10, 10)
+    assert sorted((r["partition"], r["mirrored"], r["upstream_end"]) for r in rows) == [(0, 10, 12), (1, 10, 10)]
+
+
+def test_per_writer_at_least_once_partitions_share_one_producer_without_transactions(monkeypatch) -> None:
+    """``transactions: per_writer`` with an at_least_once mirror: a writer's partitions go through one
+    idempotent producer of the writer, with no transaction and no producer per partition (1,000 producers
+    per process were 2.75 GB at 1,000 partitions). Each partition's offset syncs follow its records, and
+    partition 0, whose range turns out to end past its records (trailing markers), moves its position by a
+    sync through the same producer."""
+    s = settings(delivery="at_least_once", value_serde="bytes", source_partitions=2, destination_partitions=2)
+    _store, commits, per_partition = _per_writer_fakes(monkeypatch)
+    made: list[_FakeProducer] = []
+    fake_producer = replicate.Producer
+    monkeypatch.setattr(replicate, "Producer", lambda *a: made.append(fake_producer(*a)) or made[-1])
+    rows = _write_past_trailing_markers(monkeypatch, s, {})
+    assert len(made) == 1 and per_partition.full == [] and commits == []
+    out = made[0].full
+    assert [p for t, p, *_ in out if t == "t"] == [0] * 10 + [1] * 10
+    syncs = [(i, OffsetSync.from_record(k, v)) for i, (t, _p, k, v, _h, _ts) in enumerate(out) if t == "syncs"]
+    last = {x.partition: (x.upstream_offset, x.downstream_offset) for _i, x in syncs}
+    assert last == {0: (12, 10), 1: (10, 10)}
+    for i, x in syncs:  # a sync is produced only after the records it covers were acknowledged
+        assert sum(1 for t, p, *_ in out[:i] if t == "t" and p == x.partition) >= min(x.upstream_offset, 10)
     assert sorted((r["partition"], r["mirrored"], r["upstream_end"]) for r in rows) == [(0, 10, 12), (1, 10, 10)]
