@@ -974,7 +974,7 @@ class PartitionWriter:
             # no records: the partition's records went out in an earlier transaction and its range ended later
             # (trailing transaction markers): only its position moves, by a sync in this transaction
             result = BatchResult(self.s.source_topic, partition, records_in=0, upstream_end=upstream_end)
-            position = self.prepare_shared(partition) if exactly else _POSITIONS.get(_alo_key(self.s, partition))
+            position = self.prepare_shared(partition) if exactly else _POSITIONS.get(self._shared_key(partition))
             if position is None or position.downstream is None or position.upstream >= upstream_end:
                 return result, None
             return result, Staged(partition, cols, upstream_end, position, result, None, position.downstream)
@@ -984,7 +984,7 @@ class PartitionWriter:
             # at-least-once writes every record of the batch again on a replay, as its per-partition writer does
             sent = self._produce_records(producer, partition, cols, result, {})
             result.produce_ms += (time.monotonic() - t0) * 1000
-            return result, Staged(partition, cols, upstream_end, _POSITIONS.get(_alo_key(self.s, partition)),
+            return result, Staged(partition, cols, upstream_end, _POSITIONS.get(self._shared_key(partition)),
                                   result, sent)
         position = self.prepare_shared(partition)
         start = 0 if position is None else bisect.bisect_left(cols.offsets, position.upstream)
@@ -1023,14 +1023,18 @@ class PartitionWriter:
     def committed_staged(self, staged: Staged) -> None:
         """The transaction holding ``staged`` committed (at-least-once: its records and offset syncs were
         acknowledged): its position moves."""
-        key = self.s.transactional_id_for(staged.partition) if self.s.delivery == "exactly_once" \
-            else _alo_key(self.s, staged.partition)
         with partition_lock(self.s, staged.partition):
-            _POSITIONS[key] = Position(staged.upstream_end, staged.downstream)
+            _POSITIONS[self._shared_key(staged.partition)] = Position(staged.upstream_end, staged.downstream)
         result = staged.result
         result.last_downstream = None if staged.downstream is None else staged.downstream - 1
         if len(staged.todo):
             _note_latency(result, staged.todo.timestamps)
+
+    def _shared_key(self, partition: int) -> str:
+        """Where the partition's position is kept in this process: its transactional id (exactly_once) or its
+        at-least-once key, the same as its per-partition writer uses."""
+        return self.s.transactional_id_for(partition) if self.s.delivery == "exactly_once" \
+            else _alo_key(self.s, partition)
 
     def forget_position(self, partition: int) -> None:
         """A writer transaction holding the partition failed: its outcome is not known here (a commit that
