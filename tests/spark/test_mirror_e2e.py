@@ -477,11 +477,21 @@ def test_at_least_once_per_writer_loses_nothing_when_killed(clusters, unique, tm
 
 
 def _dst_count(bootstrap, topic):
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "count", "isolation.level": "read_committed"})
+    """Records committed on ``topic`` (the sum of its last stable offsets); 0 while it does not exist. A topic
+    the job has just created may have no leader yet for a moment: ask again until it has (30 s at most)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "count", "isolation.level": "read_committed",
+                  "log_level": 3})
     try:
-        md = c.list_topics(topic, timeout=10).topics.get(topic)
-        if md is None or md.error:
-            return 0
-        return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in md.partitions)
+        deadline = time.monotonic() + 30
+        while True:
+            md = c.list_topics(topic, timeout=10).topics.get(topic)
+            if md is None or md.error:
+                return 0
+            try:
+                return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in md.partitions)
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
     finally:
         c.close()
