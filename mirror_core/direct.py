@@ -671,6 +671,7 @@ def _warm(bw: Any, keys: list[tuple[str, int]], threads: int, slot: int = 0, slo
 
     shared = bw.plan.transactions == "per_writer"
     prepare = bw.prepare_shared if shared else bw.prepare
+    failed: list[tuple[tuple[str, int], BaseException]] = []
 
     def one(key: tuple[str, int]) -> None:
         if stop is not None and stop.is_set():
@@ -678,7 +679,7 @@ def _warm(bw: Any, keys: list[tuple[str, int]], threads: int, slot: int = 0, slo
         try:
             prepare(*key)
         except Exception as exc:  # noqa: BLE001 - the first write tries again
-            log.warning("%s: warm-up of %s[%d] failed: %s", bw.plan.group, key[0], key[1], exc)
+            failed.append((key, exc))
 
     t0 = time.monotonic()
     if shared:
@@ -697,7 +698,19 @@ def _warm(bw: Any, keys: list[tuple[str, int]], threads: int, slot: int = 0, slo
             except Exception as exc:  # noqa: BLE001 - the first write tries again
                 log.warning("%s: warm-up of writer %d failed: %s", bw.plan.group, slot, exc)
         list(pool.map(one, keys))
+    warm_failures(bw.plan.group, failed, len(keys))
     log.debug("%s: %d partition writers ready in %.1fs", bw.plan.group, len(keys), time.monotonic() - t0)
+
+
+def warm_failures(group: str, failed: list[tuple[tuple[str, int], BaseException]], total: int) -> None:
+    """One warning for the partitions a warm-up could not start (not one per partition: with thousands of
+    partitions on a topic whose leaders are not ready yet, that was thousands of lines)."""
+    if not failed:
+        return
+    (topic, part), exc = min(failed, key=lambda f: f[0])
+    kinds = sorted({type(e).__name__ for _, e in failed})
+    log.warning("%s: warm-up could not start %d of %d partitions (first %s[%d]: %s; %s); their first write "
+                "tries again", group, len(failed), total, topic, part, exc, ", ".join(kinds))
 
 
 def _watch_parent(parent: int) -> None:

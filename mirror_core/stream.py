@@ -544,28 +544,16 @@ class MirrorRuntime:
             return t
         bw = BatchWriter(plan)
 
-        def one(item: tuple[WriterSettings, int]) -> None:
-            s, part = item
-            if self._warm_stop.is_set():
-                return
-            try:
-                bw.prepare(s.source_topic, part)
-            except Exception as exc:  # noqa: BLE001 - only a head start: the first write tries again
-                log.warning("%s: warm-up of %s[%d] failed: %s", self.group.name, s.source_topic, part, exc)
-
         def run() -> None:
             from concurrent.futures import ThreadPoolExecutor
 
-            items = [(s, p) for s in plan.settings.values() for p in range(s.source_partitions)]
-            t0 = time.monotonic()
-            with ThreadPoolExecutor(max_workers=DRIVER_THREADS, thread_name_prefix="mirrorflow-warm-up") as pool:
-                committers = pool.submit(self._warm_committers)
-                if plan.transactions == "per_writer":
-                    from mirror_core.direct import _warm
+            from mirror_core.direct import _warm
 
-                    _warm(bw, [(s.source_topic, p) for s, p in items], DRIVER_THREADS, stop=self._warm_stop)
-                else:
-                    list(pool.map(one, items))
+            items = [(s.source_topic, p) for s in plan.settings.values() for p in range(s.source_partitions)]
+            t0 = time.monotonic()
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mirrorflow-warm-up") as pool:
+                committers = pool.submit(self._warm_committers)
+                _warm(bw, items, DRIVER_THREADS, stop=self._warm_stop)
                 committers.result()
             log.info("%s: %d partition writers ready in %.1fs", self.group.name, len(items), time.monotonic() - t0)
 

@@ -103,3 +103,39 @@ groups:
     assert dst.get_compatibility(f"{a}-value") == "FORWARD"
     assert dst.get_compatibility(f"{b}-value") == "FULL_TRANSITIVE"
     assert dst.get_versions(f"{a}-value") == [1] and dst.get_versions(f"{b}-value") == [1]
+
+
+def test_provisioned_partitions_are_served_when_provision_returns(clusters, unique, tmp_path):
+    """Right after CreateTopics / CreatePartitions return, the broker's metadata already names a leader that
+    still answers NOT_LEADER_FOR_PARTITION for a moment (for most of 200 partitions on one local broker). So
+    that a job's writers do not start with a failure per partition, provisioning returns only once every
+    partition it created or added answers: a consumer asked at once gets every partition's offsets."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = unique("served")
+    src = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
+    src.create_topics([NewTopic(topic, 160, 1)])[topic].result(30)
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text(clusters.config_yaml(f"""
+groups:
+  - name: {unique("wg")}
+    source: src
+    destination: dst
+    topics_mirroring: {{replication_factor: {{type: fix, value: 1}}}}
+    mirrors:
+      - {{source_topic: {topic}, destination_topic: {topic}.mirror}}
+"""))
+
+    def provision_then_ask(partitions: int) -> None:
+        res = CliRunner().invoke(app, ["provision", str(cfg)])
+        assert res.exit_code == 0, res.output
+        c = Consumer({"bootstrap.servers": clusters.dst_bootstrap, "group.id": "served", "log_level": 3})
+        try:
+            for p in range(partitions):  # raises NOT_LEADER_FOR_PARTITION on a partition not served yet
+                assert c.get_watermark_offsets(TopicPartition(f"{topic}.mirror", p), timeout=10) == (0, 0)
+        finally:
+            c.close()
+
+    provision_then_ask(160)
+    src.create_partitions([NewPartitions(topic, 200)])[topic].result(30)
+    provision_then_ask(200)

@@ -150,3 +150,28 @@ def test_a_writer_process_error_travels_as_itself_or_as_its_text():
     text = _transportable(KafkaException(KafkaError(KafkaError._FENCED, "producer fenced")))
     assert type(text) is KafkaOperationError
     assert str(text).startswith("KafkaException: ") and "producer fenced" in str(text) and "_FENCED" in str(text)
+
+
+def test_a_warm_up_that_cannot_start_partitions_says_so_in_one_line(caplog):
+    """A destination topic whose leaders are not ready fails the warm-up of every partition: one warning
+    names how many, the first one and why (not a line per partition: thousands at 3,000 partitions); the
+    partitions it could start are started."""
+    from types import SimpleNamespace
+
+    from mirror_core.direct import _warm
+    from mirror_core.errors import KafkaOperationError
+
+    started = []
+
+    def prepare(topic, part):
+        if part % 4:
+            raise KafkaOperationError(f"{topic}[{part}]: Broker: Not leader for partition", "NOT_LEADER_FOR_PARTITION")
+        started.append(part)
+
+    bw = SimpleNamespace(plan=SimpleNamespace(group="g1", transactions="per_partition"), prepare=prepare)
+    with caplog.at_level("DEBUG", logger="mirror_core.direct"):
+        _warm(bw, [("t", p) for p in range(400)], threads=4)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert "could not start 300 of 400 partitions (first t[1]: t[1]: Broker: Not leader for partition" in warnings[0]
+    assert sorted(started) == list(range(0, 400, 4))
