@@ -85,14 +85,17 @@ def mirrorflow_cmd(config: Path, group: str, *, once: bool) -> list[str]:
             *(["--once"] if once else [])]
 
 
-def mm2_aliases(tuned: bool) -> tuple[str, str]:
-    """The cluster aliases of an MM2 contender. The tuned one has its own, so its Connect internal topics
-    (``mm2-offsets.<alias>.internal`` holds the source positions) are not the shipped one's: sharing them,
+def mm2_aliases(tuned: bool, exactly_once: bool = False) -> tuple[str, str]:
+    """The cluster aliases of an MM2 contender. Each contender has its own, so its Connect internal topics
+    (``mm2-offsets.<alias>.internal`` holds the source positions) are not another one's: sharing them,
     the second MM2 on a topic resumed at the first one's end and mirrored nothing."""
+    if exactly_once:
+        return ("esrc", "edst")
     return ("tsrc", "tdst") if tuned else ("src", "dst")
 
 
-def mm2_properties(ep: Endpoints, topic: str, tasks: int = 2, *, tuned: bool = False) -> str:
+def mm2_properties(ep: Endpoints, topic: str, tasks: int = 2, *, tuned: bool = False,
+                   exactly_once: bool = False, rest_port: int | None = None) -> str:
     """Dedicated-mode MirrorMaker 2, source -> destination only.
 
     Every topic MM2 creates (remote topic, offset syncs, checkpoints, heartbeats and the Connect
@@ -102,8 +105,12 @@ def mm2_properties(ep: Endpoints, topic: str, tasks: int = 2, *, tuned: bool = F
     checkpoints, heartbeats and topic-config sync on. ``tuned=True`` is MM2 as a performance-minded
     operator runs a pure data mirror: identity policy, the producer batching more (``linger.ms`` 20,
     ``batch.size`` 256 KB), and checkpoints, heartbeats, group-offset and topic-config sync off.
+
+    ``exactly_once=True`` (with ``tuned``) adds what MM2 needs to write exactly once: exactly-once source
+    support on the target (its source tasks write each batch they poll in a transaction, with their
+    source offsets) and the dedicated mode's internal REST server on ``rest_port``, which that requires.
     """
-    a, b = mm2_aliases(tuned)
+    a, b = mm2_aliases(tuned, exactly_once)
     props = {
         "clusters": f"{a}, {b}",
         f"{a}.bootstrap.servers": ep.src_bootstrap,
@@ -130,7 +137,10 @@ def mm2_properties(ep: Endpoints, topic: str, tasks: int = 2, *, tuned: bool = F
     }
     if tuned:
         props.update({
-            "replication.policy.class": "org.apache.kafka.connect.mirror.IdentityReplicationPolicy",
+            # the exactly-once contender keeps the default policy (``esrc.<topic>``): under the identity
+            # policy it would write into the tuned contender's destination topic
+            **({} if exactly_once else {
+                "replication.policy.class": "org.apache.kafka.connect.mirror.IdentityReplicationPolicy"}),
             f"{b}.producer.linger.ms": "20",
             f"{b}.producer.batch.size": "262144",
             f"{a}->{b}.emit.checkpoints.enabled": "false",
@@ -138,12 +148,20 @@ def mm2_properties(ep: Endpoints, topic: str, tasks: int = 2, *, tuned: bool = F
             f"{a}->{b}.sync.group.offsets.enabled": "false",
             f"{a}->{b}.sync.topic.configs.enabled": "false",
         })
+    if exactly_once:
+        props.update({
+            f"{b}.exactly.once.source.support": "enabled",
+            "dedicated.mode.enable.internal.rest": "true",
+            "listeners": f"http://127.0.0.1:{rest_port or 0}",
+        })
     return "".join(f"{k} = {v}\n" for k, v in props.items())
 
 
-def mm2_remote_topic(topic: str, *, tuned: bool = False) -> str:
-    """Where MM2 puts ``topic`` from the ``src`` alias: the default policy's ``src.<topic>``, or the
-    topic's own name under the tuned contender's identity policy."""
+def mm2_remote_topic(topic: str, *, tuned: bool = False, exactly_once: bool = False) -> str:
+    """Where MM2 puts ``topic``: the default policy's ``<source alias>.<topic>``, or the topic's own name
+    under the tuned contender's identity policy."""
+    if exactly_once:
+        return f"{mm2_aliases(tuned, exactly_once)[0]}.{topic}"
     return topic if tuned else f"src.{topic}"
 
 

@@ -49,7 +49,8 @@ from mirror_core import artifacts, local, local_spark  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 # mirrorflow-* mirror with the avro value serde (schema ids rewritten); the *-bytes variants copy values as
-# bytes. mm2 is MirrorMaker 2 as shipped, mm2-tuned as a performance-minded operator runs it.
+# bytes. mm2 is MirrorMaker 2 as shipped, mm2-tuned as a performance-minded operator runs it, mm2-tuned-eos
+# that with MM2's exactly-once source support (transactions; opt-in, not in the default set).
 # *-direct* run with spark.read_path: direct (Spark plans, the driver reads the ranges itself; opt-in, not
 # in the default set); *-writer* too, with spark.transactions: per_writer (one transaction per writer process
 # and batch; at_least_once: one idempotent producer per writer process).
@@ -57,7 +58,7 @@ CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirro
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
                      "mirrorflow-alo-direct-bytes", "mirrorflow-eos-writer", "mirrorflow-eos-writer-bytes",
-                     "mirrorflow-alo-writer", "mirrorflow-alo-writer-bytes")
+                     "mirrorflow-alo-writer", "mirrorflow-alo-writer-bytes", "mm2-tuned-eos")
 FLOOR = "floor"  # no mirror: the watcher reads the source topic itself (what the measurement adds)
 LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-direct", "mirrorflow-alo-direct",
                       "mirrorflow-eos-writer", "mm2", "mm2-tuned", "raw-python", "kcat")
@@ -211,11 +212,13 @@ class Bench:
                 read_path="direct" if "direct" in parts or "writer" in parts else "spark",
                 transactions="per_writer" if "writer" in parts else "per_partition"))
             cmd = mirrorflow_cmd(path, group, once=drain)
-        elif contender in ("mm2", "mm2-tuned"):
-            tuned = contender == "mm2-tuned"
-            dest = mm2_remote_topic(source, tuned=tuned)
+        elif contender in ("mm2", "mm2-tuned", "mm2-tuned-eos"):
+            tuned = contender != "mm2"
+            eos = contender.endswith("-eos")
+            dest = mm2_remote_topic(source, tuned=tuned, exactly_once=eos)
             path = cfgs / f"{contender}-{tag}.properties"
-            path.write_text(mm2_properties(self.ep, source, tasks=self.args.mm2_tasks, tuned=tuned))
+            path.write_text(mm2_properties(self.ep, source, tasks=self.args.mm2_tasks, tuned=tuned,
+                                           exactly_once=eos, rest_port=local._free_port() if eos else None))
             cmd = java_cmd(local.find_java(17), artifacts.fetch_kafka(self.env.cache), MM2_MAIN, str(path))
         elif contender == "raw-python":
             dest = f"{source}.raw"

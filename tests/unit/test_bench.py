@@ -138,6 +138,23 @@ def test_tuned_mm2_batches_more_and_mirrors_data_only_while_the_default_one_is_a
     assert mm2_remote_topic("bench.s100", tuned=True) == "bench.s100"
 
 
+def test_exactly_once_mm2_is_the_tuned_one_with_transactions_in_a_topic_of_its_own():
+    """``mm2-tuned-eos``: the tuned producer, exactly-once source support on the target and the internal REST
+    server it needs; its own aliases (Connect offsets) and destination topic, so it never resumes from or
+    writes into the tuned contender's."""
+    tuned = dict(line.split(" = ", 1) for line in mm2_properties(EP, "bench.s100", tuned=True).splitlines())
+    eos = dict(line.split(" = ", 1) for line in mm2_properties(
+        EP, "bench.s100", tuned=True, exactly_once=True, rest_port=18083).splitlines())
+    assert "tdst.exactly.once.source.support" not in tuned and "listeners" not in tuned
+    assert eos["clusters"] == "esrc, edst" and eos["esrc->edst.enabled"] == "true"
+    assert eos["edst.exactly.once.source.support"] == "enabled"
+    assert eos["dedicated.mode.enable.internal.rest"] == "true" and eos["listeners"] == "http://127.0.0.1:18083"
+    assert eos["edst.producer.linger.ms"] == "20" and eos["edst.producer.batch.size"] == "262144"
+    assert eos["esrc->edst.emit.checkpoints.enabled"] == "false"
+    assert "replication.policy.class" not in eos
+    assert mm2_remote_topic("bench.s100", tuned=True, exactly_once=True) == "esrc.bench.s100"
+
+
 def test_ratios_use_the_10_to_90_percent_window_and_compare_with_both_mm2_contenders():
     rows = [
         {"phase": "throughput", "contender": "mm2", "size": 100, "status": "ok", "records_per_s": 900,
