@@ -97,24 +97,44 @@ def default_spec(src_brokers: int = 1, dst_brokers: int = 1, registries: bool = 
 
 def free_spec(src_brokers: int = 1, dst_brokers: int = 1, registries: bool = True,
               secure: bool = False) -> ClusterSpec:
-    """Same shape on free ports (tests that must not collide with a running demo)."""
+    """Same shape on free ports (tests that must not collide with a running demo).
+
+    The ports are taken from just below the system's ephemeral range: a port in that range can be given to
+    any outgoing connection while its broker is down, and a broker restarted on the same ports then fails
+    with "Address already in use" (it happened to a fault test's restarted source broker)."""
+    taken: set[int] = set()
 
     def block(n: int) -> int:
-        for _ in range(200):
-            base = _free_port()
-            if base + n > 65535:
-                continue
-            if all(_port_free(base + k) for k in range(n)):
+        for _ in range(500):
+            base = secrets.choice(_SERVER_PORTS)
+            ports = range(base, base + n)
+            if ports[-1] in _SERVER_PORTS and not taken.intersection(ports) and all(_port_free(p) for p in ports):
+                taken.update(ports)
                 return base
-        raise PrerequisiteError("could not find a block of free ports on 127.0.0.1")
+        raise PrerequisiteError("could not find a block of free ports on 127.0.0.1 "
+                                f"({_SERVER_PORTS.start}-{_SERVER_PORTS.stop - 1})")
 
     def side(name: str, brokers: int) -> SideSpec:
         kp = block(2 * brokers)
-        rp = _free_port() if registries else None
-        mp = _free_port() if registries else None
+        rp = block(1) if registries else None
+        mp = block(1) if registries else None
         return SideSpec(name, kp, brokers, rp, mp, secure)
 
     return ClusterSpec((side("src", src_brokers), side("dst", dst_brokers)))
+
+
+def _server_ports(range_file: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> range:
+    """Ports for local servers on free ports: from 30000 (above the documented fixed ports) up to the
+    system's ephemeral range (Linux: 32768 and up by default). An ephemeral range that starts lower leaves
+    30000-32767 all the same (a restart may then collide, as before)."""
+    try:
+        low = int(range_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(30000, low if low >= 31000 else 32768)
+
+
+_SERVER_PORTS = _server_ports()
 
 
 @dataclass
