@@ -9,6 +9,7 @@ twice is harmless and re-planning afterwards yields only ``unchanged``.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -362,8 +363,6 @@ def wait_for_leaders(admin: AdminClient, partitions: list[TopicPartition], timeo
     requests do not fail by the thousand. Returns the partitions still not served at ``timeout``; a partition
     that answers with another error (one the writers will report themselves, such as a missing ACL) is not
     waited for."""
-    import time
-
     deadline = time.monotonic() + timeout
     pending = list(partitions)
     while pending:

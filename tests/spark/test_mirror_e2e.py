@@ -221,14 +221,19 @@ def _open_transactions(hw_reader, lso_reader, topic):
     return out
 
 
-def _committed_total(lso_reader, topic):
-    """Records committed on ``topic`` so far (the sum of its partitions' last stable offsets); 0 while the
-    topic does not exist or has no leader yet."""
+def _lso_sum(lso_reader, topic):
+    """The sum of ``topic``'s partitions' last stable offsets (records committed so far); 0 while the topic
+    does not exist. Raises KafkaException while a partition has no leader (a topic just created)."""
     md = lso_reader.list_topics(topic, timeout=10).topics.get(topic)
     if md is None or md.error:
         return 0
+    return sum(lso_reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in md.partitions)
+
+
+def _committed_total(lso_reader, topic):
+    """Records committed on ``topic`` so far; 0 while the topic does not exist or has no leader yet."""
     try:
-        return sum(lso_reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in md.partitions)
+        return _lso_sum(lso_reader, topic)
     except KafkaException:
         return 0
 
@@ -484,11 +489,8 @@ def _dst_count(bootstrap, topic):
     try:
         deadline = time.monotonic() + 30
         while True:
-            md = c.list_topics(topic, timeout=10).topics.get(topic)
-            if md is None or md.error:
-                return 0
             try:
-                return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in md.partitions)
+                return _lso_sum(c, topic)
             except KafkaException:
                 if time.monotonic() > deadline:
                     raise
