@@ -44,13 +44,14 @@ class Endpoints:
 def mirrorflow_yaml(ep: Endpoints, *, group: str, source_topic: str, destination_topic: str, delivery: str,
                     value_serde: str, trigger: str, checkpoint_dir: Path, master: str = "local[2]",
                     driver_batch_max_records: int | None = None, read_path: str = "spark",
-                    transactions: str = "per_partition") -> str:
+                    transactions: str = "per_partition", writer_producers: int | None = None) -> str:
     """A mirrors YAML with one group mirroring ``source_topic`` to ``destination_topic``."""
     def reg(url: str | None) -> str:
         return f"\n    schema_registry: {{url: \"{url}\"}}" if url else ""
 
     driver_max = "" if driver_batch_max_records is None else \
         f"\n      driver_batch_max_records: {driver_batch_max_records}"
+    producers = "" if writer_producers is None else f"\n      writer_producers: {writer_producers}"
     return f"""clusters:
   src:
     kafka: {{bootstrap.servers: "{ep.src_bootstrap}"}}{reg(ep.src_registry)}
@@ -72,7 +73,7 @@ groups:
       trigger: "{trigger}"
       checkpoint_dir: "{checkpoint_dir}"{driver_max}
       read_path: {read_path}
-      transactions: {transactions}
+      transactions: {transactions}{producers}
       conf: {{spark.ui.showConsoleProgress: "false"}}
     mirrors:
       - source_topic: {source_topic}

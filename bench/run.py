@@ -53,12 +53,14 @@ RESULTS = ROOT / "bench" / "results"
 # that with MM2's exactly-once source support (transactions; opt-in, not in the default set).
 # *-direct* run with spark.read_path: direct (Spark plans, the driver reads the ranges itself; opt-in, not
 # in the default set); *-writer* too, with spark.transactions: per_writer (one transaction per writer process
-# and batch; at_least_once: one idempotent producer per writer process).
+# and batch, on two producers by turns; at_least_once: one idempotent producer per writer process);
+# *-writer-1* with one producer per writer process (spark.writer_producers: 1), as before the turns.
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
                      "mirrorflow-alo-direct-bytes", "mirrorflow-eos-writer", "mirrorflow-eos-writer-bytes",
-                     "mirrorflow-alo-writer", "mirrorflow-alo-writer-bytes", "mm2-tuned-eos")
+                     "mirrorflow-alo-writer", "mirrorflow-alo-writer-bytes", "mirrorflow-eos-writer-1",
+                     "mirrorflow-eos-writer-1-bytes", "mm2-tuned-eos")
 FLOOR = "floor"  # no mirror: the watcher reads the source topic itself (what the measurement adds)
 LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-direct", "mirrorflow-alo-direct",
                       "mirrorflow-eos-writer", "mm2", "mm2-tuned", "raw-python", "kcat")
@@ -210,7 +212,8 @@ class Bench:
                 value_serde=serde, trigger=self.args.trigger, checkpoint_dir=self.out / "checkpoints",
                 driver_batch_max_records=self.args.driver_max, master=self.master,
                 read_path="direct" if "direct" in parts or "writer" in parts else "spark",
-                transactions="per_writer" if "writer" in parts else "per_partition"))
+                transactions="per_writer" if "writer" in parts else "per_partition",
+                writer_producers=1 if "1" in parts else None))
             cmd = mirrorflow_cmd(path, group, once=drain)
         elif contender in ("mm2", "mm2-tuned", "mm2-tuned-eos"):
             tuned = contender != "mm2"

@@ -389,10 +389,12 @@ def reserved_source_option(key: str) -> str | None:
 
 StreamMode = Literal["continuous", "available_now"]
 
-#: ``transactions: per_writer``: the transactional ids ``<stem>:writer-0`` to ``-15`` a group's writer processes
-#: use; every start fences those its job does not use, so a writer of an earlier job with more processes
-#: cannot commit after the positions are read
+#: ``transactions: per_writer``: the writer slots 0-15 a group's writer processes use, each with up to
+#: :data:`WRITER_PRODUCERS_MAX` transactional producers (ids ``<stem>:writer-<slot>``, ``...-<slot>.1``, ...);
+#: every start fences the ids its job does not use, so a writer of an earlier job with more processes or
+#: producers cannot commit after the positions are read
 WRITER_SLOTS = 16
+WRITER_PRODUCERS_MAX = 4
 
 
 class SparkConfig(_Frozen):
@@ -427,6 +429,10 @@ class SparkConfig(_Frozen):
     #: micro-batch holding all its partitions, with one producer: for many partitions; its at_least_once
     #: mirrors share one idempotent producer per writer process too, instead of one per partition)
     transactions: Literal["per_partition", "per_writer"] = "per_partition"
+    #: with ``transactions: per_writer``: the transactional producers each writer process takes turns with, a
+    #: transaction each, so the next transaction need not wait while the broker writes the last one's commit
+    #: markers (one per partition it held); 1 = one producer, each transaction after the last one's markers
+    writer_producers: int = Field(default=2, ge=1, le=WRITER_PRODUCERS_MAX)
     metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus /metrics on the driver; 0 = off
     #: where the Spark Kafka source's secrets are written (0600 files read by the Kafka clients on the
     #: driver and the executors); default: a private temporary directory on the driver's host
@@ -639,10 +645,11 @@ def transactional_id(group: str, source_alias: str, source_topic: str, destinati
     return "mirrorflow." + ":".join((group, source_alias, source_topic, destination_topic))
 
 
-def writer_transactional_id(group: str, source_alias: str, slot: int) -> str:
-    """``transactions: per_writer``: the transactional id of a group's writer process ``slot``. The empty
-    source-topic field keeps it apart from every mirror's ids (a topic name is never empty)."""
-    return transactional_id(group, source_alias, "", f"writer-{slot}")
+def writer_transactional_id(group: str, source_alias: str, slot: int, turn: int = 0) -> str:
+    """``transactions: per_writer``: the transactional id of a group's writer process ``slot`` (its producer
+    ``turn``: the first keeps the id of releases with one producer per writer). The empty source-topic field
+    keeps it apart from every mirror's ids (a topic name is never empty)."""
+    return transactional_id(group, source_alias, "", f"writer-{slot}" + (f".{turn}" if turn else ""))
 
 
 def default_consumer_group(group: str, source_topic: str, destination_topic: str) -> str:

@@ -428,7 +428,7 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     from mirror_core.stream import BatchWriter
 
     bw = BatchWriter(plan)
-    txn = WriterTransaction(plan.settings.values(), slot, slots_used)
+    txn = WriterTransaction(plan.settings.values(), slot, slots_used, producers=plan.writer_producers)
     alo = WriterTransaction(plan.settings.values(), slot, slots_used, delivery="at_least_once")
     txn.fence_unused()  # done by the warm-up once; the driver's first batch may run beside it
     by_key = {(r.topic, r.partition): r for r in ranges}
@@ -688,7 +688,8 @@ def _warm(bw: Any, keys: list[tuple[str, int]], threads: int, slot: int = 0, slo
         threads = max(threads, min(WARM_THREADS_PER_WRITER, len(keys)))
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="mirrorflow-warm-up") as pool:
         if shared:
-            txn = WriterTransaction(bw.plan.settings.values(), slot, slots_used)
+            txn = WriterTransaction(bw.plan.settings.values(), slot, slots_used,
+                                    producers=bw.plan.writer_producers)
             alo = WriterTransaction(bw.plan.settings.values(), slot, slots_used, delivery="at_least_once")
             try:
                 txn.fence_unused()

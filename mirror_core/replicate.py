@@ -34,6 +34,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -41,7 +42,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from mirror_core import wire
-from mirror_core.config import WRITER_SLOTS, transactional_id, writer_transactional_id
+from mirror_core.config import WRITER_PRODUCERS_MAX, WRITER_SLOTS, transactional_id, writer_transactional_id
 from mirror_core.errors import MirrorError
 from mirror_core.logs import LIBRDKAFKA_LOG
 from mirror_core.offsets import OffsetSync, syncs_for_batch
@@ -534,6 +535,7 @@ def release_producers() -> None:
     """Forget this process's producers and positions: another process (the Spark tasks) takes the
     partitions over and fences them, so the next use would fail and start over anyway."""
     _PRODUCERS.clear()
+    _TURNS.clear()
     _PRODUCER_LIMITS.clear()
     _PRODUCER_PARTITIONS.clear()
     _POSITIONS.clear()
@@ -576,17 +578,29 @@ _FENCE_GUARD = threading.Lock()
 _WRITER_GUARD = threading.Lock()
 
 
+#: ``transactions: per_writer``: whose turn it is in this process, by the writer's first transactional id.
+#: A writer process takes turns with its transactional producers (``spark.writer_producers``), a transaction
+#: each. After a commit the broker writes a marker into every
+#: partition the transaction held, and refuses to add partitions to the same id's next transaction until it
+#: has (``CONCURRENT_TRANSACTIONS``): at thousands of partitions that wait took most of a batch. The next
+#: transaction goes out on another producer meanwhile. It starts only once the last commit returned, so a
+#: partition's records still land in batch order, and a read_committed reader sees them in that order whichever
+#: marker lands first.
+_TURNS: dict[str, int] = {}
+
+
 class WriterTransaction:
-    """``transactions: per_writer``: the one transactional producer of a writer process (``slot``), whose
-    transaction holds a micro-batch's records, dead letters and offset syncs of every partition the process
-    owns (see :meth:`stream.BatchWriter.write_shared`). Kept for the life of the process, like the
-    per-partition producers; built again when a destination's size limit or partition count changed.
+    """``transactions: per_writer``: the ``producers`` transactional producers of a writer process (``slot``),
+    which take turns (see :data:`_TURNS`); a transaction holds a micro-batch's records, dead letters and offset
+    syncs of every partition the process owns (see :meth:`stream.BatchWriter.write_shared`). Kept for the life
+    of the process, like the per-partition producers; built again when a destination's size limit or partition
+    count changed.
 
     With ``delivery="at_least_once"``: the one idempotent producer the process's at-least-once partitions
     share, flushed once per write of all of them (and no transaction)."""
 
     def __init__(self, settings: Iterable[WriterSettings], slot: int, slots_used: int,
-                 delivery: str = "exactly_once"):
+                 delivery: str = "exactly_once", producers: int = 2):
         mine = [s for s in settings if s.delivery == delivery]
         first = mine[0] if mine else None
         self.slot = slot
@@ -594,36 +608,63 @@ class WriterTransaction:
         #: False: the writer's at-least-once mirrors, which share one idempotent producer (no transaction)
         self.transactional = delivery == "exactly_once"
         self._names = ("", "") if first is None else (first.group, first.source_alias)
-        writer_id = "" if first is None else writer_transactional_id(*self._names, slot)
-        #: the transactional id; for the at-least-once producer only its key in this process
-        self.txid = writer_id if self.transactional or not writer_id else f"{writer_id}:alo"
+        #: the transactional ids, one per turn; for the at-least-once producer only its key in this process
+        #: (empty: the writer has no partitions of this delivery)
+        self.txids: tuple[str, ...] = ("",)
+        if first is not None and self.transactional:
+            self.txids = tuple(writer_transactional_id(*self._names, slot, turn) for turn in range(producers))
+        elif first is not None:
+            self.txids = (writer_transactional_id(*self._names, slot) + ":alo",)
         self.producer_config = {} if first is None else dict(first.producer_config)
         limits = [s.destination_max_message_bytes for s in mine if s.destination_max_message_bytes is not None]
         self.limit = min(limits) if limits else None
         self.partitions = sum(s.destination_partitions for s in mine)
 
+    @property
+    def txid(self) -> str:
+        """The id (key) of the producer whose turn it is."""
+        return self.txids[_TURNS.get(self.txids[0], 0) % len(self.txids)]
+
     def fence_unused(self) -> None:
-        """Fence the writer ids this job does not use (``slots_used`` and up): a writer of an earlier job that
-        ran with more processes might still hold one (once per process)."""
-        if not self.txid or not self.transactional:
+        """Fence the writer ids this job does not use (slots ``slots_used`` and up, and the producers of its
+        own slots beyond this job's count): a writer of an earlier job that ran with more processes or more
+        producers might still hold one (once per process)."""
+        if not self.txids[0] or not self.transactional:
             return
-        for slot in range(self.slots_used, WRITER_SLOTS):
-            txid = writer_transactional_id(*self._names, slot)
-            with _FENCE_GUARD:
-                if txid in _FENCED_PARTITIONS:
-                    continue
+        producers = len(self.txids)
+        with _FENCE_GUARD:
+            todo = [writer_transactional_id(*self._names, slot, turn) for slot in range(WRITER_SLOTS)
+                    for turn in range(WRITER_PRODUCERS_MAX) if slot >= self.slots_used or turn >= producers]
+            todo = [txid for txid in todo if txid not in _FENCED_PARTITIONS]
+        if not todo:
+            return
+
+        def fence(txid: str) -> None:
             # marked only once done: a caller racing this one fences again (harmless), never goes on before
             fence_transactional_id(self.producer_config, txid)
             with _FENCE_GUARD:
                 _FENCED_PARTITIONS.add(txid)
 
-    def producer(self) -> Producer:
-        """The slot's producer, started (fencing any zombie of the same id) when first needed."""
-        with _WRITER_GUARD:  # the driver's warm-up and its first batch may both ask: one producer, not two
-            return self._producer()
+        # each fence is a producer of its own and a few round trips (about 0.25-0.5 s here): 60 in a row took
+        # 15 s, 8 at a time 1.8 s
+        with ThreadPoolExecutor(max_workers=min(8, len(todo)), thread_name_prefix="mirrorflow-fence") as pool:
+            list(pool.map(fence, todo))
 
-    def _producer(self) -> Producer:
-        key = self.txid
+    def producer(self) -> Producer:
+        """The producer whose turn it is. Every turn's producer is started (fencing any zombie of its id, and
+        aborting what it left open) when the first is needed, before any position is read."""
+        with _WRITER_GUARD:  # the driver's warm-up and its first batch may both ask: one producer, not two
+            for key in self.txids:
+                self._start(key)
+            return _PRODUCERS[self.txid]
+
+    def took_turn(self) -> None:
+        """The transaction committed: the next one goes out on the next producer."""
+        if len(self.txids) > 1:
+            with _WRITER_GUARD:
+                _TURNS[self.txids[0]] = (_TURNS.get(self.txids[0], 0) + 1) % len(self.txids)
+
+    def _start(self, key: str) -> None:
         if key in _PRODUCERS and (_PRODUCER_LIMITS.get(key) != self.limit
                                   or _PRODUCER_PARTITIONS.get(key) != self.partitions):
             _drop_producer(key)
@@ -637,20 +678,20 @@ class WriterTransaction:
             _PRODUCERS[key] = p
             _PRODUCER_LIMITS[key] = self.limit
             _PRODUCER_PARTITIONS[key] = self.partitions
-        return _PRODUCERS[key]
 
     def drop(self) -> None:
-        """Replace the producer after a fatal error or an abort that failed: the new one's
+        """Replace the producer whose turn it is after a fatal error or an abort that failed: the new one's
         ``init_transactions`` aborts a transaction the old one left open, which would otherwise hold the
         offset-sync topic's last stable offset (and so every position lookup) until it timed out."""
         with _WRITER_GUARD:
-            _drop_producer(self.txid)
+            key = self.txid
+            _drop_producer(key)
             try:
-                self._producer()
+                self._start(key)
             except KafkaException as exc:
-                log.warning("writer %s could not start again: %s; the next batch tries again", self.txid,
+                log.warning("writer %s could not start again: %s; the next batch tries again", key,
                             exc.args[0].str())
-                _drop_producer(self.txid)
+                _drop_producer(key)
 
 
 @dataclass

@@ -86,6 +86,8 @@ class WriterPlan:
     rewound: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     #: ``spark.transactions`` (the direct path's writers: a transaction per partition or per writer)
     transactions: str = "per_partition"
+    #: ``spark.writer_producers`` (``transactions: per_writer``: the producers a writer takes turns with)
+    writer_producers: int = 2
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "destination_consumer_config", client_config(self.destination_consumer_config))
@@ -367,7 +369,8 @@ class MirrorRuntime:
         return WriterPlan(dict(self.settings), dict(self.id_map), ends,
                           clients.kafka_config(self.dst), regs,
                           ignored=frozenset(self.known_topics - set(self.settings)), group=self.group.name,
-                          rewound=rewound, transactions=self.group.spark.transactions)
+                          rewound=rewound, transactions=self.group.spark.transactions,
+                          writer_producers=self.group.spark.writer_producers)
 
     def batch_starts(self, batch_id: int) -> dict[str, dict[int, int]]:
         """Where micro-batch ``batch_id`` starts per partition: the batch before's ends, or for the first
@@ -1032,6 +1035,7 @@ class BatchWriter:
                 t2 = time.monotonic()
                 if transactional:
                     producer.commit_transaction(60)
+                    txn.took_turn()  # the next transaction need not wait for this one's markers
                 elif producer.flush(60):
                     log.warning("%s: offset syncs not acknowledged within 60 s; writing the batch partition by "
                                 "partition", self.plan.group)

@@ -66,6 +66,13 @@ def test_mirrorflow_yaml_is_a_valid_mirrors_config(tmp_path: Path):
                              destination_topic="bench.s100.d", delivery="exactly_once", value_serde="bytes",
                              trigger="1 second", checkpoint_dir=tmp_path, read_path="direct")
     assert parse_config(yaml.safe_load(direct), env={}).group("bench-eos-direct-s100").spark.read_path == "direct"
+    one = mirrorflow_yaml(EP, group="bench-eos-writer-1-s100", source_topic="bench.s100",
+                          destination_topic="bench.s100.w", delivery="exactly_once", value_serde="bytes",
+                          trigger="1 second", checkpoint_dir=tmp_path, read_path="direct", transactions="per_writer",
+                          writer_producers=1)
+    spark = parse_config(yaml.safe_load(one), env={}).group("bench-eos-writer-1-s100").spark
+    assert (spark.transactions, spark.writer_producers) == ("per_writer", 1)
+    assert g.spark.writer_producers == 2  # unset: the default
 
 
 def test_mm2_properties_give_every_internal_topic_replication_factor_one():

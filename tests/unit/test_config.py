@@ -724,6 +724,12 @@ MALFORMED: list[tuple[str, Mutation | str, str, str]] = [
      f"{G}.spark", "at most 16 direct_processes"),
     ("bad-transactions", _set(f"{G}.spark", {"transactions": "per_batch"}), f"{G}.spark.transactions",
      "'per_partition' or 'per_writer'"),
+    ("zero-writer-producers",
+     _set(f"{G}.spark", {"transactions": "per_writer", "read_path": "direct", "writer_producers": 0}),
+     f"{G}.spark.writer_producers", "greater than or equal to 1"),
+    ("too-many-writer-producers",
+     _set(f"{G}.spark", {"transactions": "per_writer", "read_path": "direct", "writer_producers": 5}),
+     f"{G}.spark.writer_producers", "less than or equal to 4"),
     (
         "zero-max-offsets",
         _set(f"{G}.spark", {"max_offsets_per_trigger": 0}),

@@ -982,6 +982,83 @@ def test_per_writer_moves_a_position_past_trailing_markers_in_its_own_transactio
     assert sorted((r["partition"], r["mirrored"], r["upstream_end"]) for r in rows) == [(0, 10, 12), (1, 10, 10)]
 
 
+def test_per_writer_transactions_take_turns_on_the_writers_two_producers(monkeypatch) -> None:
+    """``transactions: per_writer``: a writer's transactions go out by turns on its two transactional producers
+    (``writer-0``, then ``writer-0.1``), so a transaction need not wait until the broker has written the last
+    one's commit markers. Both are started before the first transaction (a restart fences both ids), the turn
+    moves only after a commit, and a partition's records still land once and in order, each transaction with
+    the offset syncs of its own records."""
+    from mirror_core import direct
+    from mirror_core.direct import Range
+    from mirror_core.replicate import Columns
+    from mirror_core.stream import BatchWriter, WriterPlan
+
+    s = settings(value_serde="bytes", source_partitions=1, destination_partitions=1)
+    store, _commits, per_partition = _per_writer_fakes(monkeypatch)
+    monkeypatch.setattr(replicate, "_TURNS", {})
+    made: dict[str, _FakeProducer] = {}
+    offsets: dict[tuple[str, int], int] = {}  # one destination log, whichever producer appends to it
+    fake_producer = replicate.Producer
+
+    def producer(config: dict) -> _FakeProducer:
+        p = made[config["transactional.id"]] = fake_producer(config)
+        p._next = offsets
+        return p
+
+    monkeypatch.setattr(replicate, "Producer", producer)
+    monkeypatch.setattr(direct, "WRITER_TXN_RECORDS", 7)
+    writer = replicate.PartitionWriter(s, ids({}), lambda t, p: store.get(p), downstream_end=lambda t, p: 0,
+                                       destination_high=lambda t, p: 999)
+    monkeypatch.setattr(BatchWriter, "_writer", lambda self, topic, _s: self._writers.setdefault(topic, writer))
+
+    def cols(first: int, n: int) -> Columns:
+        return Columns(list(range(first, first + n)), [b"k%d" % o for o in range(first, first + n)], [b"v"] * n,
+                       [1_700_000_000_000] * n)
+
+    class Reader:
+        def read(self, rs: list[Range], deliver) -> float:
+            for first, n in ((0, 7), (7, 7), (14, 6)):
+                deliver(rs[0], cols(first, n))
+            deliver(rs[0], None)
+            return 0.0
+
+    plan = WriterPlan({"t": s}, {}, {"t": {0: 20}}, {}, None, group="g", transactions="per_writer")
+    rows = direct.write_ranges_per_writer(plan, [Range("t", 0, 0, 20)], Reader(), 0, 1)
+    first, second = "mirrorflow.g:src::writer-0", "mirrorflow.g:src::writer-0.1"
+    assert sorted(made) == [first, second] and per_partition.full == []
+    assert [[t for t, _k, _v in c if t == "t"] for c in made[first].committed] == [["t"] * 7, ["t"] * 6]
+    assert [[t for t, _k, _v in c if t == "t"] for c in made[second].committed] == [["t"] * 7]
+    landed = [k for txn in (made[first].committed[0], made[second].committed[0], made[first].committed[1])
+              for t, k, _v in txn if t == "t"]
+    assert landed == [b"k%d" % o for o in range(20)]
+    for txn, (up, down) in zip((made[first].committed[0], made[second].committed[0], made[first].committed[1]),
+                               ((7, 7), (14, 14), (20, 20)), strict=True):
+        last = [OffsetSync.from_record(k, v) for t, k, v in txn if t == "syncs"][-1]
+        assert (last.upstream_offset, last.downstream_offset) == (up, down)
+    assert [(r["mirrored"], r["upstream_end"]) for r in rows] == [(20, 20)]
+    assert replicate._TURNS == {first: 1}  # three commits: the next transaction is the second producer's
+
+
+def test_per_writer_fences_every_writer_id_its_job_does_not_use(monkeypatch) -> None:
+    """A writer of an earlier job that ran with more processes, or with more producers per writer, may still
+    hold any of those ids: every start fences all but its own (2 processes x 2 producers here)."""
+    from mirror_core.config import WRITER_PRODUCERS_MAX, WRITER_SLOTS
+    from mirror_core.replicate import WriterTransaction
+
+    _per_writer_fakes(monkeypatch)
+    fenced: list[str] = []
+    monkeypatch.setattr(replicate, "fence_transactional_id", lambda config, txid: fenced.append(txid))
+    WriterTransaction([settings(value_serde="bytes")], 1, 2, producers=2).fence_unused()
+    stem = "mirrorflow.g:src::writer-"
+    ours = {stem + "0", stem + "0.1", stem + "1", stem + "1.1"}
+    every = {stem + f"{slot}" + (f".{turn}" if turn else "") for slot in range(WRITER_SLOTS)
+             for turn in range(WRITER_PRODUCERS_MAX)}
+    assert len(fenced) == len(every) - 4 and set(fenced) == every - ours
+    assert {stem + "0.2", stem + "1.3", stem + "15"} <= set(fenced)
+    WriterTransaction([settings(value_serde="bytes")], 0, 2, producers=2).fence_unused()  # once per process
+    assert len(fenced) == len(every) - 4
+
+
 def test_per_writer_at_least_once_partitions_share_one_producer_without_transactions(monkeypatch) -> None:
     """``transactions: per_writer`` with an at_least_once mirror: a writer's partitions go through one
     idempotent producer of the writer, with no transaction and no producer per partition (1,000 producers
