@@ -451,8 +451,8 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
             else:
                 alone[key] = cols
         for writer, todo in ((txn, shared["exactly_once"]), (alo, shared["at_least_once"])):
-            if todo and not bw.write_shared(writer, todo):
-                alone.update({key: cols for key, (cols, _end) in todo.items() if len(cols)})
+            left = bw.write_shared(writer, todo) if todo else set()
+            alone.update({key: cols for key, (cols, _end) in todo.items() if key in left and len(cols)})
         for (topic, part), cols in sorted(alone.items()):
             bw.feed(topic, part, cols)  # an unknown topic fails here, as on the per-partition path
         pieces.clear()

@@ -104,23 +104,27 @@ def free_spec(src_brokers: int = 1, dst_brokers: int = 1, registries: bool = Tru
     with "Address already in use" (it happened to a fault test's restarted source broker)."""
     taken: set[int] = set()
 
-    def block(n: int) -> int:
-        for _ in range(500):
-            base = secrets.choice(_SERVER_PORTS)
-            ports = range(base, base + n)
-            if ports[-1] in _SERVER_PORTS and not taken.intersection(ports) and all(_port_free(p) for p in ports):
-                taken.update(ports)
-                return base
-        raise PrerequisiteError("could not find a block of free ports on 127.0.0.1 "
-                                f"({_SERVER_PORTS.start}-{_SERVER_PORTS.stop - 1})")
-
     def side(name: str, brokers: int) -> SideSpec:
-        kp = block(2 * brokers)
-        rp = block(1) if registries else None
-        mp = block(1) if registries else None
+        kp = server_ports(2 * brokers, taken)
+        rp = server_ports(1, taken) if registries else None
+        mp = server_ports(1, taken) if registries else None
         return SideSpec(name, kp, brokers, rp, mp, secure)
 
     return ClusterSpec((side("src", src_brokers), side("dst", dst_brokers)))
+
+
+def server_ports(n: int, taken: set[int]) -> int:
+    """The first of ``n`` consecutive free loopback ports for a local server, none of them in ``taken`` (they
+    are added to it), from :data:`_SERVER_PORTS`: below the ephemeral range, so a server restarted on them gets
+    them back."""
+    for _ in range(500):
+        base = secrets.choice(_SERVER_PORTS)
+        ports = range(base, base + n)
+        if ports[-1] in _SERVER_PORTS and not taken.intersection(ports) and all(_port_free(p) for p in ports):
+            taken.update(ports)
+            return base
+    raise PrerequisiteError("could not find a block of free ports on 127.0.0.1 "
+                            f"({_SERVER_PORTS.start}-{_SERVER_PORTS.stop - 1})")
 
 
 def _server_ports(range_file: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> range:

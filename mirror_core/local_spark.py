@@ -66,7 +66,8 @@ def up(env: local.LocalEnv, workers: int = 2, cores_per_worker: int = 1, memory_
     logs.mkdir(parents=True, exist_ok=True)
     work = env.state_dir / "spark-work"
     work.mkdir(parents=True, exist_ok=True)
-    port, ui = local._free_port(), local._free_port()
+    taken: set[int] = set()  # below the ephemeral range, as the brokers' (see local.server_ports)
+    port, ui = local.server_ports(1, taken), local.server_ports(1, taken)
     # pyspark's distribution has no build directories to tell the Scala version from: the workers' executor
     # launcher needs it said (as Spark's own load-spark-env.sh does)
     spawn_env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",

@@ -982,21 +982,25 @@ class BatchWriter:
         if s is not None and s.delivery == "exactly_once":
             self._writer(topic, s).prepare_shared(part)
 
-    def write_shared(self, txn: WriterTransaction, parts: dict[tuple[str, int], tuple[Columns, int]]) -> bool:
+    def write_shared(self, txn: WriterTransaction, parts: dict[tuple[str, int], tuple[Columns, int]]
+                     ) -> set[tuple[str, int]]:
         """``transactions: per_writer``: write ``parts`` (exactly-once partitions: their next records in offset
         order, and the upstream position after them) in one transaction of ``txn``'s producer: records, dead
         letters and every partition's offset syncs commit together, or nothing does.
 
-        Returns False, with nothing committed, when the batch is to be written partition by partition instead
-        (:meth:`feed`): delivery reports that cannot be tied to records, a record the destination rejected as
-        too large, or a producer error. The per-partition writer handles each of those (it retries, fences,
+        Returns the partitions to be written partition by partition instead (:meth:`feed`; empty: all done):
+        all of them, with nothing committed, on delivery reports that cannot be tied to records, a record the
+        destination rejected as too large, or a producer error. The per-partition writer handles each of those (it retries, fences,
         learns the size limit, dead-letters) and says what is wrong when it cannot. A failure that one
         partition's writer would raise as well (``on_error: fail``, a dead letter not delivered, the
         destination topic gone) is raised here, after the abort.
 
         With ``txn.transactional`` False (the writer's at-least-once partitions): the same, with the shared
         idempotent producer and no transaction: the records, then the offset syncs, are flushed once for all
-        partitions. On False, what went out may be written again by the per-partition writer (at-least-once)."""
+        partitions. Once every record is acknowledged or rejected, only the partitions whose records cannot
+        be settled (one too large, reports not tied to records) are handed back; the others' syncs go out as
+        usual. What went out of a partition handed back is written again by the per-partition writer
+        (at-least-once)."""
         from confluent_kafka import KafkaException
 
         transactional = txn.transactional
@@ -1009,6 +1013,9 @@ class BatchWriter:
         producer = txn.producer()
         results: list[BatchResult] = []
         staged = []
+        #: at-least-once partitions to write partition by partition (their records could not be settled)
+        left: set[tuple[str, int]] = set()
+        why: dict[str, str] = {}
 
         def forget() -> None:
             for w, part, _cols, _end in todo:
@@ -1031,7 +1038,20 @@ class BatchWriter:
                     raise _Unmapped()
                 t1 = time.monotonic()
                 for w, st in staged:
-                    w.settle_staged(producer, st)
+                    if transactional:
+                        w.settle_staged(producer, st)
+                        continue
+                    try:
+                        w.settle_staged(producer, st)
+                    except (_Unmapped, KafkaException) as exc:
+                        # every record was acknowledged or rejected (flushed): the other partitions' syncs can
+                        # still go out, and nothing of this one is left queued to land after its rewrite
+                        if isinstance(exc, KafkaException) and exc.args[0].fatal():
+                            raise
+                        left.add((w.s.source_topic, st.partition))
+                        why.setdefault("first", f"{w.s.source_topic}[{st.partition}]: "
+                                       + ("a record the destination rejected as too large, or reports not tied "
+                                          "to records" if isinstance(exc, _Unmapped) else exc.args[0].str()))
                 t2 = time.monotonic()
                 if transactional:
                     producer.commit_transaction(60)
@@ -1066,7 +1086,7 @@ class BatchWriter:
                 txn.drop()
             elif not _abort_quietly(producer):
                 txn.drop()
-            return False
+            return set(parts)
         except KafkaException as exc:
             # fenced, fatal, abortable or a timeout: a new producer next batch; this one partition by partition,
             # from positions read again (a commit that reported an error may have gone through)
@@ -1075,15 +1095,20 @@ class BatchWriter:
                         self.plan.group, "transaction" if transactional else "write", exc.args[0].str())
             if exc.args[0].fatal() or not transactional or not _abort_quietly(producer):
                 txn.drop()
-            return False
+            return set(parts)
+        if left:
+            log.info("%s: %d of %d partitions could not be settled in the writer's shared write (first %s); "
+                     "writing those partition by partition", self.plan.group, len(left), len(parts), why["first"])
+        results = [r for r in results if (r.topic, r.partition) not in left]
         share = commit_ms / max(1, len(results))
         for w, st in staged:
-            w.committed_staged(st)
+            if (w.s.source_topic, st.partition) not in left:
+                w.committed_staged(st)
         with self._lock:
             for r in results:
                 r.commit_ms += share
                 _merge(self.results, r)
-        return True
+        return left
 
     def finish(self, topic: str, part: int) -> None:
         """Trailing transaction markers / aborted records: move the position to the batch end."""

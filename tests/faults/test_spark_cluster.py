@@ -30,6 +30,9 @@ def kafka_and_spark(tmp_path: Path) -> Iterator[tuple[local.ClusterSpec, local_s
     try:
         local.up(env, spec, progress=lambda m: print(f"[scale-out] {m}", flush=True))
         cluster = local_spark.up(env, workers=2, cores_per_worker=1, memory_per_worker="1g")
+        # the master's ports lie where the brokers' do: below the ephemeral range, so nothing outgoing takes them
+        ports = [int(cluster.master_url.rsplit(":", 1)[1]), int(cluster.master_ui.rstrip("/").rsplit(":", 1)[1])]
+        assert all(p in local._SERVER_PORTS for p in ports), ports
         yield spec, cluster
     finally:
         local_spark.down(env)

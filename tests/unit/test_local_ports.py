@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from mirror_core import local
+from mirror_core.errors import PrerequisiteError
 
 
 def test_free_ports_are_below_the_ephemeral_range_and_clear_of_the_fixed_ones():
@@ -40,3 +43,13 @@ def test_the_range_ends_where_the_ephemeral_one_starts(tmp_path):
 def _ports(side: local.SideSpec) -> list[int]:
     out = [side.kafka_port + k for k in range(2 * side.brokers)]
     return out + [p for p in (side.registry_port, side.registry_management_port) if p is not None]
+
+
+
+def test_server_ports_never_gives_a_port_twice(monkeypatch):
+    """Single ports (the local Spark master's and its UI's) come from the same range, each once."""
+    monkeypatch.setattr(local, "_SERVER_PORTS", range(30000, 30002))
+    taken: set[int] = set()
+    assert sorted([local.server_ports(1, taken), local.server_ports(1, taken)]) == [30000, 30001]
+    with pytest.raises(PrerequisiteError, match="30000-30001"):
+        local.server_ports(1, taken)

@@ -929,7 +929,7 @@ def test_per_writer_commit_that_reports_an_error_but_went_through_writes_nothing
 
     parts = {("t", 0): cols(), ("t", 1): cols()}
     shared = {key: (c, 10) for key, c in parts.items()}
-    assert bw.write_shared(WriterTransaction([s], 0, 1), shared) is False  # the commit "failed"
+    assert bw.write_shared(WriterTransaction([s], 0, 1), shared) == set(shared)  # the commit "failed": all
     assert {p: (x.upstream_offset, x.downstream_offset) for p, x in store.items()} == {0: (10, 10), 1: (10, 10)}
     for (t, p), c in parts.items():  # what write_ranges_per_writer does next
         bw.feed(t, p, c)
@@ -1057,6 +1057,60 @@ def test_per_writer_fences_every_writer_id_its_job_does_not_use(monkeypatch) -> 
     assert {stem + "0.2", stem + "1.3", stem + "15"} <= set(fenced)
     WriterTransaction([settings(value_serde="bytes")], 0, 2, producers=2).fence_unused()  # once per process
     assert len(fenced) == len(every) - 4
+
+
+def test_per_writer_at_least_once_writes_again_only_the_partition_it_could_not_settle(monkeypatch) -> None:
+    """``transactions: per_writer``, at_least_once: the destination rejects one record of partition 0 as too
+    large in the writer's shared write. Only partition 0 is written again partition by partition (where the
+    size limit is learned and the record dead-lettered); partition 1's records, acknowledged in the same
+    write, keep their offset syncs and are not written a second time."""
+    from confluent_kafka import KafkaError
+
+    from mirror_core import direct
+    from mirror_core.direct import Range
+    from mirror_core.replicate import Columns
+    from mirror_core.stream import BatchWriter, WriterPlan
+
+    s = settings(delivery="at_least_once", value_serde="bytes", source_partitions=2, destination_partitions=2)
+    _store, _commits, per_partition = _per_writer_fakes(monkeypatch)
+    fake_producer = replicate.Producer
+    made: list[_FakeProducer] = []
+
+    class Rejecting(fake_producer):  # type: ignore[misc, valid-type]
+        def produce(self, topic, value=None, key=None, partition=0, on_delivery=None, **kw):
+            if on_delivery is not None and value is not None and len(value) > 1000:
+                accepted = on_delivery
+                on_delivery = lambda _err, msg: accepted(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), msg)  # noqa: E731
+            super().produce(topic, value=value, key=key, partition=partition, on_delivery=on_delivery, **kw)
+
+        def purge(self) -> None:
+            self._cbs = []
+
+    monkeypatch.setattr(replicate, "Producer", lambda *a: made.append(Rejecting(*a)) or made[-1])
+    writer = replicate.PartitionWriter(s, ids({}), lambda t, p: None, downstream_end=lambda t, p: 0,
+                                       destination_high=lambda t, p: 999)
+    monkeypatch.setattr(BatchWriter, "_writer", lambda self, topic, _s: self._writers.setdefault(topic, writer))
+
+    def cols(big: int | None = None) -> Columns:
+        return Columns(list(range(10)), [b"k%d" % o for o in range(10)],
+                       [b"x" * 2000 if o == big else b"v" for o in range(10)], [1_700_000_000_000] * 10)
+
+    class Reader:
+        def read(self, rs: list[Range], deliver) -> float:
+            deliver(rs[0], cols(big=4))
+            deliver(rs[1], cols())
+            deliver(rs[0], None)
+            deliver(rs[1], None)
+            return 0.0
+
+    plan = WriterPlan({"t": s}, {}, {"t": {0: 10, 1: 10}}, {}, None, group="g", transactions="per_writer")
+    rows = direct.write_ranges_per_writer(plan, [Range("t", 0, 0, 10), Range("t", 1, 0, 10)], Reader(), 0, 1)
+    shared = made[0].full
+    assert len(made) == 1 and [p for t, p, *_ in shared if t == "t"] == [0] * 10 + [1] * 10
+    assert {OffsetSync.from_record(k, v).partition for t, _p, k, v, _h, _ts in shared if t == "syncs"} == {1}
+    again = [(p, k) for t, p, k, *_ in per_partition.full if t == "t"]
+    assert again == [(0, b"k%d" % o) for o in range(10)]  # partition 0 only, from its start
+    assert sorted((r["partition"], r["mirrored"]) for r in rows) == [(0, 10), (1, 10)]
 
 
 def test_per_writer_at_least_once_partitions_share_one_producer_without_transactions(monkeypatch) -> None:
