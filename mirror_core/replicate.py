@@ -580,12 +580,11 @@ _WRITER_GUARD = threading.Lock()
 
 #: ``transactions: per_writer``: whose turn it is in this process, by the writer's first transactional id.
 #: A writer process takes turns with its transactional producers (``spark.writer_producers``), a transaction
-#: each. After a commit the broker writes a marker into every
-#: partition the transaction held, and refuses to add partitions to the same id's next transaction until it
-#: has (``CONCURRENT_TRANSACTIONS``): at thousands of partitions that wait took most of a batch. The next
-#: transaction goes out on another producer meanwhile. It starts only once the last commit returned, so a
-#: partition's records still land in batch order, and a read_committed reader sees them in that order whichever
-#: marker lands first.
+#: each. After a commit the broker writes a marker into every partition the transaction held, and refuses to
+#: add partitions to the same id's next transaction until it has (``CONCURRENT_TRANSACTIONS``): at thousands
+#: of partitions that wait took most of a batch. The next transaction goes out on another producer meanwhile.
+#: It starts only once the last commit returned, so a partition's records still land in batch order, and a
+#: read_committed reader sees them in that order whichever marker lands first.
 _TURNS: dict[str, int] = {}
 
 

@@ -990,8 +990,9 @@ class BatchWriter:
 
         Returns the partitions to be written partition by partition instead (:meth:`feed`; empty: all done):
         all of them, with nothing committed, on delivery reports that cannot be tied to records, a record the
-        destination rejected as too large, or a producer error. The per-partition writer handles each of those (it retries, fences,
-        learns the size limit, dead-letters) and says what is wrong when it cannot. A failure that one
+        destination rejected as too large, or a producer error. The per-partition writer handles each of those
+        (it retries, fences, learns the size limit, dead-letters) and says what is wrong when it cannot. A failure
+        that one
         partition's writer would raise as well (``on_error: fail``, a dead letter not delivered, the
         destination topic gone) is raised here, after the abort.
 
@@ -1013,9 +1014,8 @@ class BatchWriter:
         producer = txn.producer()
         results: list[BatchResult] = []
         staged = []
-        #: at-least-once partitions to write partition by partition (their records could not be settled)
-        left: set[tuple[str, int]] = set()
-        why: dict[str, str] = {}
+        #: at-least-once partitions to write partition by partition (their records could not be settled), and why
+        left: dict[tuple[str, int], str] = {}
 
         def forget() -> None:
             for w, part, _cols, _end in todo:
@@ -1048,10 +1048,9 @@ class BatchWriter:
                         # still go out, and nothing of this one is left queued to land after its rewrite
                         if isinstance(exc, KafkaException) and exc.args[0].fatal():
                             raise
-                        left.add((w.s.source_topic, st.partition))
-                        why.setdefault("first", f"{w.s.source_topic}[{st.partition}]: "
-                                       + ("a record the destination rejected as too large, or reports not tied "
-                                          "to records" if isinstance(exc, _Unmapped) else exc.args[0].str()))
+                        left[(w.s.source_topic, st.partition)] = (
+                            "a record the destination rejected as too large, or reports not tied to records"
+                            if isinstance(exc, _Unmapped) else exc.args[0].str())
                 t2 = time.monotonic()
                 if transactional:
                     producer.commit_transaction(60)
@@ -1097,8 +1096,10 @@ class BatchWriter:
                 txn.drop()
             return set(parts)
         if left:
-            log.info("%s: %d of %d partitions could not be settled in the writer's shared write (first %s); "
-                     "writing those partition by partition", self.plan.group, len(left), len(parts), why["first"])
+            (topic, part), why = min(left.items())
+            log.info("%s: %d of %d partitions could not be settled in the writer's shared write (first %s[%d]: "
+                     "%s); writing those partition by partition", self.plan.group, len(left), len(parts), topic,
+                     part, why)
         results = [r for r in results if (r.topic, r.partition) not in left]
         share = commit_ms / max(1, len(results))
         for w, st in staged:
@@ -1108,7 +1109,7 @@ class BatchWriter:
             for r in results:
                 r.commit_ms += share
                 _merge(self.results, r)
-        return left
+        return set(left)
 
     def finish(self, topic: str, part: int) -> None:
         """Trailing transaction markers / aborted records: move the position to the batch end."""

@@ -1059,7 +1059,7 @@ def test_per_writer_fences_every_writer_id_its_job_does_not_use(monkeypatch) -> 
     assert len(fenced) == len(every) - 4
 
 
-def test_per_writer_at_least_once_writes_again_only_the_partition_it_could_not_settle(monkeypatch) -> None:
+def test_per_writer_at_least_once_writes_again_only_the_partition_it_could_not_settle(monkeypatch, caplog) -> None:
     """``transactions: per_writer``, at_least_once: the destination rejects one record of partition 0 as too
     large in the writer's shared write. Only partition 0 is written again partition by partition (where the
     size limit is learned and the record dead-lettered); partition 1's records, acknowledged in the same
@@ -1104,12 +1104,16 @@ def test_per_writer_at_least_once_writes_again_only_the_partition_it_could_not_s
             return 0.0
 
     plan = WriterPlan({"t": s}, {}, {"t": {0: 10, 1: 10}}, {}, None, group="g", transactions="per_writer")
-    rows = direct.write_ranges_per_writer(plan, [Range("t", 0, 0, 10), Range("t", 1, 0, 10)], Reader(), 0, 1)
+    with caplog.at_level("INFO", logger="mirror_core.stream"):
+        rows = direct.write_ranges_per_writer(plan, [Range("t", 0, 0, 10), Range("t", 1, 0, 10)], Reader(), 0, 1)
     shared = made[0].full
     assert len(made) == 1 and [p for t, p, *_ in shared if t == "t"] == [0] * 10 + [1] * 10
     assert {OffsetSync.from_record(k, v).partition for t, _p, k, v, _h, _ts in shared if t == "syncs"} == {1}
     again = [(p, k) for t, p, k, *_ in per_partition.full if t == "t"]
     assert again == [(0, b"k%d" % o) for o in range(10)]  # partition 0 only, from its start
+    assert [r.getMessage() for r in caplog.records if "could not be settled" in r.getMessage()] == [
+        "g: 1 of 2 partitions could not be settled in the writer's shared write (first t[0]: a record the "
+        "destination rejected as too large, or reports not tied to records); writing those partition by partition"]
     assert sorted((r["partition"], r["mirrored"]) for r in rows) == [(0, 10), (1, 10)]
 
 
