@@ -395,6 +395,7 @@ StreamMode = Literal["continuous", "available_now"]
 #: producers cannot commit after the positions are read
 WRITER_SLOTS = 16
 WRITER_PRODUCERS_MAX = 4
+WRITER_PRODUCERS_DEFAULT = 2
 
 
 class SparkConfig(_Frozen):
@@ -432,7 +433,7 @@ class SparkConfig(_Frozen):
     #: with ``transactions: per_writer``: the transactional producers each writer process takes turns with, a
     #: transaction each, so the next transaction need not wait while the broker writes the last one's commit
     #: markers (one per partition it held); 1 = one producer, each transaction after the last one's markers
-    writer_producers: int = Field(default=2, ge=1, le=WRITER_PRODUCERS_MAX)
+    writer_producers: int = Field(default=WRITER_PRODUCERS_DEFAULT, ge=1, le=WRITER_PRODUCERS_MAX)
     metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus /metrics on the driver; 0 = off
     #: where the Spark Kafka source's secrets are written (0600 files read by the Kafka clients on the
     #: driver and the executors); default: a private temporary directory on the driver's host

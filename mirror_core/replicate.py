@@ -42,7 +42,13 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from mirror_core import wire
-from mirror_core.config import WRITER_PRODUCERS_MAX, WRITER_SLOTS, transactional_id, writer_transactional_id
+from mirror_core.config import (
+    WRITER_PRODUCERS_DEFAULT,
+    WRITER_PRODUCERS_MAX,
+    WRITER_SLOTS,
+    transactional_id,
+    writer_transactional_id,
+)
 from mirror_core.errors import MirrorError
 from mirror_core.logs import LIBRDKAFKA_LOG
 from mirror_core.offsets import OffsetSync, syncs_for_batch
@@ -599,7 +605,7 @@ class WriterTransaction:
     share, flushed once per write of all of them (and no transaction)."""
 
     def __init__(self, settings: Iterable[WriterSettings], slot: int, slots_used: int,
-                 delivery: str = "exactly_once", producers: int = 2):
+                 delivery: str = "exactly_once", producers: int = WRITER_PRODUCERS_DEFAULT):
         mine = [s for s in settings if s.delivery == delivery]
         first = mine[0] if mine else None
         self.slot = slot

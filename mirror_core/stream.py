@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from mirror_core import clients
-from mirror_core.config import GroupConfig, MirrorsConfig, default_consumer_group, mirror_name, resolve_mirrors
+from mirror_core.config import (
+    WRITER_PRODUCERS_DEFAULT,
+    GroupConfig,
+    MirrorsConfig,
+    default_consumer_group,
+    mirror_name,
+    resolve_mirrors,
+)
 from mirror_core.errors import MirrorError
 from mirror_core.policy import ReplicationPolicy, TopicFilter, TopicSelection, build_replication_policy
 from mirror_core.redaction import ClientConfig, client_config
@@ -87,7 +94,7 @@ class WriterPlan:
     #: ``spark.transactions`` (the direct path's writers: a transaction per partition or per writer)
     transactions: str = "per_partition"
     #: ``spark.writer_producers`` (``transactions: per_writer``: the producers a writer takes turns with)
-    writer_producers: int = 2
+    writer_producers: int = WRITER_PRODUCERS_DEFAULT
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "destination_consumer_config", client_config(self.destination_consumer_config))
@@ -992,8 +999,7 @@ class BatchWriter:
         all of them, with nothing committed, on delivery reports that cannot be tied to records, a record the
         destination rejected as too large, or a producer error. The per-partition writer handles each of those
         (it retries, fences, learns the size limit, dead-letters) and says what is wrong when it cannot. A failure
-        that one
-        partition's writer would raise as well (``on_error: fail``, a dead letter not delivered, the
+        that one partition's writer would raise as well (``on_error: fail``, a dead letter not delivered, the
         destination topic gone) is raised here, after the abort.
 
         With ``txn.transactional`` False (the writer's at-least-once partitions): the same, with the shared
@@ -1038,15 +1044,12 @@ class BatchWriter:
                     raise _Unmapped()
                 t1 = time.monotonic()
                 for w, st in staged:
-                    if transactional:
-                        w.settle_staged(producer, st)
-                        continue
                     try:
                         w.settle_staged(producer, st)
                     except (_Unmapped, KafkaException) as exc:
-                        # every record was acknowledged or rejected (flushed): the other partitions' syncs can
-                        # still go out, and nothing of this one is left queued to land after its rewrite
-                        if isinstance(exc, KafkaException) and exc.args[0].fatal():
+                        # at least once, every record was acknowledged or rejected (flushed): the other partitions'
+                        # syncs can still go out, and nothing of this one is left queued to land after its rewrite
+                        if transactional or (isinstance(exc, KafkaException) and exc.args[0].fatal()):
                             raise
                         left[(w.s.source_topic, st.partition)] = (
                             "a record the destination rejected as too large, or reports not tied to records"
