@@ -16,7 +16,7 @@ help:
 	@echo "make lint   - ruff + mypy + import rule"
 	@echo "make bench  - throughput/latency benchmark (mirrorflow vs MirrorMaker 2 vs raw pipe)"
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt setup.py mirror_core/_native.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=24"
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[airflow,spark,dev]"

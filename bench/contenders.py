@@ -235,12 +235,13 @@ def parse_batches(log_text: str) -> list[BatchLine]:
 class Running:
     """A launched contender: its own session, its log, its memory sampler."""
 
-    def __init__(self, name: str, cmd: list[str], log: Path, cwd: Path | None = None):
+    def __init__(self, name: str, cmd: list[str], log: Path, cwd: Path | None = None,
+                 env_extra: dict[str, str] | None = None):
         self.name = name
         self.cmd = cmd
         self.log = log
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
+        env = dict(os.environ) | (env_extra or {})
         env.setdefault("PYSPARK_PYTHON", sys.executable)
         self.started_at = time.time()
         self.t0 = time.monotonic()

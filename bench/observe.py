@@ -146,6 +146,71 @@ def session_members(sid: int) -> list[int]:
     return out
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds ``pid`` has used so far (from /proc/<pid>/stat), or None if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # after the command: state(0) ... utime(11) stime(12)
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+class CpuTimeline:
+    """CPU seconds used by a set of processes, sampled over time: what a stretch of a run cost in cores.
+    A process's last sample is kept after it exits (what it used after that is lost: at most one interval)."""
+
+    def __init__(self) -> None:
+        self.by_pid: dict[int, float] = {}
+        self.series: list[tuple[float, float]] = []  # (time.time(), total CPU seconds)
+
+    def add(self, pids: list[int]) -> None:
+        for pid in pids:
+            used = cpu_seconds(pid)
+            if used is not None:
+                self.by_pid[pid] = max(self.by_pid.get(pid, 0.0), used)
+        self.series.append((time.time(), sum(self.by_pid.values())))
+
+    def at(self, t: float) -> float | None:
+        """Total CPU seconds at wall time ``t``, interpolated between samples (None outside them)."""
+        s = self.series
+        for (t0, c0), (t1, c1) in zip(s, s[1:], strict=False):
+            if t0 <= t <= t1:
+                return c0 if t1 == t0 else c0 + (c1 - c0) * (t - t0) / (t1 - t0)
+        return None
+
+    def between(self, t0: float, t1: float) -> float | None:
+        a, b = self.at(t0), self.at(t1)
+        return None if a is None or b is None else b - a
+
+
+class PidsCpu:
+    """A :class:`CpuTimeline` of fixed processes (the brokers and registries), sampled in the background."""
+
+    def __init__(self, pids: list[int], interval: float = 0.25):
+        self.pids = pids
+        self.interval = interval
+        self.cpu = CpuTimeline()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="cpu-servers", daemon=True)
+
+    def start(self) -> PidsCpu:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.cpu.add(self.pids)
+            self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
 def status_kb(pid: int, key: str) -> int | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -165,6 +230,7 @@ class TreeMemory:
         self.hwm_kb: dict[int, int] = {}
         self.names: dict[int, str] = {}
         self.peak_rss_kb = 0
+        self.cpu = CpuTimeline()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"rss-{sid}", daemon=True)
 
@@ -174,7 +240,9 @@ class TreeMemory:
 
     def sample(self) -> None:
         rss = 0
-        for pid in session_members(self.sid):
+        members = session_members(self.sid)
+        self.cpu.add(members)
+        for pid in members:
             hwm = status_kb(pid, "VmHWM")
             cur = status_kb(pid, "VmRSS")
             if hwm is not None:

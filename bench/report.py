@@ -56,16 +56,21 @@ def _load(r: dict[str, Any]) -> str:
 
 def throughput_table(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="Drain throughput (same pre-loaded data; 10-90% = window between 10 % and 90 % of the records "
-                    "visible on the destination, ratios use it; steady = data path start -> last record visible)")
-    for col in ("value B", "contender", "records", "rec/s 10-90%", "rec/s steady", "MB/s steady", "rec/s wall",
-                "wall s", "startup s", "peak RSS MB", "x MM2", "x MM2 tuned", "x raw", "load 1m", "status"):
+                    "visible on the destination, ratios use it; steady = data path start -> last record visible; "
+                    "CPU us/rec = CPU time of the contender's processes over the window per record in it, servers = "
+                    "of both clusters' brokers and registries)")
+    for col in ("value B", "contender", "records", "rec/s 10-90%", "rec/s steady", "MB/s steady", "CPU us/rec",
+                "servers us/rec", "wall s", "startup s", "peak RSS MB", "x MM2", "x MM2 tuned", "x raw", "load 1m",
+                "status"):
         t.add_column(col, justify="left" if col in ("contender", "status") else "right",
                      no_wrap=col == "contender", min_width=20 if col == "contender" else None)
     for r in rows:
         if r["phase"] != "throughput":
             continue
         t.add_row(str(r["size"]), r["contender"], _f(r.get("records")), _f(r.get("records_per_s_window")),
-                  _f(r.get("records_per_s")), _f(r.get("mb_per_s"), "{:.2f}"), _f(r.get("records_per_s_wall")),
+                  _f(r.get("records_per_s")), _f(r.get("mb_per_s"), "{:.2f}"),
+                  _f((r.get("cpu_window") or {}).get("mirror_us_per_record"), "{:.1f}"),
+                  _f((r.get("cpu_window") or {}).get("servers_us_per_record"), "{:.1f}"),
                   _f(r.get("wall_s"), "{:.1f}"), _f(r.get("startup_s"), "{:.1f}"),
                   _f((r.get("memory") or {}).get("peak_rss_mb")), _f(r.get(f"x_{MM2}"), "{:.2f}"),
                   _f(r.get(f"x_{MM2_TUNED}"), "{:.2f}"), _f(r.get(f"x_{RAW}"), "{:.2f}"), _load(r),

@@ -42,7 +42,7 @@ from bench.contenders import (  # noqa: E402
     parse_batches,
     raw_pipe_cmd,
 )
-from bench.observe import Arrivals, DstWatcher, percentile  # noqa: E402
+from bench.observe import Arrivals, DstWatcher, PidsCpu, percentile  # noqa: E402
 from bench.workload import SCHEMA, RateProducer, load  # noqa: E402
 from mirror_core import artifacts, local, local_spark  # noqa: E402
 
@@ -55,12 +55,15 @@ RESULTS = ROOT / "bench" / "results"
 # in the default set); *-writer* too, with spark.transactions: per_writer (one transaction per writer process
 # and batch, on two producers by turns; at_least_once: one idempotent producer per writer process);
 # *-writer-1* with one producer per writer process (spark.writer_producers: 1), as before the turns.
+# *-py* variants run with MIRRORFLOW_NATIVE=0: every record through the Python produce loop, none through
+# the C loop (mirror_core.native), for an A/B of the two in one invocation.
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
                      "mirrorflow-alo-direct-bytes", "mirrorflow-eos-writer", "mirrorflow-eos-writer-bytes",
                      "mirrorflow-alo-writer", "mirrorflow-alo-writer-bytes", "mirrorflow-eos-writer-1",
-                     "mirrorflow-eos-writer-1-bytes", "mm2-tuned-eos")
+                     "mirrorflow-eos-writer-1-bytes", "mirrorflow-eos-direct-py", "mirrorflow-eos-direct-py-bytes",
+                     "mirrorflow-eos-writer-1-py-bytes", "mm2-tuned-eos")
 FLOOR = "floor"  # no mirror: the watcher reads the source topic itself (what the measurement adds)
 LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-direct", "mirrorflow-alo-direct",
                       "mirrorflow-eos-writer", "mm2", "mm2-tuned", "raw-python", "kcat")
@@ -136,6 +139,8 @@ class Bench:
         self.ep = Endpoints(src.bootstrap, dst.bootstrap, src.registry_url, dst.registry_url)
         self.rows: list[dict[str, Any]] = []
         self.current: Running | None = None
+        #: CPU time of both clusters' brokers and registries (set once they run)
+        self.servers_cpu: PidsCpu | None = None
         self.kcat = shutil.which("kcat") or shutil.which("kafkacat")
         #: the Spark master mirrorflow runs on (a standalone cluster with --spark-workers)
         self.master = "local[2]"
@@ -163,6 +168,10 @@ class Bench:
         self.say(f"starting local clusters + registries (state in {self.env.state_dir})")
         local.up(self.env, self.spec, progress=lambda m: self.say(f"[dim]{m}"))
         self.doc["clusters_up_s"] = round(time.monotonic() - t0, 1)
+        st = local.status(self.env)
+        servers = [p["pid"] for side in st.get("sides", {}).values()
+                   for p in [*side.get("brokers", []), side.get("registry") or {}] if p.get("pid")]
+        self.servers_cpu = PidsCpu(servers).start()
         try:
             import pyspark
 
@@ -200,6 +209,7 @@ class Bench:
         logs = self.out / "logs"
         cfgs = self.out / "configs"
         cfgs.mkdir(parents=True, exist_ok=True)
+        env: dict[str, str] = {}
         if contender.startswith("mirrorflow-"):
             parts = contender.split("-")
             delivery = "exactly_once" if parts[1] == "eos" else "at_least_once"
@@ -215,6 +225,8 @@ class Bench:
                 transactions="per_writer" if "writer" in parts else "per_partition",
                 writer_producers=1 if "1" in parts else None))
             cmd = mirrorflow_cmd(path, group, once=drain)
+            if "py" in parts:
+                env["MIRRORFLOW_NATIVE"] = "0"
         elif contender in ("mm2", "mm2-tuned", "mm2-tuned-eos"):
             tuned = contender != "mm2"
             eos = contender.endswith("-eos")
@@ -235,7 +247,7 @@ class Bench:
             cmd = kcat_cmd(self.kcat, self.ep, source, dest, exit_at_end=drain)
         else:
             raise ValueError(contender)
-        run = Running(contender, cmd, logs / f"{contender}-{tag}.log")
+        run = Running(contender, cmd, logs / f"{contender}-{tag}.log", env_extra=env)
         self.current = run
         return run, dest
 
@@ -337,6 +349,14 @@ class Bench:
         if seen.at_10 is not None and seen.at_90 is not None and seen.at_90 > seen.at_10:
             window = seen.at_90 - seen.at_10
             row.update(window_s=round(window, 2), records_per_s_window=round(0.8 * records / window))
+            mirror_cpu = run.mem.cpu.between(seen.at_10, seen.at_90)
+            servers_cpu = None if self.servers_cpu is None else self.servers_cpu.cpu.between(seen.at_10, seen.at_90)
+            in_window = 0.8 * records
+            row["cpu_window"] = {
+                "mirror_cores": None if mirror_cpu is None else round(mirror_cpu / window, 2),
+                "servers_cores": None if servers_cpu is None else round(servers_cpu / window, 2),
+                "mirror_us_per_record": None if mirror_cpu is None else round(mirror_cpu / in_window * 1e6, 2),
+                "servers_us_per_record": None if servers_cpu is None else round(servers_cpu / in_window * 1e6, 2)}
 
     # ------------------------------------------------------------------ phase 2: latency
 
@@ -417,6 +437,8 @@ class Bench:
     # ------------------------------------------------------------------ teardown
 
     def down(self) -> None:
+        if self.servers_cpu is not None:
+            self.servers_cpu.stop()
         if self.current is not None:
             self.say(f"stopping {self.current.name}")
             self.finish(self.current)

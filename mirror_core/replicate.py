@@ -41,7 +41,7 @@ from typing import Any, Literal
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from mirror_core import wire
+from mirror_core import native, wire
 from mirror_core.config import (
     WRITER_PRODUCERS_DEFAULT,
     WRITER_PRODUCERS_MAX,
@@ -229,11 +229,13 @@ class BatchResult:
     setup_ms: float = 0.0
     produce_ms: float = 0.0
     commit_ms: float = 0.0
+    #: records produced by the C loop (:mod:`mirror_core.native`), without a delivery report each
+    native_records: int = 0
 
     def absorb(self, later: BatchResult) -> None:
         """Add the result of the same partition's next piece (written after this one's records)."""
         for name in ("mirrored", "bytes_out", "replayed_skipped", "provenance_skipped", "dead_lettered",
-                     "cache_misses", "setup_ms", "produce_ms", "commit_ms"):
+                     "cache_misses", "setup_ms", "produce_ms", "commit_ms", "native_records"):
             setattr(self, name, getattr(self, name) + getattr(later, name))
         if later.last_downstream is not None:
             self.last_downstream = later.last_downstream
@@ -592,6 +594,9 @@ _WRITER_GUARD = threading.Lock()
 #: It starts only once the last commit returned, so a partition's records still land in batch order, and a
 #: read_committed reader sees them in that order whichever marker lands first.
 _TURNS: dict[str, int] = {}
+#: writers (by their first transactional id) whose records all get a delivery report, for the life of the
+#: process: another producer's commit markers landed among a run the C loop produced without reports
+_REPORT_EACH: set[str] = set()
 
 
 class WriterTransaction:
@@ -624,6 +629,17 @@ class WriterTransaction:
         limits = [s.destination_max_message_bytes for s in mine if s.destination_max_message_bytes is not None]
         self.limit = min(limits) if limits else None
         self.partitions = sum(s.destination_partitions for s in mine)
+
+    @property
+    def in_c(self) -> bool:
+        """Runs of records may go through the C loop without reports (:mod:`mirror_core.native`): until
+        another producer's commit markers landed among such a run (with several producers by turns the broker
+        writes the last transaction's markers while the next one's records go out); then never again in this
+        process (:meth:`report_each`)."""
+        return self.transactional and self.txids[0] not in _REPORT_EACH
+
+    def report_each(self) -> None:
+        _REPORT_EACH.add(self.txids[0])
 
     @property
     def txid(self) -> str:
@@ -780,6 +796,8 @@ class _Sent:
     #: ordered: upstream offsets in produce order, and downstream offsets in report order
     sent: list[int]
     reported: list[int | None]
+    #: ordered: the runs of ``sent`` produced by the C loop, without reports: (first position, length)
+    runs: list[tuple[int, int]] = field(default_factory=list)
 
 
 class PartitionWriter:
@@ -1008,11 +1026,13 @@ class PartitionWriter:
                     _FENCED_PARTITIONS.add(key)
             return self._position(key, partition)
 
-    def stage(self, partition: int, cols: Columns, upstream_end: int, producer: Producer
+    def stage(self, partition: int, cols: Columns, upstream_end: int, producer: Producer, in_c: bool = False
               ) -> tuple[BatchResult, Staged | None]:
         """Produce the records of ``cols`` past the partition's committed position into ``producer``'s open
         transaction (at-least-once: all of them, into the shared idempotent producer). Returns the partition's
-        result and what :meth:`settle_staged` needs (None when every record was committed before: a replay)."""
+        result and what :meth:`settle_staged` needs (None when every record was committed before: a replay).
+
+        ``in_c``: runs of records may go through the C loop without reports (:mod:`mirror_core.native`)."""
         t0 = time.monotonic()
         key = self.s.transactional_id_for(partition)
         exactly = self.s.delivery == "exactly_once"
@@ -1045,7 +1065,7 @@ class PartitionWriter:
                 result.last_downstream = position.downstream - 1
             return result, None
         todo = cols.slice(start, len(cols)) if start else cols
-        sent = self._produce_records(producer, partition, todo, result, {})
+        sent = self._produce_records(producer, partition, todo, result, {}, in_c=in_c)
         result.produce_ms += (time.monotonic() - t1) * 1000
         return result, Staged(partition, todo, upstream_end, position, result, sent)
 
@@ -1173,6 +1193,8 @@ class PartitionWriter:
                 if err.code() in _TOPIC_GONE and self._destination_missing():
                     raise DestinationTopicError(destination_deleted(self.s)) from None
                 if fatal or err.txn_requires_abort() or err.retriable() or _is_too_large(err):
+                    if result.native_records:
+                        exact = True  # what failed may be a record without a report: the retry reports each
                     _reset_counts(result)
                     continue
                 raise WriterError(f"{self.s.mirror} partition {partition}: transaction failed: {err.str()}") from None
@@ -1239,9 +1261,13 @@ class PartitionWriter:
         return self._settle(producer, sent)
 
     def _produce_records(self, producer: Producer, partition: int, cols: Columns, result: BatchResult,
-                         forced_dead: dict[int, DeadLetter], exact: bool = False) -> _Sent:
+                         forced_dead: dict[int, DeadLetter], exact: bool = False, in_c: bool = True) -> _Sent:
         """The producing half of :meth:`_produce_all`: every record of ``cols`` handed to ``producer``, whose
-        reports land in the returned :class:`_Sent` (settled by :meth:`_settle` once they are all in)."""
+        reports land in the returned :class:`_Sent` (settled by :meth:`_settle` once they are all in).
+
+        With ``in_c``, on a transactional producer, runs of records between the chunk's first and last go
+        through the C loop (:mod:`mirror_core.native`) without delivery reports; their offsets follow from the
+        reports around them (:func:`native.fill_runs`)."""
         acks: list[tuple[int, int | None]] = []
         errors: list[tuple[int, KafkaError]] = []
         failed: list[str] = []  # dead letters the broker refused
@@ -1282,7 +1308,33 @@ class PartitionWriter:
         mirrored = bytes_out = 0
         misses_before = self.translator.thread_misses()
         known = len(self.translator.id_map)
+        last = len(offsets) - 1
+        runs: list[tuple[int, int]] = []  # C-produced runs: (position in ``sent``, length)
+        in_c = (in_c and ordered and fast_ok and prov is None and s.delivery == "exactly_once" and last >= 2
+                and native.usable(producer))
+        value_map = fast.prefixes if value_schema else None
+        key_map = fast.prefixes if key_schema else None
+        skip = 0  # records before this one went through the C loop
+        hold = -1  # the C loop handed this record back: it goes the Python way
         for i in range(len(offsets)):
+            if i < skip:
+                continue
+            if in_c and 0 < i < last and i != hold:
+                j, status, nbytes = native.produce(producer, topic, partition, values, keys, stamps, headers, i,
+                                                   last, value_map, key_map, limit)
+                while status == native.QUEUE_FULL:
+                    producer.poll(0.1)
+                    j, status, more = native.produce(producer, topic, partition, values, keys, stamps, headers, j,
+                                                     last, value_map, key_map, limit)
+                    nbytes += more
+                if j > i:
+                    runs.append((len(sent), j - i))
+                    sent.extend(offsets[i:j])
+                    mirrored += j - i
+                    bytes_out += nbytes
+                    result.native_records += j - i
+                    skip = hold = j  # the last record, or one the C loop handed back
+                    continue
             k, v = keys[i], values[i]
             hs = headers[i] if headers is not None else ()
             if fast_ok and not (hs and ((fast.any_schema and _has_id_header(hs))
@@ -1350,7 +1402,7 @@ class PartitionWriter:
         result.mirrored += mirrored
         result.bytes_out += bytes_out
         result.cache_misses += self.translator.thread_misses() - misses_before
-        return _Sent(partition, cols, result, ordered, acks, errors, failed, sent, reported)
+        return _Sent(partition, cols, result, ordered, acks, errors, failed, sent, reported, runs)
 
     def _settle(self, producer: Producer, sent: _Sent) -> tuple[list[tuple[int, int]], list[int]]:
         """The settling half of :meth:`_produce_all`, once every report of ``sent`` is in."""
@@ -1359,7 +1411,15 @@ class PartitionWriter:
         if fatal:
             raise KafkaException(fatal[0])
         if sent.ordered:
-            pairs = None if sent.errors else ordered_acks(sent.sent, sent.reported)
+            if sent.errors:
+                pairs = None
+            elif sent.runs:
+                offs = native.fill_runs(len(sent.sent), sent.reported, sent.runs)
+                if offs is None:
+                    raise _RunsUnproven()
+                pairs = list(zip(sent.sent, offs, strict=True))
+            else:
+                pairs = ordered_acks(sent.sent, sent.reported)
             if pairs is None:
                 raise _Unmapped()
             return pairs, []
@@ -1472,6 +1532,11 @@ class _Unmapped(Exception):  # noqa: N818  # internal signal, never leaves the w
     the caller writes the chunk again with one callback per record."""
 
 
+class _RunsUnproven(_Unmapped):  # noqa: N818
+    """Something else landed among the records the C loop produced without reports (see
+    :func:`native.fill_runs`): their offsets are not known."""
+
+
 def ordered_acks(sent: list[int], reported: list[int | None]) -> list[tuple[int, int]] | None:
     """(upstream, downstream) of each record produced to one partition with a shared delivery callback,
     or None when the reports do not prove the mapping.
@@ -1529,7 +1594,7 @@ def _abort_quietly(producer: Producer) -> bool:
 
 
 def _reset_counts(result: BatchResult) -> None:
-    result.mirrored = result.bytes_out = result.dead_lettered = result.provenance_skipped = 0
+    result.mirrored = result.bytes_out = result.dead_lettered = result.provenance_skipped = result.native_records = 0
 
 
 #: at most this many key + value bytes in one transaction (exactly_once) or flush (at_least_once), next to

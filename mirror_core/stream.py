@@ -47,6 +47,7 @@ from mirror_core.replicate import (
     WriterSettings,
     WriterTransaction,
     _abort_quietly,
+    _RunsUnproven,
     _Unmapped,
     destination_deleted,
     last_committed_sync,
@@ -1032,7 +1033,7 @@ class BatchWriter:
                 producer.begin_transaction()
             try:
                 for w, part, cols, upstream_end in todo:
-                    r, st = w.stage(part, cols, upstream_end, producer)
+                    r, st = w.stage(part, cols, upstream_end, producer, in_c=txn.in_c)
                     results.append(r)
                     if st is not None:
                         staged.append((w, st))
@@ -1078,8 +1079,14 @@ class BatchWriter:
                     txn.drop()
                 forget()
                 raise
-        except _Unmapped:
+        except _Unmapped as exc:
             forget()
+            if isinstance(exc, _RunsUnproven) and len(txn.txids) > 1:
+                # the other producer's commit markers landed among records produced without reports: this
+                # writer reports every record from now on (one producer alone never meets its own markers)
+                txn.report_each()
+                log.info("%s: a commit marker of the writer's other producer landed among records produced "
+                         "without delivery reports; the writer reports every record from now on", self.plan.group)
             log.info("%s: the writer %s was %s (delivery reports not tied to records, or a record the "
                      "destination rejected as too large); writing the batch partition by partition",
                      self.plan.group, *(("transaction", "aborted") if transactional else ("write", "stopped")))

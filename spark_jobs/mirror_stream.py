@@ -225,7 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     metrics.serve(group.spark.metrics_port)
+    from mirror_core import native
+
     rt = MirrorRuntime(cfg, group)
+    if not native.available() and any(m.settings.delivery == "exactly_once" for m in rt.mirrors):
+        log.info("%s: the C produce loop is not used (%s): every record is produced from Python, at more CPU "
+                 "per record", group.name, native.why_not())
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mirrorflow-prepare") as pool:
         # provisioning is network round trips: it runs while the Spark session (a JVM) starts
         provisioned = pool.submit(prepare, rt)

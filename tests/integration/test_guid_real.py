@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 import uuid
 
 import pytest
@@ -61,9 +62,9 @@ def test_item10_guid_record_resolved_or_dead_lettered_never_passed_through(clust
                              lambda t, p: None)
     guid = uuid.uuid4().bytes
     records = [
-        SourceRecord(topic, 0, 0, b"k0", b"\x00" + struct.pack(">i", sid) + b"\x02", (), 1_700_000_000_000),
-        SourceRecord(topic, 0, 1, b"k1", b"\x01" + guid + b"\x04", (), 1_700_000_000_001),
-        SourceRecord(topic, 0, 2, b"k2", b"\x04", (("__value_schema_id", b"\x01" + guid),), 1_700_000_000_002),
+        SourceRecord(topic, 0, 0, b"k0", b"\x00" + struct.pack(">i", sid) + b"\x02", (), int(time.time() * 1000)),
+        SourceRecord(topic, 0, 1, b"k1", b"\x01" + guid + b"\x04", (), int(time.time() * 1000)),
+        SourceRecord(topic, 0, 2, b"k2", b"\x04", (("__value_schema_id", b"\x01" + guid),), int(time.time() * 1000)),
     ]
     result = writer.write(0, records)
     assert result.mirrored == 1 and result.dead_lettered == 2, result

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
-from mirror_core import replicate
+from mirror_core import native, replicate
 from mirror_core.offsets import OffsetSync
 from mirror_core.replicate import Columns, SchemaIdTranslator, WriterSettings, ordered_acks
 
@@ -194,3 +194,70 @@ def test_fewer_destination_partitions_keep_a_callback_per_record(monkeypatch: py
     writer = _writer(monkeypatch, broker, source_partitions=3, destination_partitions=2)
     r = writer.write(1, _cols([3, 4, 5]), upstream_end=6)
     assert r.mirrored == 3 and len({id(cb) for cb in broker.callbacks}) == 3
+
+
+# --------------------------------------------------------------------------- runs without reports (the C loop)
+
+
+def _c_loop(monkeypatch: pytest.MonkeyPatch, broker: _Broker) -> list[tuple[int, int]]:
+    """Stand the C loop in by one that hands records [start, stop) to ``broker`` without a report each, as
+    ``_native.c`` hands them to librdkafka; returns the ranges it took."""
+    took: list[tuple[int, int]] = []
+
+    def produce(producer: Any, topic: str, partition: int, values: list[Any], keys: list[Any], stamps: list[int],
+                headers: Any, start: int, stop: int, value_map: Any, key_map: Any, limit: Any) -> tuple[int, int, int]:
+        for i in range(start, stop):
+            producer.produce(topic, values[i], keys[i], partition, on_delivery=None, timestamp=stamps[i])
+        took.append((start, stop))
+        return stop, native.DONE, sum(len(values[i] or b"") + len(keys[i] or b"") for i in range(start, stop))
+
+    monkeypatch.setattr(native, "usable", lambda producer: True)
+    monkeypatch.setattr(native, "produce", produce)
+    return took
+
+
+def test_a_run_without_reports_takes_its_offsets_from_the_reports_around_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    broker = _Broker()
+    took = _c_loop(monkeypatch, broker)
+    writer = _writer(monkeypatch, broker)
+    offsets = [3, 4, 5, 7, 8, 9]
+    r = writer.write(1, _cols(offsets), upstream_end=10)
+    assert took == [(1, 5)] and r.native_records == 4 and broker.aborts == 0
+    assert [cb is not None for cb in broker.callbacks] == [True, False, False, False, False, True]
+    where = _where(broker, offsets)
+    assert r.last_downstream == 5
+    syncs = _syncs(broker)
+    assert OffsetSync("t", 1, 10, 6) in syncs
+    for s in syncs:
+        if s.upstream_offset in where:
+            assert s.downstream_offset == where[s.upstream_offset]
+
+
+def test_something_landing_among_a_run_is_never_guessed_the_chunk_is_written_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another producer's record (or a transaction marker) among records without reports: their offsets are
+    unknown, so the transaction is aborted and the chunk written again with a report per record."""
+    broker = _Broker(foreign_every=3)
+    took = _c_loop(monkeypatch, broker)
+    writer = _writer(monkeypatch, broker)
+    offsets = [3, 4, 5, 7, 8, 9]
+    r = writer.write(1, _cols(offsets), upstream_end=10)
+    assert took == [(1, 5)] and broker.aborts == 1 and len(broker.committed) == 1
+    assert r.native_records == 0 and r.mirrored == 6  # the second pass reported every record
+    assert len({id(cb) for cb in broker.callbacks[-6:]}) == 6
+    assert [v for t, _, _, v in broker.committed[0] if t == "t"] == [f"v{o}".encode() for o in offsets]
+    where = _where(broker, offsets)  # the committed (second) copies
+    syncs = _syncs(broker)
+    assert OffsetSync("t", 1, 10, where[9] + 1) in syncs
+    for s in syncs:
+        if s.upstream_offset in where:
+            assert s.downstream_offset == where[s.upstream_offset]
+
+
+def test_at_least_once_keeps_a_report_per_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a transaction nothing else would show a record that failed: no run goes without reports."""
+    broker = _Broker()
+    took = _c_loop(monkeypatch, broker)
+    writer = _writer(monkeypatch, broker, delivery="at_least_once")
+    r = writer.write(1, _cols([3, 4, 5, 7]), upstream_end=8)
+    assert took == [] and r.native_records == 0 and all(cb is not None for cb in broker.callbacks)

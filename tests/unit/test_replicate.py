@@ -982,19 +982,16 @@ def test_per_writer_moves_a_position_past_trailing_markers_in_its_own_transactio
     assert sorted((r["partition"], r["mirrored"], r["upstream_end"]) for r in rows) == [(0, 10, 12), (1, 10, 10)]
 
 
-def test_per_writer_transactions_take_turns_on_the_writers_two_producers(monkeypatch) -> None:
-    """``transactions: per_writer``: a writer's transactions go out by turns on its two transactional producers
-    (``writer-0``, then ``writer-0.1``), so a transaction need not wait until the broker has written the last
-    one's commit markers. Both are started before the first transaction (a restart fences both ids), the turn
-    moves only after a commit, and a partition's records still land once and in order, each transaction with
-    the offset syncs of its own records."""
+def _twenty_records_in_three_transactions(monkeypatch, s, store: dict[int, OffsetSync]):
+    """``transactions: per_writer`` on the writer's two producers (fakes appending to one destination log),
+    transactions cut every 7 records, and a reader handing over one partition's offsets 0-19 in three pieces.
+    Returns the producers made (by transactional id), the destination log's next offsets, and a function
+    that writes the batch (returning its rows)."""
     from mirror_core import direct
     from mirror_core.direct import Range
     from mirror_core.replicate import Columns
     from mirror_core.stream import BatchWriter, WriterPlan
 
-    s = settings(value_serde="bytes", source_partitions=1, destination_partitions=1)
-    store, _commits, per_partition = _per_writer_fakes(monkeypatch)
     monkeypatch.setattr(replicate, "_TURNS", {})
     made: dict[str, _FakeProducer] = {}
     offsets: dict[tuple[str, int], int] = {}  # one destination log, whichever producer appends to it
@@ -1022,8 +1019,24 @@ def test_per_writer_transactions_take_turns_on_the_writers_two_producers(monkeyp
             deliver(rs[0], None)
             return 0.0
 
-    plan = WriterPlan({"t": s}, {}, {"t": {0: 20}}, {}, None, group="g", transactions="per_writer")
-    rows = direct.write_ranges_per_writer(plan, [Range("t", 0, 0, 20)], Reader(), 0, 1)
+    def run() -> list[dict]:
+        plan = WriterPlan({"t": s}, {}, {"t": {0: 20}}, {}, None, group="g", transactions="per_writer")
+        return direct.write_ranges_per_writer(plan, [Range("t", 0, 0, 20)], Reader(), 0, 1)
+
+    return made, offsets, run
+
+
+def test_per_writer_transactions_take_turns_on_the_writers_two_producers(monkeypatch) -> None:
+    """``transactions: per_writer``: a writer's transactions go out by turns on its two transactional producers
+    (``writer-0``, then ``writer-0.1``), so a transaction need not wait until the broker has written the last
+    one's commit markers. Both are started before the first transaction (a restart fences both ids), the turn
+    moves only after a commit, and a partition's records still land once and in order, each transaction with
+    the offset syncs of its own records."""
+
+    s = settings(value_serde="bytes", source_partitions=1, destination_partitions=1)
+    store, _commits, per_partition = _per_writer_fakes(monkeypatch)
+    made, _offsets, run = _twenty_records_in_three_transactions(monkeypatch, s, store)
+    rows = run()
     first, second = "mirrorflow.g:src::writer-0", "mirrorflow.g:src::writer-0.1"
     assert sorted(made) == [first, second] and per_partition.full == []
     assert [[t for t, _k, _v in c if t == "t"] for c in made[first].committed] == [["t"] * 7, ["t"] * 6]
@@ -1138,3 +1151,44 @@ def test_per_writer_at_least_once_partitions_share_one_producer_without_transact
     for i, x in syncs:  # a sync is produced only after the records it covers were acknowledged
         assert sum(1 for t, p, *_ in out[:i] if t == "t" and p == x.partition) >= min(x.upstream_offset, 10)
     assert sorted((r["partition"], r["mirrored"], r["upstream_end"]) for r in rows) == [(0, 10, 12), (1, 10, 10)]
+
+
+def test_per_writer_on_two_producers_reports_every_record_once_a_marker_landed_among_a_run(monkeypatch,
+                                                                                          caplog) -> None:
+    """With two producers by turns, the broker may write one transaction's commit markers while the next one's
+    records go out. When a marker lands among records the C loop produced without reports, their offsets are
+    unknown: that batch is written partition by partition (nothing guessed), and the writer reports every
+    record from then on instead of meeting the same fallback again."""
+    from mirror_core import native
+    from mirror_core.replicate import WriterTransaction
+
+    s = settings(value_serde="bytes", source_partitions=1, destination_partitions=1)
+    store, _commits, per_partition = _per_writer_fakes(monkeypatch)
+    monkeypatch.setattr(replicate, "_REPORT_EACH", set())
+    made, offsets, run = _twenty_records_in_three_transactions(monkeypatch, s, store)
+    per_partition._next = offsets
+    runs: list[str] = []
+
+    def c_loop(producer, topic, partition, values, keys, stamps, headers, start, stop, value_map, key_map, limit):
+        for i in range(start, stop):
+            producer.produce(topic, values[i], keys[i], partition, timestamp=stamps[i])
+            offsets[(topic, partition)] = offsets.get((topic, partition), 0) + 1  # landed, no report
+            if not runs and i == start:
+                offsets[(topic, partition)] += 1  # the other producer's commit marker lands among the run
+        runs.append("shared" if producer is not per_partition else "partition")
+        return stop, native.DONE, 0
+
+    monkeypatch.setattr(native, "usable", lambda p: True)
+    monkeypatch.setattr(native, "produce", c_loop)
+    with caplog.at_level("INFO", logger="mirror_core.stream"):
+        rows = run()
+    # the first shared run was not provable; the partition's own writer wrote those records (its C run proven),
+    # and the writer's later transactions reported every record
+    assert runs == ["shared", "partition"]
+    assert "reports every record from now on" in caplog.text
+    assert not WriterTransaction([s], 0, 1, producers=2).in_c
+    assert [k for c in per_partition.committed for t, k, _v in c if t == "t"] == [b"k%d" % o for o in range(7)]
+    shared = [k for p in made.values() for c in p.committed for t, k, _v in c if t == "t"]
+    assert sorted(shared) == sorted(b"k%d" % o for o in range(7, 20))
+    assert [(r["mirrored"], r["upstream_end"]) for r in rows] == [(20, 20)]
+    assert (store[0].upstream_offset, store[0].downstream_offset) == (20, offsets[("t", 0)])
