@@ -121,30 +121,39 @@ static int buffer_of(PyObject *data, const char **p, Py_ssize_t *len) {
     return 0;
 }
 
-/* Map the id-framing prefix of ``p`` through ``map`` (bytes -> bytes, 5 each) into ``head``; the last
- * lookup is remembered (a partition's records mostly share one schema). 0, or -1 when not mapped. */
-static int map_head(PyObject *map, const char *p, Py_ssize_t len, unsigned char head[5],
-                    unsigned char last_src[5], unsigned char last_dst[5], int *have_last) {
+/* One side's (key or value) id map, bytes -> bytes of 5 each (NULL: no rewrite), and its last lookup: a
+ * partition's records mostly share one schema. */
+typedef struct {
+    PyObject *map;
+    unsigned char src[5], dst[5];
+    int have;
+} Mapper;
+
+/* Map the id-framing prefix of ``p`` into ``head``: 1 mapped, 0 nothing to map (no map, or a null key or
+ * value), -1 not mapped (too short, or an id not in the map), -2 error (exception set). */
+static int map_head(Mapper *m, const char *p, Py_ssize_t len, unsigned char head[5]) {
+    if (!m->map || !p)
+        return 0;
     if (len < 5)
         return -1;
-    if (*have_last && memcmp(p, last_src, 5) == 0) {
-        memcpy(head, last_dst, 5);
-        return 0;
+    if (m->have && memcmp(p, m->src, 5) == 0) {
+        memcpy(head, m->dst, 5);
+        return 1;
     }
     PyObject *src = PyBytes_FromStringAndSize(p, 5);
     if (!src)
         return -2;
-    PyObject *dst = PyDict_GetItemWithError(map, src); /* borrowed */
+    PyObject *dst = PyDict_GetItemWithError(m->map, src); /* borrowed */
     Py_DECREF(src);
     if (!dst)
         return PyErr_Occurred() ? -2 : -1;
     if (!PyBytes_CheckExact(dst) || PyBytes_GET_SIZE(dst) != 5)
         return -1;
     memcpy(head, PyBytes_AS_STRING(dst), 5);
-    memcpy(last_src, p, 5);
-    memcpy(last_dst, head, 5);
-    *have_last = 1;
-    return 0;
+    memcpy(m->src, p, 5);
+    memcpy(m->dst, head, 5);
+    m->have = 1;
+    return 1;
 }
 
 /*
@@ -193,8 +202,8 @@ static PyObject *produce(PyObject *self, PyObject *args) {
         return PyErr_NoMemory();
     /* with the interpreter lock: every record's buffers, mapped heads and timestamp, up to the first
      * record that needs Python */
-    unsigned char vsrc[5], vdst[5], ksrc[5], kdst[5];
-    int vlast = 0, klast = 0, status = DONE;
+    Mapper vm = {vmap == Py_None ? NULL : vmap, {0}, {0}, 0}, km = {kmap == Py_None ? NULL : kmap, {0}, {0}, 0};
+    int status = DONE;
     Py_ssize_t end = stop, i;
     Py_ssize_t widest = 0;
     for (i = start; i < stop; i++) {
@@ -211,27 +220,16 @@ static PyObject *produce(PyObject *self, PyObject *args) {
             status = NEEDS_PYTHON;
             break;
         }
-        r->vmapped = r->kmapped = 0;
-        if (vmap != Py_None && r->v) {
-            int m = map_head(vmap, r->v, r->vlen, r->vhead, vsrc, vdst, &vlast);
-            if (m == -2)
-                goto fail;
-            if (m < 0) {
-                status = NEEDS_PYTHON;
-                break;
-            }
-            r->vmapped = 1;
+        int vmapped = map_head(&vm, r->v, r->vlen, r->vhead);
+        int kmapped = vmapped < 0 ? 0 : map_head(&km, r->k, r->klen, r->khead);
+        if (vmapped == -2 || kmapped == -2)
+            goto fail;
+        if (vmapped < 0 || kmapped < 0) {
+            status = NEEDS_PYTHON;
+            break;
         }
-        if (kmap != Py_None && r->k) {
-            int m = map_head(kmap, r->k, r->klen, r->khead, ksrc, kdst, &klast);
-            if (m == -2)
-                goto fail;
-            if (m < 0) {
-                status = NEEDS_PYTHON;
-                break;
-            }
-            r->kmapped = 1;
-        }
+        r->vmapped = (char)vmapped;
+        r->kmapped = (char)kmapped;
         if (limit >= 0 && r->klen + r->vlen + 128 > limit) {
             status = NEEDS_PYTHON;
             break;

@@ -116,37 +116,24 @@ def fill_runs(sent: int, reported: list[int | None], runs: list[tuple[int, int]]
 
     ``sent`` records were produced in all; ``runs`` are (first position, length) of the C-produced runs in
     produce order; ``reported`` holds the reports of the others, in order."""
-    out: list[int] = []
-    it = iter(reported)
-    pos = 0
-    pending = 0  # the length of a run waiting for the report after it
+    offs: list[int | None] = [None] * sent
+    in_run = [False] * sent
     for first, length in runs:
-        while pos < first:
-            off = next(it, None)
-            if off is None:
-                return None
-            if pending:
-                if not out or off - out[-1] != pending + 1:
-                    return None  # not provably contiguous (or a run with no report before it)
-                out.extend(range(out[-1] + 1, off))
-                pending = 0
-            out.append(off)
-            pos += 1
-        if pending or not out:
-            return None  # two runs in a row, or a run first: no report on one side
-        pending = length
-        pos += length
-    while pos < sent:
-        off = next(it, None)
-        if off is None:
+        in_run[first:first + length] = [True] * length
+    reports = iter(reported)
+    for pos in range(sent):
+        if not in_run[pos]:
+            offs[pos] = next(reports, None)
+            if offs[pos] is None:
+                return None  # a report missing, or one without an offset
+    if next(reports, None) is not None:
+        return None  # more reports than records
+    for first, length in runs:
+        before = offs[first - 1] if first > 0 else None
+        after = offs[first + length] if first + length < sent else None
+        # a run first or last, or two in a row, has no report on one side; otherwise the run fills exactly the
+        # offsets between its neighbours, or something else landed among it
+        if before is None or after is None or after - before != length + 1:
             return None
-        if pending:
-            if off - out[-1] != pending + 1:
-                return None
-            out.extend(range(out[-1] + 1, off))
-            pending = 0
-        out.append(off)
-        pos += 1
-    if pending or next(it, None) is not None:
-        return None  # a run last, or more reports than records
-    return out
+        offs[first:first + length] = range(before + 1, after)
+    return offs  # type: ignore[return-value]  # every position filled (checked above)
