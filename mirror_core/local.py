@@ -698,9 +698,21 @@ def _set_global_compatibility(side: SideSpec, level: str, sec: Security | None =
         headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
     )
     ctx = sec.ssl_context() if sec is not None and side.secure else None
-    with urllib.request.urlopen(req, timeout=10, context=ctx) as resp:
-        if resp.status != 200:
-            raise LocalClusterError(f"{side.name}: could not set the registry's global compatibility (HTTP {resp.status})")
+    # a registry that has just said it is ready sometimes closes the first HTTPS connection unanswered
+    # (seen once in a full run): a few more tries before giving up
+    for attempt in range(5):
+        try:
+            with urllib.request.urlopen(req, timeout=10, context=ctx) as resp:
+                if resp.status != 200:
+                    raise LocalClusterError(
+                        f"{side.name}: could not set the registry's global compatibility (HTTP {resp.status})")
+                return
+        except (urllib.error.HTTPError, LocalClusterError):
+            raise
+        except OSError as exc:
+            if attempt == 4:
+                raise LocalClusterError(f"{side.name}: could not set the registry's global compatibility: {exc}") from None
+            time.sleep(1.0)
 
 
 def find_java(min_version: int) -> str:
