@@ -45,6 +45,7 @@ from bench.contenders import (  # noqa: E402
 from bench.observe import Arrivals, DstWatcher, PidsCpu, percentile  # noqa: E402
 from bench.workload import SCHEMA, RateProducer, load  # noqa: E402
 from mirror_core import artifacts, local, local_spark  # noqa: E402
+from mirror_core.topics import create_topics  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -188,8 +189,7 @@ class Bench:
             self.doc["spark_master"] = {"url": cluster.master_url, "workers": self.args.spark_workers}
 
     def create_topic(self, bootstrap: str, topic: str, partitions: int) -> None:
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+        create_topics(AdminClient({"bootstrap.servers": bootstrap}), [NewTopic(topic, partitions, 1)], timeout=30)
 
     def register(self, topic: str) -> int:
         from confluent_kafka.schema_registry import Schema, SchemaRegistryClient

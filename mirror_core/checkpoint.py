@@ -30,6 +30,7 @@ from mirror_core.errors import KafkaOperationError
 from mirror_core.offsets import Checkpoint, Heartbeat, OffsetSync, OffsetSyncStore, checkpoint_for
 from mirror_core.policy import GroupFilter
 from mirror_core.positions import sync_destination
+from mirror_core.topics import create_topics
 
 log = logging.getLogger(__name__)
 
@@ -294,12 +295,8 @@ def emit_heartbeat(cfg: MirrorsConfig, group: GroupConfig) -> bool:
     admin = clients.admin(src)
     if topic not in admin.list_topics(timeout=30).topics:
         rf = min(3, len(admin.list_topics(timeout=30).brokers))
-        fut = admin.create_topics([NewTopic(topic, 1, rf, config={"cleanup.policy": "compact"})])[topic]
-        try:
-            fut.result(30)
-        except KafkaException as exc:
-            if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
-                raise KafkaOperationError(f"cannot create {topic}: {exc.args[0].str()}", exc.args[0].name()) from None
+        create_topics(admin, [NewTopic(topic, 1, rf, config={"cleanup.policy": "compact"})], timeout=30,
+                      exist_ok=True)
     hb = Heartbeat(group.source, group.destination, int(time.time() * 1000))
     p = clients.producer(src, **{"enable.idempotence": True, "acks": "all"})
     failed: list[str] = []

@@ -27,6 +27,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from mirror_core import clients, local
 from mirror_core.config import ClusterConfig
 from mirror_core.errors import KafkaOperationError
+from mirror_core.topics import create_topics
 
 Say = Callable[[str], None]
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +63,7 @@ def produce_sample(bootstrap: str, registry: str, records: int, say: Say) -> dic
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
     if TOPIC not in admin.list_topics(timeout=10).topics:
-        admin.create_topics([NewTopic(TOPIC, 3, 1)])[TOPIC].result(30)
+        create_topics(admin, [NewTopic(TOPIC, 3, 1)], timeout=30, exist_ok=True)  # served before it is written
     sr = SchemaRegistryClient({"url": registry})
     versions = []
     for schema in (ORDER_V1, ORDER_V2, ORDER_V3):

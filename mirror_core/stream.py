@@ -34,7 +34,7 @@ from mirror_core.config import (
     mirror_name,
     resolve_mirrors,
 )
-from mirror_core.errors import MirrorError
+from mirror_core.errors import KafkaOperationError, MirrorError
 from mirror_core.policy import ReplicationPolicy, TopicFilter, TopicSelection, build_replication_policy
 from mirror_core.redaction import ClientConfig, client_config
 from mirror_core.replicate import (
@@ -52,7 +52,7 @@ from mirror_core.replicate import (
     destination_deleted,
     last_committed_sync,
 )
-from mirror_core.topics import ClusterState, read_state
+from mirror_core.topics import ClusterState, create_topics, read_state
 
 log = logging.getLogger(__name__)
 
@@ -824,18 +824,16 @@ def heartbeat_selection(group: GroupConfig, policy: ReplicationPolicy, source_to
 def ensure_heartbeats_topic(admin: Any, topic: str, source: ClusterState, destination: ClusterState,
                             source_topic: str) -> None:
     """Create the destination heartbeats topic like MM2 does (compacted), with the source's partitions."""
-    from confluent_kafka import KafkaException
     from confluent_kafka.admin import NewTopic
 
     parts = source.topics[source_topic].partitions
     rf = max(1, min(3, destination.broker_count))
-    fut = admin.create_topics([NewTopic(topic, parts, rf, config={"cleanup.policy": "compact"})])[topic]
     try:
-        fut.result(30)
+        create_topics(admin, [NewTopic(topic, parts, rf, config={"cleanup.policy": "compact"})], timeout=30)
         log.info("created %s (%d partitions, RF %d) for mirrored heartbeats", topic, parts, rf)
-    except KafkaException as exc:
-        if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
-            log.error("cannot create heartbeats topic %s: %s", topic, exc.args[0].str())
+    except KafkaOperationError as exc:
+        if exc.code != "TOPIC_ALREADY_EXISTS":
+            log.error("cannot create heartbeats topic %s: %s", topic, exc)
 
 
 def raise_plan_errors(plan: Any) -> None:

@@ -165,6 +165,11 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
         summary["driver_ms"] = {"plan": round((t1 - t0) * 1000), "tasks": round((t2 - t1) * 1000),
                                 "after": round((time.monotonic() - t2) * 1000)}
         log.info("%s batch %d: %s", group.name, batch_id, summary)
+        if log.isEnabledFor(logging.DEBUG):
+            for r in sorted(rows, key=lambda r: (r["topic"], r["partition"])):
+                log.debug("%s batch %d: %s[%d]: %d records read (offsets %s-%s), upstream end %s, %d mirrored",
+                          group.name, batch_id, r["topic"], r["partition"], r["records_in"], r["first_offset"],
+                          r["last_offset"], r["upstream_end"], r["mirrored"])
         if on_batch is not None:
             on_batch(summary)
 
@@ -207,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--once", action="store_true", help="drain what is there now, then stop")
     ap.add_argument("--stop-timeout", type=float, default=None,
                     help="seconds a stop may take before the job's processes are killed (default: spark.stop_timeout)")
+    ap.add_argument("--verbose", action="store_true",
+                    help="mirrorflow's own debug lines too (each batch's offsets per partition)")
     args = ap.parse_args(argv)
-    setup_logging()
+    setup_logging(verbose=args.verbose)
     # before anything that can block (provisioning, the JVM's start): a stop is bounded from the start
     stopper = Stopper(args.group, args.stop_timeout or DEFAULT_STOP_TIMEOUT)
     stopper.install()

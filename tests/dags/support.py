@@ -17,6 +17,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from mirrorflow_airflow import hitl
 
+from mirror_core.topics import create_topics
+
 ROOT = Path(__file__).resolve().parents[2]
 ORDER = {"type": "record", "name": "Order", "namespace": "dagtest",
          "fields": [{"name": "id", "type": "long"}, {"name": "note", "type": "string", "default": ""}]}
@@ -76,7 +78,7 @@ def scenario(clusters: Any, unique: Callable[[str], str], tmp_path: Path, partit
     cg = unique("dagtest-consumer")
     config, ckpt = write_config(clusters, tmp_path, name, topic, cg, mode, **kw)
     admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+    create_topics(admin, [NewTopic(topic, partitions, 1)])
     s = Scenario(name, topic, cg, config, ckpt, partitions, clusters.src_bootstrap, clusters.dst_bootstrap,
                  clusters.src_registry, clusters.dst_registry)
     produce(s, records)

@@ -118,13 +118,15 @@ class Progress:
 
 
 class MirrorJob:
-    """``python -m spark_jobs.mirror_stream CONFIG --group G`` (continuous) with its output in a log file."""
+    """``python -m spark_jobs.mirror_stream CONFIG --group G --verbose`` (continuous) with its output in a log
+    file (the debug lines give each batch's offsets per partition, for :func:`wait_for_keys`)."""
 
     def __init__(self, config: Path, group: str, log: Path):
         self.log = log
         self._fh = log.open("wb")
         env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'plugins'}"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "spark_jobs.mirror_stream", str(config), "--group", group],
+        self.proc = subprocess.Popen([sys.executable, "-m", "spark_jobs.mirror_stream", str(config), "--group", group,
+                                      "--verbose"],
                                      cwd=ROOT, env=env, stdout=self._fh, stderr=subprocess.STDOUT,
                                      start_new_session=True)
 
@@ -143,7 +145,14 @@ class MirrorJob:
         return int(self.proc.returncode)
 
     def tail(self, n: int = 30) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        """The last ``n`` lines of the log, without the debug lines."""
+        lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if " DEBUG " not in ln]
+        return "\n".join(lines[-n:])
+
+    def batch_ranges(self, partition: int) -> list[str]:
+        """The debug lines giving each batch's offsets of source partition ``partition``."""
+        return [ln for ln in self.log.read_text(errors="replace").splitlines()
+                if " DEBUG " in ln and f"[{partition}]: " in ln and "records read" in ln]
 
 
 def read_records(bootstrap: str, topic: str, timeout: float = 120.0, committed_only: bool = True) -> list[Any]:
@@ -187,6 +196,34 @@ def wait_for_count(bootstrap: str, topic: str, want: int, job: MirrorJob, timeou
             return
         time.sleep(2)
     raise AssertionError(f"destination holds {have} of {want} records after {timeout:.0f}s:\n" + job.tail())
+
+
+def wait_for_keys(src: str, source_topic: str, dst: str, topic: str, acked: list[int], job: MirrorJob,
+                  timeout: float = 300.0) -> list[int]:
+    """Poll the destination until every key in ``acked`` is on it (not a count: duplicates must not hide a
+    missing record); returns the destination's keys. On timeout, fails naming the missing records' source
+    partitions and offsets, with the batches that covered them."""
+    want = set(acked)
+    deadline = time.monotonic() + timeout
+    have: list[int] = []
+    while time.monotonic() < deadline:
+        assert job.alive(), "the mirror job exited:\n" + job.tail()
+        have = read_keys(dst, topic, timeout=60)
+        if want <= set(have):
+            return have
+        time.sleep(2)
+    missing = sorted(want - set(have))
+    where = {int(m.key()): (m.partition(), m.offset()) for m in read_records(src, source_topic)}
+    lines = [f"destination {topic} lacks {len(missing)} of {len(want)} acknowledged records after {timeout:.0f}s "
+             f"({len(have)} records there):"]
+    for k in missing[:20]:
+        p, off = where.get(k, (None, None))
+        lines.append(f"  key {k}: " + (f"source {source_topic}[{p}]@{off}" if p is not None
+                                          else "not on the source either"))
+    for p in sorted({where[k][0] for k in missing if k in where}):
+        lines.append(f"  batches over {source_topic}[{p}]:")
+        lines += [f"    {ln}" for ln in job.batch_ranges(p)[-40:]]
+    raise AssertionError("\n".join(lines) + "\n" + job.tail())
 
 
 def figures(name: str, produced: list[int], mirrored: list[int], stall: float | None = None) -> dict[str, Any]:

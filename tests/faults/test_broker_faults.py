@@ -15,7 +15,16 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirror_core import local
-from tests.faults.harness import MirrorJob, Progress, RecordStream, figures, group_yaml, read_keys, wait_for_count
+from mirror_core.topics import create_topics
+from tests.faults.harness import (
+    MirrorJob,
+    Progress,
+    RecordStream,
+    figures,
+    group_yaml,
+    wait_for_count,
+    wait_for_keys,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow]
 PARTITIONS = 3
@@ -35,7 +44,7 @@ def own_clusters(tmp_path: Path) -> Iterator[tuple[local.LocalEnv, local.Cluster
 
 def start_mirror(tmp_path: Path, src: str, dst: str, topic: str, delivery: str) -> MirrorJob:
     admin = AdminClient({"bootstrap.servers": src})
-    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+    create_topics(admin, [NewTopic(topic, PARTITIONS, 1)])
     cfg = tmp_path / "mirror.yaml"
     cfg.write_text(group_yaml(src, dst, "faults", topic, tmp_path, delivery))
     return MirrorJob(cfg, "faults", tmp_path / "job.log")
@@ -65,9 +74,9 @@ def test_destination_broker_down_30s_then_back(own_clusters, tmp_path, unique, d
             assert job.alive(), "the mirror job exited during the outage:\n" + job.tail()
             time.sleep(1)
         stream.stop()
-        wait_for_count(dst.bootstrap, f"{topic}.mirror", len(stream.acked), job, timeout=300)
+        mirrored = wait_for_keys(src.bootstrap, topic, dst.bootstrap, f"{topic}.mirror", stream.acked, job,
+                                  timeout=300)
         progress.stop()
-        mirrored = read_keys(dst.bootstrap, f"{topic}.mirror")
         fig = figures(f"destination broker down 30 s ({delivery})", stream.acked, mirrored,
                       progress.stall_after(t_stop))
         print(f"  after the broker was back, the longest pause was {progress.stall_after(t_back):.1f}s", flush=True)
@@ -100,9 +109,9 @@ def test_source_broker_restarted(own_clusters, tmp_path, unique):
             assert job.alive(), "the mirror job exited after the source restart:\n" + job.tail()
             time.sleep(1)
         stream.stop()
-        wait_for_count(dst.bootstrap, f"{topic}.mirror", len(stream.acked), job, timeout=300)
+        mirrored = wait_for_keys(src.bootstrap, topic, dst.bootstrap, f"{topic}.mirror", stream.acked, job,
+                                  timeout=300)
         progress.stop()
-        mirrored = read_keys(dst.bootstrap, f"{topic}.mirror")
         fig = figures("source broker restarted (exactly_once)", stream.acked, mirrored, progress.stall_after(t_stop))
         assert fig["lost"] == 0 and fig["duplicated"] == 0
     finally:
@@ -123,7 +132,7 @@ def test_three_broker_destination_loses_a_broker_mid_stream(tmp_path, unique):
         local.up(env, spec, progress=lambda m: print(f"[faults] {m}", flush=True))
         src, dst = spec.sides
         admin = AdminClient({"bootstrap.servers": src.bootstrap})
-        admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+        create_topics(admin, [NewTopic(topic, PARTITIONS, 1)])
         cfg = tmp_path / "mirror.yaml"
         cfg.write_text(group_yaml(src.bootstrap, dst.bootstrap, "faults", topic, tmp_path).replace(
             "replication_factor: {type: fix, value: 1}", "replication_factor: {type: fix, value: 3}"))
@@ -147,9 +156,9 @@ def test_three_broker_destination_loses_a_broker_mid_stream(tmp_path, unique):
             assert job.alive(), "the mirror job exited after the broker died:\n" + job.tail()
             time.sleep(1)
         stream.stop()
-        wait_for_count(dst.bootstrap, f"{topic}.mirror", len(stream.acked), job, timeout=300)
+        mirrored = wait_for_keys(src.bootstrap, topic, dst.bootstrap, f"{topic}.mirror", stream.acked, job,
+                                  timeout=300)
         progress.stop()
-        mirrored = read_keys(dst.bootstrap, f"{topic}.mirror")
         fig = figures("3-broker destination RF 3 min.insync 2, one broker killed (exactly_once)", stream.acked,
                       mirrored, progress.stall_after(t_kill))
         assert fig["lost"] == 0 and fig["duplicated"] == 0

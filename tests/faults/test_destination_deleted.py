@@ -21,6 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirror_core import local
 from mirror_core.config import default_consumer_group, mirror_name
+from mirror_core.topics import create_topics
 from tests.faults.harness import MirrorJob, RecordStream, group_yaml, read_keys, read_records, wait_for_count
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow]
@@ -95,7 +96,7 @@ def test_destination_topic_deleted_while_mirroring(tmp_path: Path, unique, monke
         local.up(env, spec, progress=lambda m: print(f"[faults] {m}", flush=True))
         src, dst = spec.sides
         src_admin = AdminClient({"bootstrap.servers": src.bootstrap})
-        src_admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+        create_topics(src_admin, [NewTopic(topic, PARTITIONS, 1)])
         cfg = tmp_path / "mirror.yaml"
         cfg.write_text(group_yaml(src.bootstrap, dst.bootstrap, "faults", topic, tmp_path))
         stream = RecordStream(src.bootstrap, topic, PARTITIONS, rate=150)

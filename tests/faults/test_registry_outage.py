@@ -15,7 +15,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirror_core import local
 from mirror_core.registry import RegistryClient
-from tests.faults.harness import MirrorJob, Progress, RecordStream, figures, read_keys, wait_for_count
+from mirror_core.topics import create_topics
+from tests.faults.harness import MirrorJob, Progress, RecordStream, figures, read_keys, wait_for_count, wait_for_keys
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow]
 PARTITIONS = 2
@@ -50,7 +51,7 @@ def test_source_registry_hangs_60s_while_new_schema_ids_arrive(own_clusters, tmp
     src, dst = spec.sides
     topic = unique("regdown")
     admin = AdminClient({"bootstrap.servers": src.bootstrap})
-    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+    create_topics(admin, [NewTopic(topic, PARTITIONS, 1)])
     with RegistryClient(str(src.registry_url)) as reg:
         v1 = reg.register(f"{topic}-value", json.dumps(V1))
         cfg = tmp_path / "mirror.yaml"
@@ -95,9 +96,9 @@ groups:
             t_up = time.monotonic()
             time.sleep(10)
             stream.stop()
-            wait_for_count(dst.bootstrap, f"{topic}.mirror", len(stream.acked), job, timeout=300)
+            mirrored = wait_for_keys(src.bootstrap, topic, dst.bootstrap, f"{topic}.mirror", stream.acked, job,
+                                      timeout=300)
             progress.stop()
-            mirrored = read_keys(dst.bootstrap, f"{topic}.mirror")
             fig = figures("source registry hung 60 s, new schema id (exactly_once)", stream.acked, mirrored,
                           progress.stall_after(t_down))
             print(f"  {stream.next - first_v2} records produced with the new id; mirror resumed "

@@ -16,6 +16,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirror_core import local, local_spark
+from mirror_core.topics import create_topics
 from tests.faults.harness import ROOT, figures, read_keys
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow]
@@ -44,7 +45,7 @@ def test_backlog_on_a_standalone_cluster_survives_a_worker_kill(kafka_and_spark,
     src, dst = spec.sides
     topic = unique("scaleout")
     admin = AdminClient({"bootstrap.servers": src.bootstrap})
-    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+    create_topics(admin, [NewTopic(topic, PARTITIONS, 1)])
     p = Producer({"bootstrap.servers": src.bootstrap, "enable.idempotence": True, "linger.ms": 20, "log_level": 0})
     for i in range(BACKLOG):
         p.produce(topic, key=str(i).encode(), value=b"v" * 200, partition=i % PARTITIONS)

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from mirror_core.topics import create_topics
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +63,7 @@ def run_cli(cfg: Path, command: str) -> tuple[subprocess.CompletedProcess[str], 
 def topic(clusters, unique) -> str:
     name = unique("item16")
     admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
-    admin.create_topics([NewTopic(name, 1, 1)])[name].result(30)
+    create_topics(admin, [NewTopic(name, 1, 1)])
     return name
 
 

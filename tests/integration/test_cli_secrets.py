@@ -22,6 +22,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from mirror_core import clients
 from mirror_core.config import load_config
 from mirror_core.stream import MirrorRuntime
+from mirror_core.topics import create_topics
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +51,7 @@ def planted_kafka(bootstrap: str) -> str:
 def test_item14_registry_password_never_logged(clusters, unique, tmp_path):
     topic, group = unique("item14"), unique("g14").replace("-", "_")
     admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    create_topics(admin, [NewTopic(topic, 1, 1)])
     schema = json.dumps({"type": "record", "name": "R", "namespace": "item14", "fields": [
         {"name": "x", "type": "long"}]})
     sid = SchemaRegistryClient({"url": clusters.src_registry}).register_schema(f"{topic}-value", Schema(schema, "AVRO"))

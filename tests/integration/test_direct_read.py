@@ -22,13 +22,14 @@ from mirror_core import direct
 from mirror_core.config import parse_config
 from mirror_core.direct import DirectReader, Range
 from mirror_core.stream import MirrorRuntime
+from mirror_core.topics import create_topics
 
 pytestmark = pytest.mark.integration
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+    create_topics(admin, [NewTopic(topic, partitions, 1)])
 
 
 def one_group(clusters, name: str, topic: str, tmp_path: Path, delivery: str = "exactly_once", processes: int = 0,

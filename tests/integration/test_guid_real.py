@@ -16,6 +16,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from mirror_core.config import SchemaRegistryConfig
 from mirror_core.replicate import PartitionWriter, SchemaIdTranslator, SourceRecord, WriterSettings
 from mirror_core.stream import make_resolver
+from mirror_core.topics import create_topics
 
 pytestmark = pytest.mark.integration
 
@@ -45,8 +46,7 @@ def test_item10_guid_record_resolved_or_dead_lettered_never_passed_through(clust
     topic = unique("item10")
     dst_topic, dlq, syncs = f"{topic}.mirror", f"{topic}.dlq", f"{topic}.syncs"
     admin = AdminClient({"bootstrap.servers": clusters.dst_bootstrap})
-    for f in admin.create_topics([NewTopic(t, 1, 1) for t in (dst_topic, dlq, syncs)]).values():
-        f.result(30)
+    create_topics(admin, [NewTopic(t, 1, 1) for t in (dst_topic, dlq, syncs)])
     schema = json.dumps({"type": "record", "name": "G", "namespace": "item10", "fields": [
         {"name": "x", "type": "long"}]})
     sid = SchemaRegistryClient({"url": clusters.src_registry}).register_schema(f"{topic}-value",

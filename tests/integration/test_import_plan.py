@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from typer.testing import CliRunner
 
 from mirror_core.cli import app
+from mirror_core.topics import create_topics
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "importers"))
 from importer_samples import FIXTURES  # noqa: E402
@@ -67,8 +68,7 @@ def _plan(path: Path) -> dict[str, dict[str, Any]]:
 
 def _create(bootstrap: str, *topics: str, partitions: int = 3) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.create_topics([NewTopic(t, partitions, 1) for t in topics]).values():
-        f.result(30)
+    create_topics(admin, [NewTopic(t, partitions, 1) for t in topics])
 
 
 def _actions(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -15,6 +15,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from mirror_core.topics import create_topics
+
 pytestmark = pytest.mark.integration
 
 AVRO_V1 = json.dumps({"type": "record", "name": "Order", "namespace": "t", "fields": [{"name": "id", "type": "long"}]})
@@ -29,7 +31,7 @@ def test_record_round_trip(clusters, unique, side):
     bootstrap = clusters.src_bootstrap if side == "src" else clusters.dst_bootstrap
     topic = unique("roundtrip")
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    create_topics(admin, [NewTopic(topic, 2, 1)])
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     ts = int(time.time() * 1000)  # a days-old timestamp is deleted by the broker's retention check
     p.produce(topic, key=b"k", value=b"v", partition=1, headers=[("h", b"1")], timestamp=ts)

@@ -33,6 +33,7 @@ from mirror_core.offsets import (
     checkpoint_for,
     syncs_for_batch,
 )
+from mirror_core.topics import create_topics
 
 pytestmark = pytest.mark.integration
 
@@ -186,12 +187,10 @@ def test_remote_cluster_utils_translates_our_checkpoints(clusters, unique: Calla
     remote_topic = f"{alias}.orders"
     checkpoints_topic = f"{alias}.checkpoints.internal"
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([
+    create_topics(admin, [
         NewTopic(remote_topic, 2, 1),
         NewTopic(checkpoints_topic, 1, 1, config={"cleanup.policy": "compact"}),
     ])
-    for f in futures.values():
-        f.result(30)
     store = _mirror_downstream(bootstrap, remote_topic, unique("txn"))
 
     group_a, group_b, other = unique("group-a"), unique("group-b"), unique("other")

@@ -16,6 +16,7 @@ from mirror_core import clients, native
 from mirror_core.config import MirrorsConfig, parse_config
 from mirror_core.positions import last_committed_sync
 from mirror_core.replicate import Columns, PartitionWriter, SchemaIdTranslator, WriterSettings, release_producers
+from mirror_core.topics import create_topics
 
 pytestmark = pytest.mark.integration
 
@@ -48,8 +49,7 @@ def settings(cfg: MirrorsConfig, topic: str, dlq: str, syncs: str, **over) -> Wr
 
 def create(bootstrap: str, *topics: str, config: dict[str, str] | None = None) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.create_topics([NewTopic(t, 1, 1, config=config or {}) for t in topics]).values():
-        f.result(30)
+    create_topics(admin, [NewTopic(t, 1, 1, config=config or {}) for t in topics])
 
 
 def framed(schema_id: int, body: bytes) -> bytes:

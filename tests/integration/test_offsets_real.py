@@ -22,6 +22,7 @@ from mirror_core.config import parse_config
 from mirror_core.offsets import Checkpoint
 from mirror_core.provision import provision_group
 from mirror_core.replicate import PartitionWriter, SchemaIdTranslator, WriterSettings, last_committed_position
+from mirror_core.topics import create_topics
 
 pytestmark = pytest.mark.integration
 
@@ -162,7 +163,7 @@ def test_groups_resume_exactly_on_destination_and_lag(clusters, unique, tmp_path
     topic = unique("cp")
     name = unique("og")
     admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
-    admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
+    create_topics(admin, [NewTopic(topic, 3, 1)])
     produce(clusters.src_bootstrap, topic, 3, 6000)
     aborted_transaction(clusters.src_bootstrap, topic, 3, unique("tx"))  # upstream gaps
     produce(clusters.src_bootstrap, topic, 3, 6000, start=6000)
@@ -230,7 +231,7 @@ def test_verify_pinpoints_a_tampered_record(clusters, unique, tmp_path):
     topic = unique("vt")
     name = unique("vg")
     admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
-    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    create_topics(admin, [NewTopic(topic, 2, 1)])
     produce(clusters.src_bootstrap, topic, 2, 500)
     path, cfg = make_config(clusters, tmp_path, name, topic, "none")
     mirror_now(cfg, topic, 2, tamper_offset=321)
@@ -246,9 +247,9 @@ def test_compacted_source_with_gaps(clusters, unique, tmp_path):
     topic = unique("cmp")
     name = unique("cg")
     admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1, config={
+    create_topics(admin, [NewTopic(topic, 1, 1, config={
         "cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.001",
-        "delete.retention.ms": "0", "min.compaction.lag.ms": "0"})])[topic].result(30)
+        "delete.retention.ms": "0", "min.compaction.lag.ms": "0"})])
     p = Producer({"bootstrap.servers": clusters.src_bootstrap})
     deadline = time.monotonic() + 120
     rnd = random.Random(3)
@@ -295,7 +296,7 @@ def test_group_offset_sync_respects_active_members_and_never_moves_back(clusters
     topic = unique("gs")
     name = unique("gsg")
     admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    create_topics(admin, [NewTopic(topic, 1, 1)])
     produce(clusters.src_bootstrap, topic, 1, 300)
     path, cfg = make_config(clusters, tmp_path, name, topic, f"{name}-.*")
     mirror_now(cfg, topic, 1)
@@ -335,7 +336,7 @@ def test_heartbeats_are_mm2_records_on_the_source(clusters, unique, tmp_path):
     topic = unique("hb")
     name = unique("hbg")
     admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    create_topics(admin, [NewTopic(topic, 1, 1)])
     _, cfg = make_config(clusters, tmp_path, name, topic, "none")
     g = cfg.groups[0].model_copy(update={"heartbeats": cfg.groups[0].heartbeats.model_copy(
         update={"enabled": True, "topic": unique("heartbeats")})})

@@ -12,6 +12,7 @@ from mirror_core import checkpoint, clients, health
 from mirror_core.config import parse_config
 from mirror_core.provision import provision_group
 from mirror_core.replicate import PartitionWriter, SchemaIdTranslator, SourceRecord, WriterSettings, last_committed_sync
+from mirror_core.topics import create_topics
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +21,7 @@ def test_item7_checkpoint_refuses_repartitioned_topic(clusters, unique):
     topic = unique("repart")
     name = topic.replace("-", "")
     admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
-    admin.create_topics([NewTopic(topic, 4, 1)])[topic].result(30)
+    create_topics(admin, [NewTopic(topic, 4, 1)])
     p = Producer({"bootstrap.servers": clusters.src_bootstrap, "enable.idempotence": True})
     for i in range(80):
         p.produce(topic, key=f"k{i}".encode(), value=b"v", partition=i % 4)

@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from mirror_core import clients
 from mirror_core.config import ClusterConfig
 from mirror_core.replicate import PartitionWriter, SchemaIdTranslator, SourceRecord, WriterSettings
+from mirror_core.topics import create_topics
 
 pytestmark = pytest.mark.integration
 
@@ -22,8 +23,7 @@ def test_fewer_destination_partitions_place_keys_like_a_java_producer(clusters, 
     name = unique("fewer")
     dst_topic, ref_topic, syncs = f"{name}.m", f"{name}.ref", f"{name}.syncs"
     admin = AdminClient({"bootstrap.servers": clusters.dst_bootstrap})
-    for f in admin.create_topics([NewTopic(dst_topic, 3, 1), NewTopic(ref_topic, 3, 1), NewTopic(syncs, 1, 1)]).values():
-        f.result(30)
+    create_topics(admin, [NewTopic(dst_topic, 3, 1), NewTopic(ref_topic, 3, 1), NewTopic(syncs, 1, 1)])
     dst = ClusterConfig(kafka={"bootstrap.servers": clusters.dst_bootstrap})
     keys = [f"key-{i}".encode() for i in range(40)] + [b"21", b"foobar"]  # the last two hash negative
     # where librdkafka's Java-compatible partitioner puts each key in a 3-partition topic (with 2, abs()

@@ -9,6 +9,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, Ne
 from typer.testing import CliRunner
 
 from mirror_core.cli import app
+from mirror_core.topics import create_topics
 
 pytestmark = pytest.mark.integration
 
@@ -16,14 +17,12 @@ pytestmark = pytest.mark.integration
 def test_plan_provision_idempotent_and_grow(clusters, unique, tmp_path):
     prefix = unique("prov").replace("-", "_")
     src = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
-    futs = src.create_topics([
+    create_topics(src, [
         NewTopic(f"{prefix}.a", 6, 1, config={"retention.ms": "3600000", "min.insync.replicas": "1"}),
         NewTopic(f"{prefix}.b", 1, 1, config={"cleanup.policy": "compact", "retention.ms": "7200000"}),
         NewTopic(f"{prefix}.c", 24, 1),
         NewTopic(f"dst.{prefix}.loop", 1, 1),
     ])
-    for f in futs.values():
-        f.result(30)
     cfg = tmp_path / "m.yaml"
     cfg.write_text(clusters.config_yaml(f"""
 groups:
@@ -78,8 +77,7 @@ def test_per_mirror_schema_rules_apply(clusters, unique, tmp_path):
 
     a, b = unique("sa"), unique("sb")
     src = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
-    for f in src.create_topics([NewTopic(a, 1, 1), NewTopic(b, 1, 1)]).values():
-        f.result(30)
+    create_topics(src, [NewTopic(a, 1, 1), NewTopic(b, 1, 1)])
     sr = SchemaRegistryClient({"url": clusters.src_registry})
     for t in (a, b):
         sr.register_schema(f"{t}-value", Schema(json.dumps({"type": "record", "name": "R", "fields": [
@@ -114,7 +112,7 @@ def test_provisioned_partitions_are_served_when_provision_returns(clusters, uniq
 
     topic = unique("served")
     src = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
-    src.create_topics([NewTopic(topic, 160, 1)])[topic].result(30)
+    create_topics(src, [NewTopic(topic, 160, 1)])
     cfg = tmp_path / "w.yaml"
     cfg.write_text(clusters.config_yaml(f"""
 groups:
@@ -139,3 +137,25 @@ groups:
     provision_then_ask(160)
     src.create_partitions([NewPartitions(topic, 200)])[topic].result(30)
     provision_then_ask(200)
+
+
+def test_create_topics_returns_once_every_partition_is_served(clusters, unique):
+    """``topics.create_topics`` is what the demo, the heartbeats topics and these tests create topics with
+    before writing to them: a producer that writes while a partition comes online can lose records it was
+    told were written (see ``wait_for_leaders``). When it returns, every partition answers at once."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from mirror_core.errors import KafkaOperationError
+
+    topic = unique("ready")
+    admin = AdminClient({"bootstrap.servers": clusters.dst_bootstrap})
+    create_topics(admin, [NewTopic(topic, 200, 1)])
+    c = Consumer({"bootstrap.servers": clusters.dst_bootstrap, "group.id": "ready", "log_level": 3})
+    try:
+        for p in range(200):  # raises NOT_LEADER_FOR_PARTITION on a partition not served yet
+            assert c.get_watermark_offsets(TopicPartition(topic, p), timeout=10) == (0, 0)
+    finally:
+        c.close()
+    create_topics(admin, [NewTopic(topic, 200, 1)], exist_ok=True)  # there already: fine when asked
+    with pytest.raises(KafkaOperationError, match=f"create topic {topic} failed: .*TOPIC_ALREADY_EXISTS"):
+        create_topics(admin, [NewTopic(topic, 200, 1)])

@@ -9,13 +9,14 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirror_core.config import parse_config
 from mirror_core.stream import MirrorRuntime
+from mirror_core.topics import create_topics
 
 pytestmark = pytest.mark.integration
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the result is in
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+    create_topics(admin, [NewTopic(topic, partitions, 1)])
 
 
 def one_group(clusters, name: str, topic: str, policy: str, extra: str = "", source: str = "src",

@@ -22,6 +22,7 @@ from mirror_core.config import MirrorsConfig, parse_config
 from mirror_core.positions import PositionLookupError, last_committed_sync
 from mirror_core.replicate import Columns, WriterSettings
 from mirror_core.stream import BatchWriter, WriterPlan
+from mirror_core.topics import create_topics
 
 pytestmark = pytest.mark.integration
 
@@ -49,8 +50,7 @@ groups:
 
 def create(bootstrap: str, *topics: str) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.create_topics([NewTopic(t, 1, 1) for t in topics]).values():
-        f.result(30)
+    create_topics(admin, [NewTopic(t, 1, 1) for t in topics])
 
 
 def writer_settings(cfg: MirrorsConfig, gi: int, topic: str) -> WriterSettings:

@@ -13,6 +13,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirror_core.offsets import Checkpoint
+from mirror_core.topics import create_topics
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -57,7 +58,7 @@ def test_imported_mm2_config_mirrors_and_checkpoints_where_mm2_did(clusters, uni
     west, east = f"west-{uuid.uuid4().hex[:6]}", f"east-{uuid.uuid4().hex[:6]}"
     topic, app = unique("imported"), unique("app")
     admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
-    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    create_topics(admin, [NewTopic(topic, 2, 1)])
     p = Producer({"bootstrap.servers": clusters.src_bootstrap})
     for i in range(200):
         p.produce(topic, key=str(i).encode(), value=f"v{i}".encode(), partition=i % 2)

@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirror_core.offsets import Checkpoint
+from mirror_core.topics import create_topics
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -67,7 +68,7 @@ def test_viooh_handover_copies_only_what_viooh_had_not(clusters, unique, tmp_pat
     viooh_group = f"local.viooh-mirror.{prefix}__{src_topic}__{dst_topic}"
     for bootstrap, topic in ((clusters.src_bootstrap, src_topic), (clusters.dst_bootstrap, dst_topic)):
         admin = AdminClient({"bootstrap.servers": bootstrap})
-        admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+        create_topics(admin, [NewTopic(topic, 2, 1)])
     src = Producer({"bootstrap.servers": clusters.src_bootstrap})
     dst = Producer({"bootstrap.servers": clusters.dst_bootstrap})
     for p in (0, 1):

@@ -20,6 +20,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 from mirror_core.config import parse_config
+from mirror_core.topics import create_topics
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +56,7 @@ groups:
 
 def create_topic(bootstrap, topic, partitions):
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+    create_topics(admin, [NewTopic(topic, partitions, 1)])
 
 
 def avro(schema_id, parsed, rec):

@@ -31,6 +31,7 @@ from mirror_core import local
 from mirror_core.acls import apply_acls, required_acls
 from mirror_core.config import SchemaRegistryConfig, parse_config
 from mirror_core.registry import RegistryClient
+from mirror_core.topics import create_topics
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,7 +171,7 @@ def test_secured_mirror_least_privilege_both_modes_no_password_leaks(secure_clus
         runs = []
         for delivery in ("exactly_once", "at_least_once"):
             topic, name, app_group = unique("sec"), unique("sg").replace("-", "_"), unique("secapp")
-            admin_src.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+            create_topics(admin_src, [NewTopic(topic, PARTITIONS, 1)])
             schema_id = reg.register(f"{topic}-value", json.dumps(SCHEMA))
             produce(sc, topic, schema_id, range(RECORDS))
             runs.append((name, delivery, topic, app_group, free_port()))
@@ -259,7 +260,7 @@ def test_wrong_password_untrusted_certificate_and_missing_acl_are_one_line_each(
     sec = sc.security
     topic, name = unique("refused"), unique("rg").replace("-", "_")
     admin_src = AdminClient(sc.admin_config(sc.src_bootstrap) | {"log_level": 3})
-    admin_src.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    create_topics(admin_src, [NewTopic(topic, 1, 1)])
     cfg_path = tmp_path / "refused.yaml"
     cfg_path.write_text(config_text(sc, [(name, "exactly_once", topic, unique("app"), 0)], tmp_path))
     base = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'plugins'}", "MIRRORFLOW_LOCAL_CA": str(sec.ca_file),

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from test_mirror_e2e import create_topic, read_all  # tests/spark is on sys.path
 
 from mirror_core.config import parse_config
+from mirror_core.topics import create_topics, wait_for_leaders
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -121,6 +122,7 @@ groups:
         wait_for("the first records", lambda: sum(len(v) for v in mirrored().values()) == 10, proc=job)
         admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
         admin.create_partitions([NewPartitions(topic, 4)])[topic].result(30)
+        assert wait_for_leaders(admin, [TopicPartition(topic, p) for p in (2, 3)]) == []  # served before written
         produce(clusters.src_bootstrap, topic, 20, 4, "b")  # 5 records in each of the 4 partitions
         def all_30() -> dict | None:
             m = mirrored()
@@ -197,7 +199,7 @@ groups:
     deadline = time.monotonic() + 60
     while True:
         try:
-            admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+            create_topics(admin, [NewTopic(topic, 1, 1)])
             break
         except KafkaException:
             assert time.monotonic() < deadline, "the topic could not be created again"

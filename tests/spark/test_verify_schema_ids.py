@@ -16,6 +16,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from fastavro import parse_schema, schemaless_writer
 
+from mirror_core.topics import create_topics
+
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +53,7 @@ def first_record(bootstrap: str, topic: str):
 def test_item13_verify_ok_with_avro_keys_and_header_ids(clusters, unique, tmp_path):
     topic = unique("item13")
     admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
-    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    create_topics(admin, [NewTopic(topic, 2, 1)])
     sr = SchemaRegistryClient({"url": clusters.src_registry})
     key_id = sr.register_schema(f"{topic}-key", Schema(json.dumps(KEY), "AVRO"))
     value_id = sr.register_schema(f"{topic}-value", Schema(json.dumps(VALUE), "AVRO"))
