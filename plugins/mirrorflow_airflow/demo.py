@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -178,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     def say(msg: str) -> None:
         print(f"[demo] {msg}", file=sys.stderr, flush=True)
 
+    # two libraries Airflow imports announce their move to httpx2 when imported: nothing a demo user can act on
+    warnings.filterwarnings("ignore", message=r"(The httpx module is deprecated|Using `httpx` with `starlette)")
     t0 = time.monotonic()
     os.chdir(ROOT)  # the config's relative paths (Spark checkpoints) are relative to the repository
     home = Path(tempfile.mkdtemp(prefix="mirrorflow-demo-airflow-"))
