@@ -32,7 +32,11 @@ from typing import Any
 
 from cryptography.fernet import Fernet
 
-from mirrorflow_airflow import hitl
+# two libraries Airflow imports announce their move to httpx2 when imported (authlib, reached from the import
+# below, and starlette's test client, from dag.test()): nothing a demo user can act on
+warnings.filterwarnings("ignore", message=r"(The httpx module is deprecated|Using `httpx` with `starlette)")
+
+from mirrorflow_airflow import hitl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "config" / "local.yaml"
@@ -179,8 +183,6 @@ def main(argv: list[str] | None = None) -> int:
     def say(msg: str) -> None:
         print(f"[demo] {msg}", file=sys.stderr, flush=True)
 
-    # two libraries Airflow imports announce their move to httpx2 when imported: nothing a demo user can act on
-    warnings.filterwarnings("ignore", message=r"(The httpx module is deprecated|Using `httpx` with `starlette)")
     t0 = time.monotonic()
     os.chdir(ROOT)  # the config's relative paths (Spark checkpoints) are relative to the repository
     home = Path(tempfile.mkdtemp(prefix="mirrorflow-demo-airflow-"))
