@@ -33,7 +33,12 @@ from typing import Any
 from cryptography.fernet import Fernet
 
 # two libraries Airflow imports announce their move to httpx2 when imported (authlib, reached from the import
-# below, and starlette's test client, from dag.test()): nothing a demo user can act on
+# below, and starlette's test client, from dag.test()): nothing a demo user can act on. authlib's own module
+# puts an "always" filter for its warnings first when imported, so it is imported before ours goes in front.
+try:
+    import authlib.deprecate  # noqa: F401
+except ImportError:
+    pass
 warnings.filterwarnings("ignore", message=r"(The httpx module is deprecated|Using `httpx` with `starlette)")
 
 from mirrorflow_airflow import hitl  # noqa: E402
