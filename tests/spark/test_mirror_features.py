@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from test_mirror_e2e import ROOT, create_topic, read_all, run_once  # tests/spark is on sys.path
@@ -31,7 +31,7 @@ from mirror_core.replicate import (
     WriterSettings,
     last_committed_sync,
 )
-from mirror_core.topics import create_topics
+from mirror_core.topics import create_topics, wait_for_leaders
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -151,8 +151,13 @@ groups:
 
 
 def _exists(bootstrap: str, topic: str) -> bool:
-    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
-    return topic in md.topics and not md.topics[topic].error
+    """The topic is there and its leaders serve every partition (the mirror may have created it a moment ago:
+    until they do, a reader's offset requests fail with NOT_LEADER_FOR_PARTITION)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    t = admin.list_topics(timeout=10).topics.get(topic)
+    if t is None or t.error:
+        return False
+    return not wait_for_leaders(admin, [TopicPartition(topic, p) for p in t.partitions], timeout=0.5)
 
 
 # --------------------------------------------------------------------------- one drain, many mirrors

@@ -44,8 +44,13 @@ groups:
 
 
 def _exists(bootstrap: str, topic: str) -> bool:
-    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
-    return topic in md.topics and not md.topics[topic].error
+    """The topic is there and its leaders serve every partition (the mirror may have created it a moment ago:
+    until they do, a reader's offset requests fail with NOT_LEADER_FOR_PARTITION)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    t = admin.list_topics(timeout=10).topics.get(topic)
+    if t is None or t.error:
+        return False
+    return not wait_for_leaders(admin, [TopicPartition(topic, p) for p in t.partitions], timeout=0.5)
 
 
 def test_item1_regex_flow_on_a_uri_checkpoint_mirrors_a_new_topic(clusters, unique, tmp_path):
