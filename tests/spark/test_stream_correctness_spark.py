@@ -10,6 +10,7 @@ import yaml
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from test_mirror_e2e import create_topic, read_all  # tests/spark is on sys.path
+from test_mirror_features import _exists  # tests/spark is on sys.path
 
 from mirror_core.config import parse_config
 from mirror_core.topics import create_topics, wait_for_leaders
@@ -41,16 +42,6 @@ groups:
       - topics: {{include: "{prefix}\\\\..*"}}
 """)
     return parse_config(yaml.safe_load(text), env={})
-
-
-def _exists(bootstrap: str, topic: str) -> bool:
-    """The topic is there and its leaders serve every partition (the mirror may have created it a moment ago:
-    until they do, a reader's offset requests fail with NOT_LEADER_FOR_PARTITION)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    t = admin.list_topics(timeout=10).topics.get(topic)
-    if t is None or t.error:
-        return False
-    return not wait_for_leaders(admin, [TopicPartition(topic, p) for p in t.partitions], timeout=0.5)
 
 
 def test_item1_regex_flow_on_a_uri_checkpoint_mirrors_a_new_topic(clusters, unique, tmp_path):
