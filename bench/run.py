@@ -57,14 +57,17 @@ RESULTS = ROOT / "bench" / "results"
 # and batch, on two producers by turns; at_least_once: one idempotent producer per writer process);
 # *-writer-1* with one producer per writer process (spark.writer_producers: 1), as before the turns.
 # *-py* variants run with MIRRORFLOW_NATIVE=0: every record through the Python produce loop, none through
-# the C loop (mirror_core.native), for an A/B of the two in one invocation.
+# the C loop (mirror_core.native), for an A/B of the two in one invocation; *-pygc* variants with
+# MIRRORFLOW_GC=0: Python's default garbage-collector thresholds in the writer processes (an A/B of
+# mirror_core.direct.quiet_gc).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
                      "mirrorflow-alo-direct-bytes", "mirrorflow-eos-writer", "mirrorflow-eos-writer-bytes",
                      "mirrorflow-alo-writer", "mirrorflow-alo-writer-bytes", "mirrorflow-eos-writer-1",
                      "mirrorflow-eos-writer-1-bytes", "mirrorflow-eos-direct-py", "mirrorflow-eos-direct-py-bytes",
-                     "mirrorflow-eos-writer-1-py-bytes", "mm2-tuned-eos")
+                     "mirrorflow-eos-writer-1-py-bytes", "mirrorflow-eos-direct-pygc",
+                     "mirrorflow-eos-direct-pygc-bytes", "mirrorflow-alo-direct-pygc-bytes", "mm2-tuned-eos")
 FLOOR = "floor"  # no mirror: the watcher reads the source topic itself (what the measurement adds)
 LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-direct", "mirrorflow-alo-direct",
                       "mirrorflow-eos-writer", "mm2", "mm2-tuned", "raw-python", "kcat")
@@ -227,6 +230,8 @@ class Bench:
             cmd = mirrorflow_cmd(path, group, once=drain)
             if "py" in parts:
                 env["MIRRORFLOW_NATIVE"] = "0"
+            if "pygc" in parts:
+                env["MIRRORFLOW_GC"] = "0"
         elif contender in ("mm2", "mm2-tuned", "mm2-tuned-eos"):
             tuned = contender != "mm2"
             eos = contender.endswith("-eos")

@@ -416,7 +416,7 @@ class MirrorRuntime:
         """``spark.read_path: direct``: read micro-batch ``batch_id``'s ranges from the source (the ones in
         Spark's offset log, so a replayed batch reads exactly the same) and write them from the driver. The
         micro-batch DataFrame is never evaluated. Call after :meth:`writer_plan` for the same batch."""
-        from mirror_core.direct import DirectReader, Range, batch_ranges, write_ranges
+        from mirror_core.direct import DirectReader, Range, batch_ranges, quiet_gc, write_ranges
 
         starts, ends = self._starts.get(batch_id) or (self.batch_starts(batch_id), self.batch_ends(batch_id))
         ranges = batch_ranges(starts, ends, skip=plan.ignored)
@@ -427,6 +427,7 @@ class MirrorRuntime:
         if pool is not None:
             return pool.write(plan, ranges)
         if self._direct is None:
+            quiet_gc()  # the driver reads and writes the records itself
             self._direct = DirectReader(self.src, self.group.name,
                                         consumer_group=min(self.consumer_groups.values(), default=None))
         return write_ranges(plan, ranges, self._direct, DRIVER_THREADS)
