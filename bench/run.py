@@ -45,6 +45,7 @@ from bench.contenders import (  # noqa: E402
 from bench.observe import Arrivals, DstWatcher, PidsCpu, percentile  # noqa: E402
 from bench.workload import SCHEMA, RateProducer, load  # noqa: E402
 from mirror_core import artifacts, local, local_spark  # noqa: E402
+from mirror_core.logs import quiet_library_warnings  # noqa: E402
 from mirror_core.topics import create_topics  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -195,6 +196,7 @@ class Bench:
         create_topics(AdminClient({"bootstrap.servers": bootstrap}), [NewTopic(topic, partitions, 1)], timeout=30)
 
     def register(self, topic: str) -> int:
+        quiet_library_warnings()  # before the registry client's import, which prints one
         from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
         client = SchemaRegistryClient({"url": self.ep.src_registry})

@@ -27,6 +27,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from mirror_core import clients, local
 from mirror_core.config import ClusterConfig
 from mirror_core.errors import KafkaOperationError
+from mirror_core.logs import quiet_library_warnings
 from mirror_core.topics import create_topics
 
 Say = Callable[[str], None]
@@ -58,6 +59,7 @@ def ensure_clusters(say: Say) -> dict[str, dict[str, str | None]]:
 
 def produce_sample(bootstrap: str, registry: str, records: int, say: Say) -> dict[int, int]:
     """Avro-framed orders over three schema versions; returns records per partition."""
+    quiet_library_warnings()  # before the registry client's import, which prints one
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
     from fastavro import parse_schema, schemaless_writer
 

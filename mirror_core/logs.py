@@ -27,6 +27,21 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 _CONNECTION_FACILITIES = frozenset({"FAIL", "ERROR", "BROKERFAIL", "CONNECT"})
 
 
+def quiet_library_warnings() -> None:
+    """Leave out the two deprecation warnings libraries print when imported, announcing their move from
+    httpx to httpx2: authlib's (reached from confluent-kafka's schema registry client and from Airflow) and
+    starlette's test client's (from Airflow's ``dag.test()``); nothing a user can act on. authlib puts an
+    "always" filter for its own warnings first when it is imported, so it is imported before this filter goes
+    in front of it."""
+    import warnings
+
+    try:
+        import authlib.deprecate  # noqa: F401
+    except ImportError:
+        pass
+    warnings.filterwarnings("ignore", message=r"(The httpx module is deprecated|Using `httpx` with `starlette)")
+
+
 def setup_logging(verbose: bool = False, stream: Any = None, fmt: str = FORMAT) -> None:
     """Root logging for a mirrorflow process: one handler on ``stream`` (stderr), redacting formatter,
     mirrorflow at INFO (DEBUG when ``verbose``), chatty libraries at WARNING. Idempotent."""

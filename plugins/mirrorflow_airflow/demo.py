@@ -24,7 +24,6 @@ import sys
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,14 +31,9 @@ from typing import Any
 
 from cryptography.fernet import Fernet
 
-# two libraries Airflow imports announce their move to httpx2 when imported (authlib, reached from the import
-# below, and starlette's test client, from dag.test()): nothing a demo user can act on. authlib's own module
-# puts an "always" filter for its warnings first when imported, so it is imported before ours goes in front.
-try:
-    import authlib.deprecate  # noqa: F401
-except ImportError:
-    pass
-warnings.filterwarnings("ignore", message=r"(The httpx module is deprecated|Using `httpx` with `starlette)")
+from mirror_core.logs import quiet_library_warnings
+
+quiet_library_warnings()  # authlib's and starlette's httpx2 notices, printed when Airflow is imported
 
 from mirrorflow_airflow import hitl  # noqa: E402
 

@@ -171,3 +171,17 @@ groups:
     for text in shown:
         assert PW not in text, text
     assert "sasl.username" in repr(ws) and "**********" in repr(ws)
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_library_notices_about_httpx2_are_left_out_of_a_users_output(quiet):
+    """The bench and the demos import confluent-kafka's schema registry client, whose import makes authlib
+    print a deprecation notice nobody running mirrorflow can act on; ``quiet_library_warnings`` leaves it
+    out (the other case shows the notice is there to leave out)."""
+    import subprocess
+    import sys
+
+    code = ("from mirror_core.logs import quiet_library_warnings\n" + ("quiet_library_warnings()\n" if quiet else "")
+            + "from confluent_kafka.schema_registry import SchemaRegistryClient\n")
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
+    assert ("httpx2" in err) is not quiet, err
