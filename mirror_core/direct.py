@@ -19,9 +19,7 @@ logs and counts them (``report_expired``).
 
 from __future__ import annotations
 
-import gc
 import logging
-import os
 import queue
 import threading
 import time
@@ -33,7 +31,7 @@ from typing import Any
 from mirror_core import clients
 from mirror_core.config import ClusterConfig
 from mirror_core.errors import KafkaOperationError
-from mirror_core.replicate import Columns
+from mirror_core.replicate import Columns, quiet_gc
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +52,6 @@ WRITER_TXN_RECORDS = 100000
 #: ``transactions: per_writer``: threads that fence the partitions' own transactional ids and read their
 #: positions when a writer starts
 WARM_THREADS_PER_WRITER = 64
-#: the cyclic garbage collector's youngest-generation threshold in a process that reads and writes records
-#: (Python's default is 700; see :func:`quiet_gc`)
-GC_THRESHOLD = 100_000
 
 
 @dataclass(frozen=True)
@@ -68,30 +63,6 @@ class Range:
     partition: int
     start: int | None
     end: int
-
-
-def quiet_gc() -> None:
-    """Make the cyclic garbage collector run rarely in this process (once; ``MIRRORFLOW_GC=0`` leaves
-    Python's defaults, for an A/B).
-
-    Every record read is a new container object (confluent-kafka's ``Message``), and Python runs a collection
-    of its youngest generation every 700 net new containers, moving the survivors (the records of a chunk not
-    written yet) into the older generations, which are then traversed again and again: in a sampling profile
-    of a 100-byte drain a fifth of a writer process's CPU went to the collector. Records are freed by
-    reference counting as soon as their chunk is written; the collector only reclaims reference cycles, which
-    the data path does not make per record, so collecting every :data:`GC_THRESHOLD` new containers frees the
-    same cycles a little later. What the process holds once started (modules, clients) is frozen out of the
-    collections altogether."""
-    global _gc_quiet
-    if _gc_quiet or os.environ.get("MIRRORFLOW_GC", "1") == "0":
-        return
-    _gc_quiet = True
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
-
-
-_gc_quiet = False
 
 
 def batch_ranges(starts: dict[str, dict[int, int]], ends: dict[str, dict[int, int]],

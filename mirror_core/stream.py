@@ -51,6 +51,7 @@ from mirror_core.replicate import (
     _Unmapped,
     destination_deleted,
     last_committed_sync,
+    quiet_gc,
 )
 from mirror_core.topics import ClusterState, create_topics, read_state
 
@@ -416,7 +417,7 @@ class MirrorRuntime:
         """``spark.read_path: direct``: read micro-batch ``batch_id``'s ranges from the source (the ones in
         Spark's offset log, so a replayed batch reads exactly the same) and write them from the driver. The
         micro-batch DataFrame is never evaluated. Call after :meth:`writer_plan` for the same batch."""
-        from mirror_core.direct import DirectReader, Range, batch_ranges, quiet_gc, write_ranges
+        from mirror_core.direct import DirectReader, Range, batch_ranges, write_ranges
 
         starts, ends = self._starts.get(batch_id) or (self.batch_starts(batch_id), self.batch_ends(batch_id))
         ranges = batch_ranges(starts, ends, skip=plan.ignored)
@@ -1164,6 +1165,7 @@ def write_batches(plan: WriterPlan, batches: Iterable[Any]) -> list[dict[str, An
     raised as :class:`CollectError`; a writer's error as it is, once every partition has stopped."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
+    quiet_gc()
     bw = BatchWriter(plan)
     failed: list[BaseException] = []
     runs: dict[tuple[str, int], Future[None]] = {}  # the latest run of each partition
