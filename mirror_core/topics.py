@@ -403,6 +403,13 @@ def wait_for_leaders(admin: AdminClient, partitions: list[TopicPartition], timeo
         if not pending or time.monotonic() + interval > deadline:
             break
         time.sleep(interval)
+        # librdkafka answers ListOffsets from its metadata cache, which keeps a topic this client asked for
+        # before it existed as missing: ask the brokers for the pending topics' metadata again
+        for topic in sorted({tp.topic for tp in pending}):
+            try:
+                admin.list_topics(topic=topic, timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+            except KafkaException:
+                pass  # the next ListOffsets round says what is wrong
     return pending
 
 

@@ -159,3 +159,20 @@ def test_create_topics_returns_once_every_partition_is_served(clusters, unique):
     create_topics(admin, [NewTopic(topic, 200, 1)], exist_ok=True)  # there already: fine when asked
     with pytest.raises(KafkaOperationError, match=f"create topic {topic} failed: .*TOPIC_ALREADY_EXISTS"):
         create_topics(admin, [NewTopic(topic, 200, 1)])
+
+
+def test_a_client_that_asked_for_a_topic_before_it_existed_still_sees_it_served(clusters, unique):
+    """A job reads the destination's state before it creates its topics, and two jobs starting together
+    create topics the other has just asked about. librdkafka answers ListOffsets from its metadata cache,
+    which kept such a topic as missing: the wait for leaders then failed provisioning after its timeout
+    although the partitions were served within a second. Creating with that client must return at once."""
+    from confluent_kafka import KafkaException, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    topic = unique("asked")
+    admin = AdminClient({"bootstrap.servers": clusters.dst_bootstrap, "log_level": 3})
+    admin.list_topics(timeout=10)  # the cluster's topics, as a job's look at the destination asks
+    for fut in admin.list_offsets({TopicPartition(topic, 0): OffsetSpec.latest()}, request_timeout=5).values():
+        with pytest.raises(KafkaException):
+            fut.result()  # not there yet: now the client's cache says so
+    create_topics(admin, [NewTopic(topic, 6, 1)], timeout=15)  # NOT_SERVED after 15 s when the cache is trusted
