@@ -16,6 +16,8 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirror_core import local
+from mirror_core.config import load_config
+from mirror_core.provision import provision_group
 from mirror_core.topics import create_topics
 from tests.faults.harness import (
     MirrorJob,
@@ -52,14 +54,19 @@ def restart_stopped_brokers(env: local.LocalEnv) -> None:
                 local.start_broker(env, side, b["node_id"])
 
 
-def start_mirror(tmp_path: Path, src: str, dst: str, topic: str, delivery: str, name: str = "faults") -> MirrorJob:
-    """The mirror group ``name`` of ``topic`` (created here) as a continuous job; its files under ``tmp_path``."""
+def mirror_config(tmp_path: Path, src: str, dst: str, topic: str, delivery: str, name: str = "faults") -> Path:
+    """The config of mirror group ``name`` of ``topic`` (created here); the group's files under ``tmp_path``."""
     admin = AdminClient({"bootstrap.servers": src})
     create_topics(admin, [NewTopic(topic, PARTITIONS, 1)])
     tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = tmp_path / "mirror.yaml"
     cfg.write_text(group_yaml(src, dst, name, topic, tmp_path, delivery))
-    return MirrorJob(cfg, name, tmp_path / "job.log")
+    return cfg
+
+
+def start_mirror(tmp_path: Path, src: str, dst: str, topic: str, delivery: str) -> MirrorJob:
+    """The mirror group ``faults`` of ``topic`` (created here) as a continuous job; its files under ``tmp_path``."""
+    return MirrorJob(mirror_config(tmp_path, src, dst, topic, delivery), "faults", tmp_path / "job.log")
 
 
 def test_destination_broker_down_30s_then_back(own_clusters, tmp_path, unique):
@@ -74,13 +81,18 @@ def test_destination_broker_down_30s_then_back(own_clusters, tmp_path, unique):
     progress = {d: Progress(dst.bootstrap, f"{topics[d]}.mirror") for d in deliveries}
     jobs: dict[str, MirrorJob] = {}
     try:
-        # one after the other: the second job starts once the first is flowing (two jobs provisioning one
-        # destination at the same moment is not what this test is about)
+        # the groups are provisioned one after the other (two jobs creating topics on one destination at the
+        # same moment is not what this test is about), then both jobs start
         for d in deliveries:
-            jobs[d] = start_mirror(tmp_path / d, src.bootstrap, dst.bootstrap, topics[d], d,
-                                   name=f"faults_{d}")
+            path = mirror_config(tmp_path / d, src.bootstrap, dst.bootstrap, topics[d], d, name=f"faults_{d}")
+            cfg = load_config(path)
+            provisioned = provision_group(cfg, cfg.group(f"faults_{d}"))
+            assert provisioned.errors == [], provisioned.errors
+        for d in deliveries:
+            jobs[d] = MirrorJob(tmp_path / d / "mirror.yaml", f"faults_{d}", tmp_path / d / "job.log")
             streams[d].start()
-            wait_for_count(dst.bootstrap, f"{topics[d]}.mirror", 300, jobs[d], timeout=240)  # the mirror is flowing
+        for d in deliveries:  # both mirrors are flowing
+            wait_for_count(dst.bootstrap, f"{topics[d]}.mirror", 300, jobs[d], timeout=240)
         for d in deliveries:
             progress[d].start()
         t_stop = time.monotonic()
