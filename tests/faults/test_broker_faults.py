@@ -1,4 +1,5 @@
-"""Broker failures under a running mirror, on this test's own clusters (started and stopped here).
+"""Broker failures under a running mirror, on this module's own clusters (started and stopped here; the
+3-broker test starts its own).
 
 A record stream keeps flowing into the source while a broker goes away; at the end an independent
 reader counts what reached the destination. Figures (produced / mirrored / lost / duplicated, stall)
@@ -15,6 +16,8 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from mirror_core import local
+from mirror_core.config import load_config
+from mirror_core.provision import provision_group
 from mirror_core.topics import create_topics
 from tests.faults.harness import (
     MirrorJob,
@@ -30,10 +33,11 @@ pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.slow]
 PARTITIONS = 3
 
 
-@pytest.fixture
-def own_clusters(tmp_path: Path) -> Iterator[tuple[local.LocalEnv, local.ClusterSpec]]:
-    """A source and a destination of one broker each, no registries, only for this test."""
-    env = local.LocalEnv.from_environment(tmp_path / "clusters")
+@pytest.fixture(scope="module")
+def own_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[local.LocalEnv, local.ClusterSpec]]:
+    """A source and a destination of one broker each, no registries, for this module's tests (each test
+    brings back the broker it stopped, also when it fails; its topics and mirror groups are its own)."""
+    env = local.LocalEnv.from_environment(tmp_path_factory.mktemp("faults") / "clusters")
     spec = local.free_spec(registries=False)
     try:
         local.up(env, spec, progress=lambda m: print(f"[faults] {m}", flush=True))
@@ -42,51 +46,87 @@ def own_clusters(tmp_path: Path) -> Iterator[tuple[local.LocalEnv, local.Cluster
         local.down(env)
 
 
-def start_mirror(tmp_path: Path, src: str, dst: str, topic: str, delivery: str) -> MirrorJob:
+def restart_stopped_brokers(env: local.LocalEnv) -> None:
+    """Any broker a failed test left stopped runs again: the module's next test finds both clusters whole."""
+    for side, state in local.status(env)["sides"].items():
+        for b in state["brokers"]:
+            if b["state"] == "stopped":
+                local.start_broker(env, side, b["node_id"])
+
+
+def mirror_config(tmp_path: Path, src: str, dst: str, topic: str, delivery: str, name: str = "faults") -> Path:
+    """The config of mirror group ``name`` of ``topic`` (created here); the group's files under ``tmp_path``."""
     admin = AdminClient({"bootstrap.servers": src})
     create_topics(admin, [NewTopic(topic, PARTITIONS, 1)])
+    tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = tmp_path / "mirror.yaml"
-    cfg.write_text(group_yaml(src, dst, "faults", topic, tmp_path, delivery))
-    return MirrorJob(cfg, "faults", tmp_path / "job.log")
+    cfg.write_text(group_yaml(src, dst, name, topic, tmp_path, delivery))
+    return cfg
 
 
-@pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
-def test_destination_broker_down_30s_then_back(own_clusters, tmp_path, unique, delivery):
+def start_mirror(tmp_path: Path, src: str, dst: str, topic: str, delivery: str) -> MirrorJob:
+    """The mirror group ``faults`` of ``topic`` (created here) as a continuous job; its files under ``tmp_path``."""
+    return MirrorJob(mirror_config(tmp_path, src, dst, topic, delivery), "faults", tmp_path / "job.log")
+
+
+def test_destination_broker_down_30s_then_back(own_clusters, tmp_path, unique):
+    """One outage of the destination's only broker under two running mirrors, exactly_once and at_least_once
+    (each its own topic, record stream, group and job): neither loses a record, exactly_once duplicates none;
+    each one's stall is measured."""
     env, spec = own_clusters
     src, dst = spec.sides
-    topic = unique("dstdown")
-    stream = RecordStream(src.bootstrap, topic, PARTITIONS, rate=150)
-    job = None
-    progress = Progress(dst.bootstrap, f"{topic}.mirror")
+    deliveries = ("exactly_once", "at_least_once")
+    topics = {d: unique(f"dstdown-{d.replace('_', '')}") for d in deliveries}
+    streams = {d: RecordStream(src.bootstrap, topics[d], PARTITIONS, rate=150) for d in deliveries}
+    progress = {d: Progress(dst.bootstrap, f"{topics[d]}.mirror") for d in deliveries}
+    jobs: dict[str, MirrorJob] = {}
     try:
-        job = start_mirror(tmp_path, src.bootstrap, dst.bootstrap, topic, delivery)
-        stream.start()
-        wait_for_count(dst.bootstrap, f"{topic}.mirror", 300, job, timeout=240)  # the mirror is flowing
-        progress.start()
+        # the groups are provisioned one after the other (two jobs creating topics on one destination at the
+        # same moment is not what this test is about), then both jobs start
+        for d in deliveries:
+            path = mirror_config(tmp_path / d, src.bootstrap, dst.bootstrap, topics[d], d, name=f"faults_{d}")
+            cfg = load_config(path)
+            provisioned = provision_group(cfg, cfg.group(f"faults_{d}"))
+            assert provisioned.errors == [], provisioned.errors
+        for d in deliveries:
+            jobs[d] = MirrorJob(tmp_path / d / "mirror.yaml", f"faults_{d}", tmp_path / d / "job.log")
+            streams[d].start()
+        for d in deliveries:  # both mirrors are flowing
+            wait_for_count(dst.bootstrap, f"{topics[d]}.mirror", 300, jobs[d], timeout=240)
+        for d in deliveries:
+            progress[d].start()
         t_stop = time.monotonic()
         local.stop_broker(env, "dst", 1)
         time.sleep(30)  # the fault itself: the destination is away for 30 s
         local.start_broker(env, "dst", 1)
         t_back = time.monotonic()
-        # a little more traffic after the return, then the source is quiet and the mirror drains
+        # a little more traffic after the return, then the source is quiet and the mirrors drain
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            assert job.alive(), "the mirror job exited during the outage:\n" + job.tail()
+            for d in deliveries:
+                assert jobs[d].alive(), f"the {d} mirror job exited during the outage:\n" + jobs[d].tail()
             time.sleep(1)
-        stream.stop()
-        mirrored = wait_for_keys(src.bootstrap, topic, dst.bootstrap, f"{topic}.mirror", stream.acked, job,
-                                  timeout=300)
-        progress.stop()
-        fig = figures(f"destination broker down 30 s ({delivery})", stream.acked, mirrored,
-                      progress.stall_after(t_stop))
-        print(f"  after the broker was back, the longest pause was {progress.stall_after(t_back):.1f}s", flush=True)
-        assert fig["lost"] == 0
-        if delivery == "exactly_once":
-            assert fig["duplicated"] == 0
+        for d in deliveries:
+            streams[d].stop()
+        figs = {}
+        for d in deliveries:
+            mirrored = wait_for_keys(src.bootstrap, topics[d], dst.bootstrap, f"{topics[d]}.mirror",
+                                     streams[d].acked, jobs[d], timeout=300)
+            progress[d].stop()
+            figs[d] = figures(f"destination broker down 30 s ({d})", streams[d].acked, mirrored,
+                              progress[d].stall_after(t_stop))
+            print(f"  {d}: after the broker was back, the longest pause was "
+                  f"{progress[d].stall_after(t_back):.1f}s", flush=True)
+        assert figs["exactly_once"]["lost"] == 0
+        assert figs["exactly_once"]["duplicated"] == 0
+        assert figs["at_least_once"]["lost"] == 0
     finally:
-        progress.stop()
-        if job is not None:
+        for d in deliveries:
+            progress[d].stop()
+            streams[d]._stop.set()
+        for job in jobs.values():
             job.stop()
+        restart_stopped_brokers(env)
 
 
 def test_source_broker_restarted(own_clusters, tmp_path, unique):
@@ -116,8 +156,10 @@ def test_source_broker_restarted(own_clusters, tmp_path, unique):
         assert fig["lost"] == 0 and fig["duplicated"] == 0
     finally:
         progress.stop()
+        stream._stop.set()
         if job is not None:
             job.stop()
+        restart_stopped_brokers(env)
 
 
 def test_three_broker_destination_loses_a_broker_mid_stream(tmp_path, unique):

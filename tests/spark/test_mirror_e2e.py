@@ -75,20 +75,22 @@ def read_all(bootstrap, topic, timeout=90):
     c.assign([TopicPartition(topic, p, 0) for p in md.partitions])
     out: dict[int, list] = {p: [] for p in md.partitions}
     deadline = time.monotonic() + timeout
-    idle = 0
+    last_got = time.monotonic()
     while time.monotonic() < deadline:
-        batch = c.consume(2000, 1.0)
+        # consume() waits its whole timeout unless the 2000 records are there: a short wait, checked often
+        batch = c.consume(2000, 0.2)
         got = [m for m in batch if not m.error()]
         for m in got:
             out[m.partition()].append(m)
         positions = {tp.partition: tp.offset for tp in c.position([TopicPartition(topic, p) for p in ends])}
         # a partition is done at its end; trailing transaction markers never show up as records,
-        # so several idle polls in a row also end the read
+        # so several idle seconds in a row also end the read
         if all(end == 0 or positions[p] >= end for p, end in ends.items()):
             break
-        idle = 0 if got else idle + 1
+        if got:
+            last_got = time.monotonic()
         seen = any(out.values())
-        if idle >= (5 if seen else 30):  # a cold consumer may take a while to fetch its first records
+        if time.monotonic() - last_got >= (5 if seen else 30):  # a cold consumer may take a while to fetch
             break
     c.close()
     return out

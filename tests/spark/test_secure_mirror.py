@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from io import BytesIO
 from pathlib import Path
 
@@ -191,40 +192,48 @@ def test_secured_mirror_least_privilege_both_modes_no_password_leaks(secure_clus
             apply_acls(admin, [x for x in grants if x.cluster == cluster])
 
     outputs: list[str] = []
-    with Snapshots([r[4] for r in runs]) as snaps:
-        for name, delivery, topic, app_group, _ in runs:
-            for args in (("provision", str(cfg_path), "--group", name),):
-                res = cli(*args, env=env)
-                outputs += [res.stdout, res.stderr]
-                assert res.returncode == 0, res.stderr[-3000:]
-            job = subprocess.run([sys.executable, "-m", "spark_jobs.mirror_stream", str(cfg_path), "--group", name,
-                                  "--once"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
-            outputs += [job.stdout, job.stderr]
-            assert job.returncode == 0, job.stderr[-4000:]
-            read_by = "spark" if delivery == "exactly_once" else "direct"
-            assert f"'read_by': '{read_by}'" in job.stderr + job.stdout
-            ids = read_ids(sc, f"{topic}.mirror")
-            assert len(ids) == RECORDS, f"{delivery}: {len(ids)} mirrored of {RECORDS}"
-            assert sorted(ids) == list(range(RECORDS)), f"{delivery}: lost or duplicated records"
 
-            # an application's group on the source, checkpointed and written to the destination
-            app = Consumer(sc.admin_config(sc.src_bootstrap) | {"group.id": app_group, "log_level": 3})
-            app.commit(offsets=[TopicPartition(topic, p, 100) for p in range(PARTITIONS)], asynchronous=False)
-            app.close()
-            res = cli("checkpoint", str(cfg_path), "--group", name, env=env)
+    def mirror_and_check(name: str, delivery: str, topic: str, app_group: str) -> None:
+        job = subprocess.run([sys.executable, "-m", "spark_jobs.mirror_stream", str(cfg_path), "--group", name,
+                              "--once"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+        outputs.extend([job.stdout, job.stderr])
+        assert job.returncode == 0, job.stderr[-4000:]
+        read_by = "spark" if delivery == "exactly_once" else "direct"
+        assert f"'read_by': '{read_by}'" in job.stderr + job.stdout
+        ids = read_ids(sc, f"{topic}.mirror")
+        assert len(ids) == RECORDS, f"{delivery}: {len(ids)} mirrored of {RECORDS}"
+        assert sorted(ids) == list(range(RECORDS)), f"{delivery}: lost or duplicated records"
+
+        # an application's group on the source, checkpointed and written to the destination
+        app = Consumer(sc.admin_config(sc.src_bootstrap) | {"group.id": app_group, "log_level": 3})
+        app.commit(offsets=[TopicPartition(topic, p, 100) for p in range(PARTITIONS)], asynchronous=False)
+        app.close()
+        res = cli("checkpoint", str(cfg_path), "--group", name, env=env)
+        outputs.extend([res.stdout, res.stderr])
+        assert res.returncode == 0, res.stderr[-3000:]
+        res = cli("lag", str(cfg_path), "--group", name, "--json", env=env)
+        outputs.extend([res.stdout, res.stderr])
+        assert res.returncode == 0, res.stderr[-3000:]
+        lag = json.loads(res.stdout)[0]
+        assert sum(p["lag_records"] for p in lag["partitions"]) == 0
+        assert [(g["consumer_group"], g["translated"]) for g in lag["consumer_groups"]] == \
+            [(app_group, 100)] * PARTITIONS
+        res = cli("verify", str(cfg_path), "--group", name, "--json", env=env)
+        outputs.extend([res.stdout, res.stderr])
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert all(r["ok"] for r in json.loads(res.stdout))
+
+    with Snapshots([r[4] for r in runs]) as snaps:
+        for name, *_ in runs:  # one group after the other: both provision the destination's shared topics
+            res = cli("provision", str(cfg_path), "--group", name, env=env)
             outputs += [res.stdout, res.stderr]
             assert res.returncode == 0, res.stderr[-3000:]
-            res = cli("lag", str(cfg_path), "--group", name, "--json", env=env)
-            outputs += [res.stdout, res.stderr]
-            assert res.returncode == 0, res.stderr[-3000:]
-            lag = json.loads(res.stdout)[0]
-            assert sum(p["lag_records"] for p in lag["partitions"]) == 0
-            assert [(g["consumer_group"], g["translated"]) for g in lag["consumer_groups"]] == \
-                [(app_group, 100)] * PARTITIONS
-            res = cli("verify", str(cfg_path), "--group", name, "--json", env=env)
-            outputs += [res.stdout, res.stderr]
-            assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-            assert all(r["ok"] for r in json.loads(res.stdout))
+        # the two groups' jobs (and their checkpoint, lag, verify) side by side; a failed check fails the test
+        with ThreadPoolExecutor(len(runs)) as pool:
+            done = [pool.submit(mirror_and_check, name, delivery, topic, app_group)
+                    for name, delivery, topic, app_group, _ in runs]
+            for fut in done:
+                fut.result()
     # the translated offsets reached the destination group (written by the destination principal)
     dst_admin = AdminClient(sc.admin_config(sc.dst_bootstrap) | {"log_level": 3})
     for *_, app_group, _ in runs:
