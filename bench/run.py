@@ -72,6 +72,8 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
 FLOOR = "floor"  # no mirror: the watcher reads the source topic itself (what the measurement adds)
 LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-direct", "mirrorflow-alo-direct",
                       "mirrorflow-eos-writer", "mm2", "mm2-tuned", "raw-python", "kcat")
+#: allowed in the latency phase too, not in its default set: Python's default collector thresholds, for an A/B
+LATENCY_AB = ("mirrorflow-eos-direct-pygc",)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -123,7 +125,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.latency_contenders = [] if args.no_latency else lat
     args.warmup = args.warmup if args.warmup is not None else (1.0 if quick else 10.0)
     bad = [c for c in args.contenders if c not in CONTENDERS + DIRECT_CONTENDERS]
-    bad += [c for c in args.latency_contenders if c not in LATENCY_CONTENDERS]
+    bad += [c for c in args.latency_contenders if c not in LATENCY_CONTENDERS + LATENCY_AB]
     if bad:
         ap.error(f"unknown contender(s) {bad}; choose from {CONTENDERS + DIRECT_CONTENDERS}")
     return args
