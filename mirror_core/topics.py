@@ -15,7 +15,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
@@ -404,10 +404,13 @@ def wait_for_leaders(admin: AdminClient, partitions: list[TopicPartition], timeo
             break
         time.sleep(interval)
         # librdkafka answers ListOffsets from its metadata cache, which keeps a topic this client asked for
-        # before it existed as missing: ask the brokers for the pending topics' metadata again
-        for topic in sorted({tp.topic for tp in pending}):
+        # before it existed as missing: ask the brokers for the pending topics again (DescribeTopics updates the
+        # cache and, unlike a metadata request of the client's own, never asks a broker to auto-create a topic)
+        topics = sorted({tp.topic for tp in pending})
+        wait = max(1.0, min(10.0, deadline - time.monotonic()))
+        for fut in admin.describe_topics(TopicCollection(topics), request_timeout=wait).values():
             try:
-                admin.list_topics(topic=topic, timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+                fut.result()
             except KafkaException:
                 pass  # the next ListOffsets round says what is wrong
     return pending
