@@ -60,7 +60,7 @@ RESULTS = ROOT / "bench" / "results"
 # *-py* variants run with MIRRORFLOW_NATIVE=0: every record through the Python produce loop, none through
 # the C loop (mirror_core.native), for an A/B of the two in one invocation; *-pygc* variants with
 # MIRRORFLOW_GC=0: Python's default garbage-collector thresholds in the writer processes (an A/B of
-# mirror_core.direct.quiet_gc).
+# mirror_core.replicate.quiet_gc).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
