@@ -64,8 +64,12 @@ class RecordStream:
         self._thread.start()
         return self
 
-    def stop(self, timeout: float = 600.0) -> None:
+    def halt(self) -> None:
+        """Stop producing, without waiting for what is in flight (a test's cleanup after a failure)."""
         self._stop.set()
+
+    def stop(self, timeout: float = 600.0) -> None:
+        self.halt()
         self._thread.join(30)
         left = self._p.flush(timeout)
         assert left == 0, f"{left} records not acknowledged by the source"

@@ -123,7 +123,7 @@ def test_destination_broker_down_30s_then_back(own_clusters, tmp_path, unique):
     finally:
         for d in deliveries:
             progress[d].stop()
-            streams[d]._stop.set()
+            streams[d].halt()
         for job in jobs.values():
             job.stop()
         restart_stopped_brokers(env)
@@ -156,7 +156,7 @@ def test_source_broker_restarted(own_clusters, tmp_path, unique):
         assert fig["lost"] == 0 and fig["duplicated"] == 0
     finally:
         progress.stop()
-        stream._stop.set()
+        stream.halt()
         if job is not None:
             job.stop()
         restart_stopped_brokers(env)

@@ -171,7 +171,7 @@ def test_destination_topic_deleted_while_mirroring(tmp_path: Path, unique, monke
         if follower is not None:
             follower.stop()
         if stream is not None:
-            stream._stop.set()
+            stream.halt()
         if job is not None:
             job.stop()
         local.down(env)

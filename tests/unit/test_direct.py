@@ -176,21 +176,3 @@ def test_a_warm_up_that_cannot_start_partitions_says_so_in_one_line(caplog):
     assert "could not start 300 of 400 partitions (first t[1]: t[1]: Broker: Not leader for partition" in warnings[0]
     assert sorted(started) == list(range(0, 400, 4))
 
-
-@pytest.mark.parametrize("setting, quiet", [(None, True), ("0", False)])
-def test_a_reading_process_collects_garbage_rarely_unless_turned_off(setting, quiet):
-    """A process that reads or writes records (a writer process of the direct path, the driver writing
-    a micro-batch) collects reference cycles every GC_THRESHOLD new containers, not every
-    700 (a record read is one), with what it held once started frozen out of the collections;
-    ``MIRRORFLOW_GC=0`` keeps Python's defaults (the bench's A/B). Process-wide, so in a process of its own."""
-    import os
-    import subprocess
-    import sys
-
-    from mirror_core.replicate import GC_THRESHOLD
-
-    env = {k: v for k, v in os.environ.items() if k != "MIRRORFLOW_GC"} | ({} if setting is None else {"MIRRORFLOW_GC": setting})
-    out = subprocess.run([sys.executable, "-c", "import gc\nfrom mirror_core.replicate import quiet_gc\nquiet_gc()\n"
-                          "print(gc.get_threshold()[0], gc.get_freeze_count() > 0)"],
-                         env=env, capture_output=True, text=True, check=True).stdout.split()
-    assert out == ([str(GC_THRESHOLD), "True"] if quiet else ["700", "False"])
