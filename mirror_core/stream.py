@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,78 @@ def local_checkpoint_reader(location: str) -> str | None:
         return None
 
 
+class LocalCheckpointFiles:
+    """Files of mirrorflow's own beside Spark's in a checkpoint on this machine (see :class:`WrittenLog`); the
+    Spark job uses one that goes through Hadoop's file system for other schemes."""
+
+    def _path(self, location: str) -> Path:
+        from urllib.parse import unquote, urlparse
+
+        if location.lower().startswith("file:"):
+            location = unquote(urlparse(location).path)
+        return Path(location)
+
+    def read(self, location: str) -> str | None:
+        return local_checkpoint_reader(location)
+
+    def create(self, location: str, text: str) -> None:
+        path = self._path(location)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
+    def names(self, location: str) -> list[str]:
+        path = self._path(location)
+        return [p.name for p in path.iterdir()] if path.is_dir() else []
+
+    def delete(self, location: str) -> None:
+        self._path(location).unlink(missing_ok=True)
+
+
+class WrittenLog:
+    """What the direct read path has written, per partition: ``{topic: {partition: offset}}``, every record
+    below ``offset`` is on the destination. One small file per entry (``<checkpoint>/mirrorflow-written/<n>``),
+    never rewritten, so a torn write only loses that entry and an older one is read instead, which is safe:
+    an entry may lag behind the truth, never run ahead of it. Written once per batch after its write has
+    finished (``spark.overlap_writes``: Spark records a batch as done while it is still being written), and by
+    a starting job before it writes anything; read when a job starts (see :func:`replay_starts`)."""
+
+    KEEP = 5
+
+    def __init__(self, checkpoint_dir: str, files: Any):
+        self.dir = join_location(checkpoint_dir, "mirrorflow-written")
+        self.files = files
+        self._next: int | None = None
+
+    def _numbers(self) -> list[int]:
+        return sorted(int(n) for n in self.files.names(self.dir) if n.isdigit())
+
+    def last(self) -> dict[str, dict[int, int]] | None:
+        """The newest readable entry, None when there is none."""
+        numbers = self._numbers()
+        self._next = (numbers[-1] + 1) if numbers else 0
+        for n in reversed(numbers):
+            try:
+                text = self.files.read(join_location(self.dir, str(n)))
+                if text is None:
+                    continue
+                return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in json.loads(text).items()}
+            except (ValueError, AttributeError):
+                log.warning("written-offsets entry %s/%d is unreadable; taking the one before", self.dir, n)
+        return None
+
+    def add(self, written: dict[str, dict[int, int]]) -> None:
+        if self._next is None:
+            self.last()
+        n = self._next or 0
+        self.files.create(join_location(self.dir, str(n)), json.dumps(written, sort_keys=True))
+        self._next = n + 1
+        for old in self._numbers():
+            if old <= n - self.KEEP:
+                self.files.delete(join_location(self.dir, str(old)))
+
+
 def join_location(base: str, *parts: str) -> str:
     """``base`` joined with ``parts`` by ``/``, keeping a URI's ``//`` (``Path`` would fold ``s3a://b`` to
     ``s3a:/b``)."""
@@ -182,6 +255,14 @@ class MirrorRuntime:
         self._direct: Any = None
         #: its writer processes, when there are more than one (see :meth:`direct_processes`)
         self._pool: Any = None
+        #: ``spark.overlap_writes``: the write of the last direct batch, running on (see :meth:`write_direct_behind`)
+        self._inflight: Future[None] | None = None
+        self._behind: ThreadPoolExecutor | None = None
+        #: the next direct batch is this process's first: it reads from what is known written (see :meth:`replay_starts`)
+        self._first_direct = True
+        #: how mirrorflow's own files in the checkpoint are read and written (the Spark job sets Hadoop's)
+        self.checkpoint_files: Any = LocalCheckpointFiles()
+        self._written: WrittenLog | None = None
 
     # -- setup
 
@@ -420,6 +501,9 @@ class MirrorRuntime:
         from mirror_core.direct import DirectReader, Range, batch_ranges, write_ranges
 
         starts, ends = self._starts.get(batch_id) or (self.batch_starts(batch_id), self.batch_ends(batch_id))
+        if self._first_direct:
+            starts = self.replay_starts(starts)
+            self._first_direct = False
         ranges = batch_ranges(starts, ends, skip=plan.ignored)
         # partitions whose end moved back (topic re-created, log truncated) have no range from Spark: they are
         # read from their first offset, as a new partition is, and their writer takes the records as new
@@ -432,6 +516,53 @@ class MirrorRuntime:
             self._direct = DirectReader(self.src, self.group.name,
                                         consumer_group=min(self.consumer_groups.values(), default=None))
         return write_ranges(plan, ranges, self._direct, DRIVER_THREADS)
+
+    def written_log(self) -> WrittenLog:
+        if self._written is None:
+            self._written = WrittenLog(self.checkpoint_dir(), self.checkpoint_files)
+        return self._written
+
+    def replay_starts(self, starts: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
+        """Where this process's first direct batch reads from: ``starts`` (from Spark's offset log), moved back
+        to what the written log says is on the destination where that is less, since with
+        ``spark.overlap_writes`` Spark records a batch as done while its write runs on, and a job may have died
+        during it (or during the re-read of a job before it). Its exactly_once writers skip what is already on
+        the destination (by their committed positions); at_least_once ones write it again. Records the result
+        in the written log before anything is written, so a job that dies before its first write has finished
+        leaves a log that still goes back far enough. Without a log (a checkpoint from before it, or a new
+        query) the starts are taken as they are: Spark only recorded batches as done once written."""
+        log_ = self.written_log()
+        written = log_.last()
+        out = starts if written is None else replay_starts(starts, written)
+        if out != starts:
+            back = sum(starts[t][p] - max(o, 0) for t, parts in out.items() for p, o in parts.items()
+                       if o != starts[t][p])
+            log.info("%s: reading again from what was last known written (at most %d records back: a batch may "
+                     "not have been written when the job before stopped)", self.group.name, back)
+        log_.add(out)
+        return out
+
+    def write_direct_behind(self, plan: WriterPlan, batch_id: int, done: Callable[[list[dict[str, Any]]], None]
+                            ) -> None:
+        """``spark.overlap_writes``: :meth:`write_direct` on a thread of its own, so that Spark records the batch
+        and plans the next one meanwhile; ``done(rows)`` runs on that thread once it is written. At most one
+        batch is in flight: call :meth:`wait_for_write` first."""
+        if self._inflight is not None:
+            raise RuntimeError("the write of the batch before has not been waited for")
+        if self._behind is None:
+            self._behind = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mirrorflow-write")
+        self._inflight = self._behind.submit(lambda: done(self.write_direct(plan, batch_id)))
+
+    def wait_for_write(self, timeout: float | None = None) -> None:
+        """Wait for the batch :meth:`write_direct_behind` writes, if any; raises what stopped it. Raises
+        ``TimeoutError`` if it is still running after ``timeout`` seconds (it is still waited for next time)."""
+        f = self._inflight
+        if f is None:
+            return
+        if not wait([f], timeout).done:
+            raise TimeoutError(f"the last micro-batch is still being written after {timeout:.0f}s")
+        self._inflight = None
+        f.result()
 
     def direct_processes(self) -> int:
         """Writer processes of the direct path (``spark.direct_processes``; 0 = one per core, at most 4)."""
@@ -452,6 +583,12 @@ class MirrorRuntime:
     def close(self) -> None:
         """Finish the last source-offset commit, close the direct path's source consumer and writer processes
         (if any)."""
+        try:
+            self.wait_for_write(60.0)
+        except Exception as exc:  # noqa: BLE001 - closing: the next start re-reads that batch
+            log.error("%s: the last micro-batch was not written: %s", self.group.name, exc)
+        if self._behind is not None:
+            self._behind.shutdown(wait=False)
         if not self.wait_for_commits():
             log.warning("%s: the last source-offset commit did not finish within 10s; the consumer group on the "
                         "source may show the batch before", self.group.name)
@@ -558,8 +695,6 @@ class MirrorRuntime:
         bw = BatchWriter(plan)
 
         def run() -> None:
-            from concurrent.futures import ThreadPoolExecutor
-
             from mirror_core.direct import _warm
 
             items = [(s.source_topic, p) for s in plan.settings.values() for p in range(s.source_partitions)]
@@ -645,7 +780,9 @@ class MirrorRuntime:
             recent = totals["bytes"] / totals["mirrored"]
             prev = self.bytes_per_record
             self.bytes_per_record = recent if prev is None else max(recent, 0.7 * prev + 0.3 * recent)
-        self._commit_in_background(commits)
+        # the direct path: everything below the batch's ends is written (see WrittenLog); recorded off its path
+        written = self._starts.get(batch_id, ({}, None))[1] if self.group.spark.read_path == "direct" else None
+        self._commit_in_background(commits, written)
         lats = [x for r in rows for x in (r["latency_ms"] or [])]
         totals["latency_p50_ms"] = round(statistics.median(lats), 1) if lats else None
         totals["expired"] = self.report_expired(batch_id, rows)
@@ -676,22 +813,30 @@ class MirrorRuntime:
             except Exception as exc:  # noqa: BLE001 - only a head start: the first commit tries again
                 log.debug("%s: committer warm-up for %s: %s", self.group.name, cg, exc)
 
-    def _commit_in_background(self, commits: dict[str, list[tuple[str, int, int]]]) -> None:
-        """Commit ``commits`` on a thread of its own once the previous batch's commit has finished, so they land
-        in batch order. The commit is a round trip to the source's group coordinator that only monitoring
-        reads (the mirror's own position is in the offset syncs): the next micro-batch does not wait for it,
-        which shortens a continuous mirror's cycle by that round trip. A commit still running after a minute
-        (the source unreachable) makes this batch's commit wait for the next batch's, which covers it."""
+    def _commit_in_background(self, commits: dict[str, list[tuple[str, int, int]]],
+                              written: dict[str, dict[int, int]] | None = None) -> None:
+        """Commit ``commits`` (and add ``written`` to the :class:`WrittenLog`) on a thread of its own once the
+        previous batch's commit has finished, so they land in batch order. The commit is a round trip to the
+        source's group coordinator that only monitoring reads (the mirror's own position is in the offset
+        syncs): the next micro-batch does not wait for it, which shortens a continuous mirror's cycle by that
+        round trip. A commit still running after a minute (the source unreachable) makes this batch's commit
+        wait for the next batch's, which covers it (a written log entry that lags is safe too)."""
         if not self.wait_for_commits(60.0):
             log.warning("%s: the previous source-offset commit has not finished after 60s; this batch's "
                         "positions are committed with the next batch's", self.group.name)
             return
-        if commits:
-            t = self._commit_thread = threading.Thread(target=self._commit_quietly, args=(commits,),
+        if commits or written:
+            t = self._commit_thread = threading.Thread(target=self._commit_quietly, args=(commits, written),
                                                        name="mirrorflow-source-commit", daemon=True)
             t.start()
 
-    def _commit_quietly(self, commits: dict[str, list[tuple[str, int, int]]]) -> None:
+    def _commit_quietly(self, commits: dict[str, list[tuple[str, int, int]]],
+                        written: dict[str, dict[int, int]] | None = None) -> None:
+        if written:
+            try:
+                self.written_log().add(written)
+            except Exception as exc:  # noqa: BLE001 - a lagging log is safe: a restart re-reads more
+                log.warning("%s: could not record the written offsets in the checkpoint: %s", self.group.name, exc)
         try:
             self.commit_source_offsets(commits)
         except Exception as exc:  # noqa: BLE001 - a thread's traceback would be the only trace; one line instead
@@ -777,6 +922,20 @@ def rewound_partitions(starts: dict[str, dict[int, int]], ends: dict[str, dict[i
             start = starts.get(t, {}).get(p, -1)
             if start >= 0 and 0 <= end < start:
                 out[(t, p)] = (start, end)
+    return out
+
+
+def replay_starts(starts: dict[str, dict[int, int]], written: dict[str, dict[int, int]]
+                  ) -> dict[str, dict[int, int]]:
+    """``starts`` moved back to ``written`` (offsets below which everything is on the destination) where that
+    is less; a partition ``written`` does not know (it came later) from its first offset (-1). A negative,
+    symbolic start already reads from the first offset. Pure."""
+    out = {t: dict(parts) for t, parts in starts.items()}
+    for t, parts in starts.items():
+        for p, start in parts.items():
+            back = written.get(t, {}).get(p, -1)
+            if start >= 0 and back < start:
+                out[t][p] = back if back >= 0 else -1
     return out
 
 
@@ -1163,8 +1322,6 @@ def write_batches(plan: WriterPlan, batches: Iterable[Any]) -> list[dict[str, An
     batches arrive together (one Spark task per Kafka partition), so when a batch holds none of a
     partition's records, that partition's run is complete. An error while reading ``batches`` is
     raised as :class:`CollectError`; a writer's error as it is, once every partition has stopped."""
-    from concurrent.futures import Future, ThreadPoolExecutor
-
     quiet_gc()
     bw = BatchWriter(plan)
     failed: list[BaseException] = []

@@ -103,6 +103,38 @@ def hadoop_checkpoint_reader(spark: SparkSession) -> Any:
     return read
 
 
+class HadoopCheckpointFiles:
+    """mirrorflow's own files in a checkpoint (``mirror_core.stream.WrittenLog``) through Hadoop's file system,
+    as Spark writes its logs: ``s3a://``, ``hdfs://`` and the rest."""
+
+    def __init__(self, spark: SparkSession):
+        self.jvm = spark.sparkContext._jvm
+        self.conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+        self.read = hadoop_checkpoint_reader(spark)
+
+    def _fs(self, location: str) -> tuple[Any, Any]:
+        path = self.jvm.org.apache.hadoop.fs.Path(location)  # type: ignore[union-attr]
+        return path.getFileSystem(self.conf), path
+
+    def create(self, location: str, text: str) -> None:
+        fs, path = self._fs(location)
+        out = fs.create(path, True)
+        try:
+            out.write(bytearray(text.encode()))
+        finally:
+            out.close()
+
+    def names(self, location: str) -> list[str]:
+        fs, path = self._fs(location)
+        if not fs.exists(path):
+            return []
+        return [st.getPath().getName() for st in fs.listStatus(path)]
+
+    def delete(self, location: str) -> None:
+        fs, path = self._fs(location)
+        fs.delete(path, False)
+
+
 def prepare(rt: MirrorRuntime) -> None:
     """Provision the group's topics and schemas, check the destination lets its principal use the group's
     transactional ids (exactly_once), then warm its writers up in the background."""
@@ -123,6 +155,7 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
         # the offset log tells the mirror each batch's end offsets (new topics, batch sizes): read it as
         # Spark wrote it; a plain local path is read directly (faster, and the same bytes)
         rt.read_checkpoint = hadoop_checkpoint_reader(spark)
+        rt.checkpoint_files = HadoopCheckpointFiles(spark)
     if not prepared:
         prepare(rt)
     reader = spark.readStream.format("kafka")
@@ -130,13 +163,39 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
         reader = reader.option(k, v)
     source = reader.load()
 
+    def report(batch_id: int, rows: list[dict[str, Any]], t0: float, t1: float, written_by: str, read_by: str
+               ) -> None:
+        t2 = time.monotonic()
+        summary = rt.after_batch(batch_id, rows, t2 - t0)
+        summary["written_by"] = written_by
+        summary["read_by"] = read_by
+        summary["driver_ms"] = {"plan": round((t1 - t0) * 1000), "tasks": round((t2 - t1) * 1000),
+                                "after": round((time.monotonic() - t2) * 1000)}
+        log.info("%s batch %d: %s", group.name, batch_id, summary)
+        if log.isEnabledFor(logging.DEBUG):
+            for r in sorted(rows, key=lambda r: (r["topic"], r["partition"])):
+                log.debug("%s batch %d: %s[%d]: %d records read (offsets %s-%s), upstream end %s, %d mirrored",
+                          group.name, batch_id, r["topic"], r["partition"], r["records_in"], r["first_offset"],
+                          r["last_offset"], r["upstream_end"], r["mirrored"])
+        if on_batch is not None:
+            on_batch(summary)
+
     def for_each_batch(df: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
+        direct = group.spark.read_path == "direct"
+        if direct and group.spark.overlap_writes:
+            # the batch before may still be writing (it ran on while Spark planned this one): it finishes
+            # first, and its failure fails this batch (a restart re-reads it, see MirrorRuntime.replay_starts)
+            rt.wait_for_write()
+            t0 = time.monotonic()
+            plan = rt.writer_plan(batch_id)
+            t1 = time.monotonic()
+            rt.write_direct_behind(plan, batch_id, lambda rows: report(batch_id, rows, t0, t1, "driver", "direct"))
+            return
         plan = rt.writer_plan(batch_id)
         # A small batch is collected and written here, by the driver's long-lived writer: its producers
         # and positions stay warm. Tasks land on whichever Python worker is free, so a partition that
         # moves costs a new producer, a fence and a position lookup; worth it only for large batches.
-        direct = group.spark.read_path == "direct"
         on_driver = direct or rt.on_driver(batch_id)
         t1 = time.monotonic()
         rows = None
@@ -158,20 +217,7 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
             release_producers()  # the tasks' producers fence the driver's
             rows = [r.asDict() for r in df.mapInArrow(arrow_writer(plan), RESULT_DDL).collect()]
         rows += rt.write_rewound(plan)  # partitions whose end moved back: Spark dropped their range
-        t2 = time.monotonic()
-        summary = rt.after_batch(batch_id, rows, t2 - t0)
-        summary["written_by"] = "driver" if on_driver else "tasks"
-        summary["read_by"] = "direct" if direct else "spark"
-        summary["driver_ms"] = {"plan": round((t1 - t0) * 1000), "tasks": round((t2 - t1) * 1000),
-                                "after": round((time.monotonic() - t2) * 1000)}
-        log.info("%s batch %d: %s", group.name, batch_id, summary)
-        if log.isEnabledFor(logging.DEBUG):
-            for r in sorted(rows, key=lambda r: (r["topic"], r["partition"])):
-                log.debug("%s batch %d: %s[%d]: %d records read (offsets %s-%s), upstream end %s, %d mirrored",
-                          group.name, batch_id, r["topic"], r["partition"], r["records_in"], r["first_offset"],
-                          r["last_offset"], r["upstream_end"], r["mirrored"])
-        if on_batch is not None:
-            on_batch(summary)
+        report(batch_id, rows, t0, t1, "driver" if on_driver else "tasks", "direct" if direct else "spark")
 
     writer = source.writeStream.foreachBatch(for_each_batch).option("checkpointLocation", rt.checkpoint_dir())
     writer = writer.queryName(f"mirrorflow-{group.name}")
@@ -253,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         return stopper.finished(0)
     query = build_query(spark, cfg, group, once=args.once, runtime=rt, prepared=True)
     rc = run_until_done(query, group.name, stopper, lambda: stream_stop_requested(group))
+    rc = finish_writes(rt, group.name, rc)
     rt.stop_warm_up(timeout=1.0)
     rt.close()
     spark.stop()  # the JVM ends its Python workers; then this process ends the JVM
@@ -356,6 +403,17 @@ def run_until_done(query: StreamingQuery, group_name: str, stopper: Stopper | No
         log.error("%s: mirror failed: %s", group_name, failure_reason(str(exc)))
         return 1
     return 0
+
+
+def finish_writes(rt: MirrorRuntime, group_name: str, rc: int) -> int:
+    """Wait for the last micro-batch's write when it runs on after its batch (``spark.overlap_writes``): the job
+    ends once everything Spark planned is written. Returns ``rc``, or 1 when that write failed (one line)."""
+    try:
+        rt.wait_for_write()
+    except Exception as exc:  # noqa: BLE001 - whatever stopped the write: one line, and the job fails
+        log.error("%s: mirror failed: %s", group_name, failure_reason(f"{type(exc).__name__}: {exc}"))
+        return 1
+    return rc
 
 
 def wait_for_batch_end(query: StreamingQuery, timeout: float = 120.0) -> None:

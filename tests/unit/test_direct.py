@@ -176,3 +176,74 @@ def test_a_warm_up_that_cannot_start_partitions_says_so_in_one_line(caplog):
     assert "could not start 300 of 400 partitions (first t[1]: t[1]: Broker: Not leader for partition" in warnings[0]
     assert sorted(started) == list(range(0, 400, 4))
 
+
+
+def test_a_restarted_job_reads_from_what_was_last_known_written(tmp_path):
+    """With ``spark.overlap_writes`` Spark may record a batch as done while its write runs on: a job's first
+    batch reads from the written log's offsets where they are below Spark's starts (a partition the log does
+    not know from its first offset); a start at or below them stays. The log keeps its newest entries, skips
+    a torn one, and a job records where it starts before it writes, so a job that dies during its first
+    write leaves the next one the same way back."""
+    from mirror_core.stream import LocalCheckpointFiles, WrittenLog, replay_starts
+
+    starts = {"t": {0: 100, 1: 50, 2: 30, 3: -2}}
+    written = {"t": {0: 60, 1: 70, 3: 5}}
+    assert replay_starts(starts, written) == {"t": {0: 60, 1: 50, 2: -1, 3: -2}}
+    assert starts["t"][0] == 100, "the offset log's starts are not changed in place"
+
+    files = LocalCheckpointFiles()
+    wl = WrittenLog(str(tmp_path / "ckpt" / "g"), files)
+    assert wl.last() is None
+    for i in range(8):
+        wl.add({"t": {0: i}})
+    assert WrittenLog(str(tmp_path / "ckpt" / "g"), files).last() == {"t": {0: 7}}
+    assert sorted(int(n) for n in files.names(wl.dir)) == [3, 4, 5, 6, 7]
+    (tmp_path / "ckpt" / "g" / "mirrorflow-written" / "8").write_text('{"t": {"0": 9')  # torn
+    assert WrittenLog(str(tmp_path / "ckpt" / "g"), files).last() == {"t": {0: 7}}
+
+
+def test_an_overlapped_write_reports_when_done_and_its_failure_fails_the_next_batch(monkeypatch):
+    """``write_direct_behind`` returns at once; ``done`` gets the rows once written; a failure surfaces (once)
+    where the next batch waits for it, so Spark fails that batch; one batch in flight at most."""
+    import threading
+
+    import yaml
+
+    from mirror_core.config import parse_config
+    from mirror_core.stream import MirrorRuntime
+
+    text = """
+clusters:
+  a: {kafka: {bootstrap.servers: "127.0.0.1:1"}}
+  b: {kafka: {bootstrap.servers: "127.0.0.1:2"}}
+groups:
+  - {name: g, source: a, destination: b, spark: {read_path: direct}, mirrors: [{source_topic: t}]}
+"""
+    cfg = parse_config(yaml.safe_load(text), env={})
+    assert cfg.groups[0].spark.overlap_writes, "on by default"
+    rt = MirrorRuntime(cfg, cfg.groups[0])
+    release = threading.Event()
+    done: list[list[dict]] = []
+
+    def write(plan, batch_id):
+        release.wait(10)
+        if batch_id == 2:
+            raise RuntimeError("brokers gone")
+        return [{"batch": batch_id}]
+
+    monkeypatch.setattr(rt, "write_direct", write)
+    rt.write_direct_behind(None, 1, done.append)
+    with pytest.raises(RuntimeError, match="not been waited for"):
+        rt.write_direct_behind(None, 2, done.append)
+    with pytest.raises(TimeoutError):
+        rt.wait_for_write(0.05)
+    assert done == []
+    release.set()
+    rt.wait_for_write(10)
+    assert done == [[{"batch": 1}]]
+    rt.write_direct_behind(None, 2, done.append)
+    with pytest.raises(RuntimeError, match="brokers gone"):
+        rt.wait_for_write(10)
+    rt.wait_for_write(0)  # raised once; nothing left in flight
+    assert done == [[{"batch": 1}]]
+    rt._behind.shutdown()

@@ -183,7 +183,7 @@ def test_a_batch_observes_a_bounded_spread_of_its_latency_samples(tmp_path) -> N
     rt = _runtime(tmp_path)
     rt.settings = {"t": _settings(1000, 1000)}
     rt.consumer_groups = {"t": "cg"}
-    rt._commit_in_background = lambda commits: None  # type: ignore[method-assign]
+    rt._commit_in_background = lambda commits, written=None: None  # type: ignore[method-assign]
     rows = []
     for p in range(1000):
         row = _row(p, 5)
