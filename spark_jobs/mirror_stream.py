@@ -163,14 +163,17 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
         reader = reader.option(k, v)
     source = reader.load()
 
-    def report(batch_id: int, rows: list[dict[str, Any]], t0: float, t1: float, written_by: str, read_by: str
-               ) -> None:
+    def report(batch_id: int, rows: list[dict[str, Any]], t0: float, t1: float, written_by: str, read_by: str,
+               waited: float = 0.0) -> None:
         t2 = time.monotonic()
         summary = rt.after_batch(batch_id, rows, t2 - t0)
         summary["written_by"] = written_by
         summary["read_by"] = read_by
         summary["driver_ms"] = {"plan": round((t1 - t0) * 1000), "tasks": round((t2 - t1) * 1000),
                                 "after": round((time.monotonic() - t2) * 1000)}
+        if waited:
+            # how long the batch waited for the batch before's write (spark.overlap_writes)
+            summary["driver_ms"]["waited"] = round(waited * 1000)
         log.info("%s batch %d: %s", group.name, batch_id, summary)
         if log.isEnabledFor(logging.DEBUG):
             for r in sorted(rows, key=lambda r: (r["topic"], r["partition"])):
@@ -187,10 +190,11 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
             # the batch before may still be writing (it ran on while Spark planned this one): it finishes
             # first, and its failure fails this batch (a restart re-reads it, see MirrorRuntime.replay_starts)
             rt.wait_for_write()
-            t0 = time.monotonic()
+            waited, t0 = time.monotonic() - t0, time.monotonic()
             plan = rt.writer_plan(batch_id)
             t1 = time.monotonic()
-            rt.write_direct_behind(plan, batch_id, lambda rows: report(batch_id, rows, t0, t1, "driver", "direct"))
+            rt.write_direct_behind(plan, batch_id,
+                                   lambda rows: report(batch_id, rows, t0, t1, "driver", "direct", waited))
             return
         plan = rt.writer_plan(batch_id)
         # A small batch is collected and written here, by the driver's long-lived writer: its producers
