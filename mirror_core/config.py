@@ -426,7 +426,8 @@ class SparkConfig(_Frozen):
     #: driver's host, at most 4; 1 = the driver itself
     direct_processes: int = Field(default=0, ge=0, le=64)
     #: with ``read_path: direct``: a micro-batch's write runs on while Spark records the batch as done and plans
-    #: the next one, which waits for it before it writes (one batch in flight at most). A job that starts
+    #: the next one, which waits for it before it writes (one batch in flight at most); batches of up to 50,000
+    #: records (a running mirror's), a larger one is written first (a drain gains nothing). A job that starts
     #: again re-reads the batch before its first one, since that batch's write may not have finished; its
     #: exactly_once writers skip what is already there, and its at_least_once ones start from the
     #: consumer group's committed offsets on the source. ``false``: each batch is written before Spark goes on

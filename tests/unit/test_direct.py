@@ -231,6 +231,13 @@ groups:
             raise RuntimeError("brokers gone")
         return [{"batch": batch_id}]
 
+    # a running mirror's batches run on; a backlog's (or one whose size is not known) are written first
+    for n, want in ((1, True), (50_000, True), (50_001, False), (None, False)):
+        monkeypatch.setattr(rt, "batch_records", lambda _b, n=n: n)
+        assert rt.overlaps(7) is want, n
+    for spark in ("{read_path: direct, overlap_writes: false}", "{read_path: spark}"):
+        other = parse_config(yaml.safe_load(text.replace("{read_path: direct}", spark)), env={})
+        assert not MirrorRuntime(other, other.groups[0]).overlaps(7)
     monkeypatch.setattr(rt, "write_direct", write)
     rt.write_direct_behind(None, 1, done.append)
     with pytest.raises(RuntimeError, match="not been waited for"):
