@@ -60,8 +60,8 @@ RESULTS = ROOT / "bench" / "results"
 # *-py* variants run with MIRRORFLOW_NATIVE=0: every record through the Python produce loop, none through
 # the C loop (mirror_core.native), for an A/B of the two in one invocation; *-pygc* variants with
 # MIRRORFLOW_GC=0: Python's default garbage-collector thresholds in the writer processes (an A/B of
-# mirror_core.replicate.quiet_gc); *-serial* variants with spark.overlap_writes: false (each batch written
-# before Spark records it and plans the next; an A/B of the overlap).
+# mirror_core.replicate.quiet_gc); *-overlap* variants with spark.overlap_writes: true (a running mirror's
+# batch written while Spark records it and plans the next; an A/B of the overlap).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
@@ -69,14 +69,14 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-alo-writer", "mirrorflow-alo-writer-bytes", "mirrorflow-eos-writer-1",
                      "mirrorflow-eos-writer-1-bytes", "mirrorflow-eos-direct-py", "mirrorflow-eos-direct-py-bytes",
                      "mirrorflow-eos-writer-1-py-bytes", "mirrorflow-eos-direct-pygc",
-                     "mirrorflow-eos-direct-pygc-bytes", "mirrorflow-alo-direct-pygc-bytes", "mirrorflow-eos-direct-serial",
-                     "mirrorflow-eos-direct-serial-bytes", "mirrorflow-alo-direct-serial-bytes", "mm2-tuned-eos")
+                     "mirrorflow-eos-direct-pygc-bytes", "mirrorflow-alo-direct-pygc-bytes", "mirrorflow-eos-direct-overlap",
+                     "mirrorflow-eos-direct-overlap-bytes", "mirrorflow-alo-direct-overlap-bytes", "mm2-tuned-eos")
 FLOOR = "floor"  # no mirror: the watcher reads the source topic itself (what the measurement adds)
 LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-direct", "mirrorflow-alo-direct",
                       "mirrorflow-eos-writer", "mm2", "mm2-tuned", "raw-python", "kcat")
 #: allowed in the latency phase too, not in its default set, for an A/B: Python's default collector thresholds;
-#: each batch written before Spark goes on
-LATENCY_AB = ("mirrorflow-eos-direct-pygc", "mirrorflow-eos-direct-serial")
+#: a running mirror's batches written while Spark goes on
+LATENCY_AB = ("mirrorflow-eos-direct-pygc", "mirrorflow-eos-direct-overlap")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -234,7 +234,7 @@ class Bench:
                 read_path="direct" if "direct" in parts or "writer" in parts else "spark",
                 transactions="per_writer" if "writer" in parts else "per_partition",
                 writer_producers=1 if "1" in parts else None,
-                overlap_writes=False if "serial" in parts else None))
+                overlap_writes=True if "overlap" in parts else None))
             cmd = mirrorflow_cmd(path, group, once=drain)
             if "py" in parts:
                 env["MIRRORFLOW_NATIVE"] = "0"

@@ -427,11 +427,11 @@ class SparkConfig(_Frozen):
     direct_processes: int = Field(default=0, ge=0, le=64)
     #: with ``read_path: direct``: a micro-batch's write runs on while Spark records the batch as done and plans
     #: the next one, which waits for it before it writes (one batch in flight at most); batches of up to 50,000
-    #: records (a running mirror's), a larger one is written first (a drain gains nothing). A job that starts
-    #: again re-reads the batch before its first one, since that batch's write may not have finished; its
-    #: exactly_once writers skip what is already there, and its at_least_once ones start from the
-    #: consumer group's committed offsets on the source. ``false``: each batch is written before Spark goes on
-    overlap_writes: bool = True
+    #: records (a running mirror's), a larger one is written first (a drain gains nothing). A starting job reads
+    #: from what its written log in the checkpoint says is on the destination (a write a crash cut short is
+    #: read again; exactly_once writers skip what is there). Default ``false``: each batch is written before
+    #: Spark goes on (opt-in: see README, The data path)
+    overlap_writes: bool = False
     #: with ``read_path: direct``: ``per_partition`` (each partition's records commit in a transaction of their
     #: own, with a producer per partition) or ``per_writer`` (each writer process commits one transaction per
     #: micro-batch holding all its partitions, with one producer: for many partitions; its at_least_once

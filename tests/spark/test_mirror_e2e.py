@@ -392,7 +392,9 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     at a time (as another group's job sharing the sync topic does), hiding the job's newest syncs from a
     read_committed lookup (issue 11 item 6): the restarts after it, and the final drain, must still
     resume exactly. With ``read_path: direct`` the driver reads each batch's ranges itself: a replayed
-    batch re-reads the same range from Spark's offset log. ``direct-per-writer``: each writer process
+    batch re-reads the same range from Spark's offset log; with ``overlap_writes`` (on here) a batch's write
+    runs on after Spark recorded it, so a kill cuts writes short that no replay would redo, and the restart
+    must read them again from the written log. ``direct-per-writer``: each writer process
     commits one transaction per batch for all its partitions (``transactions: per_writer``)."""
     import threading
 
@@ -400,7 +402,7 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     dst_topic = f"{topic}.mirror"
     create_topic(clusters.src_bootstrap, topic, 3)
     path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes",
-                           spark={"spark": "", "direct": ", read_path: direct",
+                           spark={"spark": "", "direct": ", read_path: direct, overlap_writes: true",
                                   "direct-per-writer": ", read_path: direct, transactions: per_writer"}[read_path])
     gname = cfg.groups[0].name
     stop_file = tmp_path / "stop-producing"

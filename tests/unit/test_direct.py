@@ -217,10 +217,11 @@ clusters:
   a: {kafka: {bootstrap.servers: "127.0.0.1:1"}}
   b: {kafka: {bootstrap.servers: "127.0.0.1:2"}}
 groups:
-  - {name: g, source: a, destination: b, spark: {read_path: direct}, mirrors: [{source_topic: t}]}
+  - {name: g, source: a, destination: b, spark: {read_path: direct, overlap_writes: true}, mirrors: [{source_topic: t}]}
 """
     cfg = parse_config(yaml.safe_load(text), env={})
-    assert cfg.groups[0].spark.overlap_writes, "on by default"
+    assert not parse_config(yaml.safe_load(text.replace(", overlap_writes: true", "")), env={}
+                            ).groups[0].spark.overlap_writes, "opt-in"
     rt = MirrorRuntime(cfg, cfg.groups[0])
     release = threading.Event()
     done: list[list[dict]] = []
@@ -236,7 +237,7 @@ groups:
         monkeypatch.setattr(rt, "batch_records", lambda _b, n=n: n)
         assert rt.overlaps(7) is want, n
     for spark in ("{read_path: direct, overlap_writes: false}", "{read_path: spark}"):
-        other = parse_config(yaml.safe_load(text.replace("{read_path: direct}", spark)), env={})
+        other = parse_config(yaml.safe_load(text.replace("{read_path: direct, overlap_writes: true}", spark)), env={})
         assert not MirrorRuntime(other, other.groups[0]).overlaps(7)
     monkeypatch.setattr(rt, "write_direct", write)
     rt.write_direct_behind(None, 1, done.append)
