@@ -162,8 +162,9 @@ class WrittenLog:
     below ``offset`` is on the destination. One small file per entry (``<checkpoint>/mirrorflow-written/<n>``),
     never rewritten, so a torn write only loses that entry and an older one is read instead, which is safe:
     an entry may lag behind the truth, never run ahead of it. Written once per batch after its write has
-    finished (``spark.overlap_writes``: Spark records a batch as done while it is still being written), and by
-    a starting job before it writes anything; read when a job starts (see :func:`replay_starts`)."""
+    finished (on either read path), and by a starting direct-path job before it writes anything; read when a
+    direct-path job starts (``spark.overlap_writes``: Spark records a batch as done while it is still being
+    written; see :func:`replay_starts`)."""
 
     KEEP = 5
 
@@ -546,7 +547,7 @@ class MirrorRuntime:
         """Whether batch ``batch_id``'s write runs on while Spark goes on (``spark.overlap_writes``): a batch of
         at most :data:`OVERLAP_MAX_RECORDS` offsets, as a running mirror's are. A larger one (a backlog, a
         drain) is written before Spark goes on: Spark's part is small next to its write, and on two cores
-        the overlap slowed 100-byte drains by 7-27 % (Spark's planning then competes with the writers)."""
+        the overlap slowed 100-byte drains by 7-21 % (Spark's planning then competes with the writers)."""
         if self.group.spark.read_path != "direct" or not self.group.spark.overlap_writes:
             return False
         n = self.batch_records(batch_id)
@@ -790,8 +791,9 @@ class MirrorRuntime:
             recent = totals["bytes"] / totals["mirrored"]
             prev = self.bytes_per_record
             self.bytes_per_record = recent if prev is None else max(recent, 0.7 * prev + 0.3 * recent)
-        # the direct path: everything below the batch's ends is written (see WrittenLog); recorded off its path
-        written = self._starts.get(batch_id, ({}, None))[1] if self.group.spark.read_path == "direct" else None
+        # everything below the batch's ends is written (see WrittenLog), recorded off the batch's path; on
+        # Spark's read path too, so that a job moving to the direct path later does not go back to an old entry
+        written = self._starts.get(batch_id, ({}, None))[1]
         self._commit_in_background(commits, written)
         lats = [x for r in rows for x in (r["latency_ms"] or [])]
         totals["latency_p50_ms"] = round(statistics.median(lats), 1) if lats else None
