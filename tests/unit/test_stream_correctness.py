@@ -163,8 +163,10 @@ def test_the_source_offset_commit_runs_beside_the_next_batch_and_in_batch_order(
     rt.settings = {"t": _settings(2, 2)}
     rt.consumer_groups = {"t": "cg"}
     rt._committer = lambda cg: SlowCommitter()  # type: ignore[method-assign]
+    rt._starts = {0: ({}, {"t": {0: 5, 1: 7}})}  # the batch's ends, as writer_plan leaves them
     rt.after_batch(0, [_row(0, 5), _row(1, 7)], 0.1)
     assert commits == []  # after_batch returned while its commit is still running
+    rt._starts = {1: ({}, {"t": {0: 9, 1: 7}})}
     second = threading.Thread(target=rt.after_batch, args=(1, [_row(0, 9)], 0.1))
     second.start()
     second.join(0.3)
@@ -173,6 +175,10 @@ def test_the_source_offset_commit_runs_beside_the_next_batch_and_in_batch_order(
     second.join(10)
     rt.close()
     assert commits == [[(0, 5), (1, 7)], [(0, 9)]]
+    # the written log follows on the same thread, in batch order, on Spark's read path too (a job that moves
+    # to the direct path later starts from there, not from an old entry)
+    assert rt.written_log().last() == {"t": {0: 9, 1: 7}}
+    assert sorted(rt.checkpoint_files.names(rt.written_log().dir)) == ["0", "1"]
 
 
 def test_a_batch_observes_a_bounded_spread_of_its_latency_samples(tmp_path) -> None:
