@@ -192,11 +192,12 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
             rt.wait_for_write()
             waited, t0 = time.monotonic() - t0, time.monotonic()
             plan = rt.writer_plan(batch_id)
+            overlap = rt.overlaps(batch_id)  # a large batch (a backlog) is written before Spark goes on
             t1 = time.monotonic()
             rt.write_direct_behind(plan, batch_id,
                                    lambda rows: report(batch_id, rows, t0, t1, "driver", "direct", waited))
-            if not rt.overlaps(batch_id):
-                rt.wait_for_write()  # a large batch (a backlog): written before Spark goes on
+            if not overlap:
+                rt.wait_for_write()
             return
         plan = rt.writer_plan(batch_id)
         # A small batch is collected and written here, by the driver's long-lived writer: its producers
