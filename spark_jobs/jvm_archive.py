@@ -8,7 +8,8 @@ dynamic CDS archive (JDK 13+) the JVM maps those classes instead, and the figure
 ``make test``) writes the archive into the artifact cache: it runs a short, representative Spark job
 in a JVM started with ``-XX:ArchiveClassesAtExit`` and keeps the file once that JVM has exited.
 :func:`java_options` gives ``build_session`` the option that uses it, when one exists for this JVM and
-these jars (the file name carries a digest of both). The JVM checks the archive itself: one made by
+these jars (the file name carries a digest of both, and of the driver's extra class path: the jar of
+:mod:`spark_jobs.local_fs`, built first). The JVM checks the archive itself: one made by
 another JDK or for another class path is ignored with a warning, and the job starts as before.
 """
 
@@ -22,6 +23,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from spark_jobs import local_fs
 
 log = logging.getLogger("mirrorflow.jvm_archive")
 
@@ -42,7 +45,9 @@ def archive_path(cache: Path) -> Path | None:
         return None
     jars = sorted(p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
     st = java.stat()
-    key = "\n".join([str(java), str(st.st_size), str(int(st.st_mtime)), pyspark.__version__, *jars])
+    fs_jar = local_fs.existing_jar(cache)  # on the driver's class path when it exists
+    key = "\n".join([str(java), str(st.st_size), str(int(st.st_mtime)), pyspark.__version__, *jars,
+                     *([str(fs_jar)] if fs_jar else [])])
     return cache / "jvm" / f"spark-driver-{hashlib.sha256(key.encode()).hexdigest()[:12]}.jsa"
 
 
@@ -91,12 +96,18 @@ def train(out: Path) -> None:
     from mirror_core import artifacts
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    jars = artifacts.spark_kafka_jars(artifacts.cache_dir())
-    spark = (SparkSession.builder.master("local[2]").appName("mirrorflow-jvm-archive")
-             .config("spark.jars", ",".join(jars)).config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.extraJavaOptions", f"-XX:ArchiveClassesAtExit={out} -Dlog4j2.level=WARN")
-             .getOrCreate())
+    cache = artifacts.cache_dir()
+    jars = artifacts.spark_kafka_jars(cache)
+    builder = (SparkSession.builder.master("local[2]").appName("mirrorflow-jvm-archive")
+               .config("spark.jars", ",".join(jars)).config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.driver.extraJavaOptions", f"-XX:ArchiveClassesAtExit={out} -Dlog4j2.level=WARN"))
+    fs_jar = local_fs.existing_jar(cache)
+    if fs_jar is not None:  # the class path build_session gives the driver, which the archive must match
+        builder = builder.config("spark.driver.extraClassPath", str(fs_jar))
+    spark = builder.getOrCreate()
+    if fs_jar is not None:
+        local_fs.install(spark)
     df = spark.range(0, 20000, 1, 4).selectExpr("id", "cast(id as string) as s", "encode(cast(id as string), 'utf-8') as b")
     assert df.toArrow().num_rows == 20000
 
@@ -125,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from mirror_core import artifacts
 
-    path = build(artifacts.cache_dir())
+    cache = artifacts.cache_dir()
+    fs_jar = local_fs.build(cache)  # first: it is on the class path the archive is made for
+    print(f"local checkpoint file system: {fs_jar or 'none (Spark keeps its own)'}")
+    path = build(cache)
     print(f"jvm class-data sharing archive: {path or 'none (jobs start without one)'}")
     return 0
 

@@ -37,7 +37,7 @@ from mirror_core.logs import setup_logging
 from mirror_core.process import DEFAULT_STOP_TIMEOUT
 from mirror_core.replicate import release_producers
 from mirror_core.stream import RESULT_DDL, CollectError, MirrorRuntime, arrow_writer, write_batches
-from spark_jobs import jvm_archive
+from spark_jobs import jvm_archive, local_fs
 
 log = logging.getLogger("mirrorflow.stream")
 
@@ -54,7 +54,9 @@ def is_local_path(location: str) -> bool:
 
 def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSession:
     """A session with the Kafka connector jars from the local cache (no resolution at run time)."""
-    jars = artifacts.spark_kafka_jars(artifacts.cache_dir())
+    cache = artifacts.cache_dir()
+    jars = artifacts.spark_kafka_jars(cache)
+    fs_jar = local_fs.existing_jar(cache)
     # executors' Python workers must run this interpreter (the venv with confluent-kafka), not PATH's python3
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
@@ -68,17 +70,26 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
         .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
         .config("spark.driver.extraJavaOptions",
-                " ".join(["-Dlog4j2.level=WARN", *jvm_archive.java_options(artifacts.cache_dir())]))
+                " ".join(["-Dlog4j2.level=WARN", *jvm_archive.java_options(cache)]))
     )
+    if fs_jar is not None:  # always, when built: the class-data sharing archive was made with this class path
+        builder = builder.config("spark.driver.extraClassPath", str(fs_jar))
     if is_local_path(group.spark.checkpoint_dir):
         # Spark's default checkpoint manager (Hadoop FileContext) takes about 55 ms to close each small
         # offset/commit log file on a local disk, twice per micro-batch; the FileSystem one about 15 ms.
         # A local rename is atomic either way; other stores keep Spark's default.
         builder = builder.config("spark.sql.streaming.checkpointFileManagerClass", LOCAL_CHECKPOINT_MANAGER)
+        # and no chmod process per checkpoint file (spark_jobs/local_fs.py)
+        for k, v in local_fs.session_conf(group.spark.master, fs_jar, group.spark.conf).items():
+            builder = builder.config(k, v)
     for k, v in group.spark.conf.items():
+        if k == "spark.driver.extraClassPath" and fs_jar is not None:
+            v = f"{fs_jar}{os.pathsep}{v}"
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if is_local_path(group.spark.checkpoint_dir):
+        local_fs.install(spark)  # a JVM started before this session: where Spark has not cached one yet
     return spark
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,103 @@ def test_driver_jvm_archive_is_used_when_present_and_a_bad_one_does_not_stop_spa
     proc = subprocess.run([sys.executable, "-c", code, opts[0]], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "archive option passed 5" in proc.stdout
+
+
+_CHECKPOINT_SCRIPT = r"""
+import os, sys, time
+os.umask(0o022)
+from mirror_core.config import GroupConfig
+from spark_jobs.mirror_stream import build_session
+
+ck, extra = sys.argv[1], dict(a.split("=", 1) for a in sys.argv[2:])
+group = GroupConfig.model_validate({"name": "g", "source": "a", "destination": "b", "mirrors": [{"source_topic": "t"}],
+                                    "spark": {"master": "local[1]", "checkpoint_dir": ck, "conf": extra}})
+spark = build_session(group, app_name="mirrorflow-local-fs")
+jvm = spark._jvm
+conf = spark.sparkContext._jsc.hadoopConfiguration()
+print("fs", jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("file:///"), conf).getClass().getName())
+print("vm", jvm.java.lang.System.getProperty("java.vm.info"))
+q = (spark.readStream.format("rate").option("rowsPerSecond", 50).load().writeStream
+     .foreachBatch(lambda df, n: None).option("checkpointLocation", ck + "/q").trigger(processingTime="100 milliseconds")
+     .start())
+deadline = time.monotonic() + 120
+while (q.lastProgress or {}).get("batchId", -1) < 3 and time.monotonic() < deadline:
+    time.sleep(0.2)
+print("batches", (q.lastProgress or {}).get("batchId", -1) + 1)
+q.stop()
+fs = jvm.org.apache.hadoop.fs.FileSystem.get(jvm.java.net.URI("file:///"), conf)
+for mode in (0o600, 0o640, 0o751):
+    p = jvm.org.apache.hadoop.fs.Path("file://" + ck + "/mode-" + oct(mode))
+    fs.create(p, True).close()
+    fs.setPermission(p, jvm.org.apache.hadoop.fs.permission.FsPermission(mode))
+spark.stop()
+"""
+
+
+def _checkpoint_run(tmp_path: Path, name: str, *extra: str) -> tuple[str, list[str], Path]:
+    """A session on a local checkpoint in a fresh driver JVM whose PATH's ``chmod`` records each call."""
+    bin_dir = tmp_path / f"bin-{name}"
+    bin_dir.mkdir()
+    calls = tmp_path / f"chmod-{name}.log"
+    calls.touch()
+    (bin_dir / "chmod").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec /bin/chmod "$@"\n')
+    (bin_dir / "chmod").chmod(0o755)
+    ck = tmp_path / f"ck-{name}"
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    proc = subprocess.run([sys.executable, "-c", _CHECKPOINT_SCRIPT, str(ck), *extra], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, calls.read_text().splitlines(), ck
+
+
+def test_local_checkpoints_are_written_without_a_chmod_process_per_file(tmp_path):
+    """Hadoop's local file system without its native library starts `chmod` for every file it creates
+    (a streaming query's offset and commit logs: several per micro-batch, 30-50 ms of each). `make test`
+    built mirrorflow's java.nio one; a session on a local checkpoint uses it, sets the same modes, and the
+    driver's class-data sharing archive still applies with its jar on the class path."""
+    from mirror_core import artifacts
+    from spark_jobs import jvm_archive, local_fs
+
+    cache = artifacts.cache_dir()
+    assert local_fs.existing_jar(cache) is not None, "mirrorflow local fetch did not build the jar (javac?)"
+    out, calls, ck = _checkpoint_run(tmp_path, "nio")
+    assert f"fs {local_fs.FS_CLASS}" in out
+    assert "batches 4" in out or "batches 5" in out or "batches 6" in out, out
+    if jvm_archive.java_options(cache):
+        assert "sharing" in out, out  # the archive matched the class path
+    # (Spark itself marks the jars it copies at start-up executable, once: not a checkpoint's cost)
+    assert [c for c in calls if str(ck) in c] == [], calls[:5]
+    offsets = sorted((ck / "q" / "offsets").iterdir())
+    assert offsets and all(f.stat().st_mode & 0o777 == 0o644 for f in offsets)
+    assert (ck / "q" / "commits").stat().st_mode & 0o777 == 0o755
+    for mode in (0o600, 0o640, 0o751):
+        assert (ck / f"mode-{oct(mode)}").stat().st_mode & 0o777 == mode
+
+    # the control: Hadoop's own local file system (a user's fs.file.impl wins) forks chmod for each file
+    out, calls, ck = _checkpoint_run(tmp_path, "hadoop", "spark.hadoop.fs.file.impl=org.apache.hadoop.fs.LocalFileSystem")
+    assert "fs org.apache.hadoop.fs.LocalFileSystem" in out
+    assert len(calls) >= 8 and any(str(ck / "q" / "offsets") in c for c in calls), calls[:5]
+    assert (ck / "mode-0o751").stat().st_mode & 0o777 == 0o751
+
+
+def test_the_java_nio_file_system_is_only_set_where_its_class_is_there(monkeypatch, tmp_path):
+    """Set before the JVM starts, and only when this session starts it with the jar, runs executors in it
+    and the user chose no file system; otherwise a JVM without the class would fail on every local file."""
+    from pyspark import SparkContext
+
+    from spark_jobs import local_fs
+
+    jar = tmp_path / "fs.jar"
+    want = {"spark.hadoop.fs.file.impl": local_fs.FS_CLASS}
+    monkeypatch.setattr(SparkContext, "_gateway", None)
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    assert local_fs.session_conf("local[2]", jar, {}) == want
+    assert local_fs.session_conf("local[2]", None, {}) == {}
+    assert local_fs.session_conf("spark://h:7077", jar, {}) == {}
+    assert local_fs.session_conf("local[2]", jar, {"spark.hadoop.fs.file.impl": "x.Y"}) == {}
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "4711")  # spark-submit started the JVM
+    assert local_fs.session_conf("local[2]", jar, {}) == {}
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT")
+    monkeypatch.setattr(SparkContext, "_gateway", object())  # an earlier session's JVM
+    assert local_fs.session_conf("local[2]", jar, {}) == {}
