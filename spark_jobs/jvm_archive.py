@@ -57,6 +57,22 @@ def java_options(cache: Path) -> list[str]:
     return [f"-XX:SharedArchiveFile={path}"] if path is not None and path.is_file() else []
 
 
+def submit_conf(cache: Path, master: str, checkpoint_dir: str, user_conf: dict[str, str]) -> dict[str, str]:
+    """``--conf`` entries for a driver JVM that ``spark-submit`` starts (Airflow's stream task), where the
+    session's own options come too late: what ``build_session`` gives the JVM it starts itself. A group's
+    own ``spark.conf`` options for the driver JVM come after mirrorflow's (so theirs win)."""
+    opts = " ".join(["-Dlog4j2.level=WARN", *java_options(cache)])
+    conf = {"spark.driver.extraJavaOptions": " ".join([opts, user_conf.get("spark.driver.extraJavaOptions", "")]).strip()}
+    fs_jar = local_fs.existing_jar(cache)
+    if fs_jar is not None:
+        mine = user_conf.get("spark.driver.extraClassPath")
+        conf["spark.driver.extraClassPath"] = f"{fs_jar}{os.pathsep}{mine}" if mine else str(fs_jar)
+        if local_fs.is_local_path(checkpoint_dir) and master.startswith("local") \
+                and "spark.hadoop.fs.file.impl" not in user_conf:
+            conf["spark.hadoop.fs.file.impl"] = local_fs.FS_CLASS
+    return conf
+
+
 def build(cache: Path, timeout: float = 600.0) -> Path | None:
     """Make the archive unless it exists; None when it cannot be made here (the jobs then start
     without one: it only saves time)."""

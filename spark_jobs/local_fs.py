@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -32,6 +33,12 @@ log = logging.getLogger("mirrorflow.local_fs")
 
 FS_CLASS = "io.mirrorflow.hadoop.NioLocalFileSystem"
 SOURCE = Path(__file__).parent / "java" / "NioLocalFileSystem.java"
+
+
+def is_local_path(location: str) -> bool:
+    """A checkpoint location on this machine's file system (no scheme, or ``file:``)."""
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", location)
+    return scheme is None or scheme.group(1).lower() == "file" or len(scheme.group(1)) == 1  # C:\... too
 
 
 def _hadoop_jar() -> Path | None:

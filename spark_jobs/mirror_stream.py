@@ -38,18 +38,13 @@ from mirror_core.process import DEFAULT_STOP_TIMEOUT
 from mirror_core.replicate import release_producers
 from mirror_core.stream import RESULT_DDL, CollectError, MirrorRuntime, arrow_writer, write_batches
 from spark_jobs import jvm_archive, local_fs
+from spark_jobs.local_fs import is_local_path
 
 log = logging.getLogger("mirrorflow.stream")
 
 
 LOCAL_CHECKPOINT_MANAGER = \
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
-
-
-def is_local_path(location: str) -> bool:
-    """A checkpoint location on this machine's file system (no scheme, or ``file:``)."""
-    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", location)
-    return scheme is None or scheme.group(1).lower() == "file" or len(scheme.group(1)) == 1  # C:\... too
 
 
 def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSession:

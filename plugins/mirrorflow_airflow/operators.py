@@ -429,17 +429,28 @@ class MirrorStreamOperator(SparkSubmitOperator):
             os.environ[f"AIRFLOW_CONN_{self.spark_conn_id.upper()}"] = json.dumps(
                 {"conn_type": "spark", "host": self.master})
 
-    def prepare_submit(self) -> None:
+    def prepare_submit(self, group: Any = None) -> None:
         """What spark-submit needs on this machine, decided when the task runs (never at parse time): the
-        Spark connection (or the group's master), spark-submit on PATH, and the Kafka connector jars from
+        Spark connection (or the group's master), spark-submit on PATH, the Kafka connector jars from
         the local artifact cache (``--jars``: under spark-submit the driver JVM is already running when
-        the session is built, so the job's own ``spark.jars`` comes too late for the Kafka source)."""
-        from mirror_core import artifacts
+        the session is built, so the job's own ``spark.jars`` comes too late for the Kafka source), and for
+        the same reason the driver JVM's options the job's session would give it (its class-data sharing
+        archive, and for a local master and checkpoint the file system that starts no chmod process)."""
+        from airflow.sdk import BaseHook
 
+        from mirror_core import artifacts
+        from spark_jobs import jvm_archive
+
+        if group is None:
+            group = MirrorflowHook(self.config_path).get_group(self.group_name)[1]
         self._ensure_connection()
         _spark_submit_on_path()
+        cache = artifacts.cache_dir()
         if not self.jars:
-            self.jars = ",".join(artifacts.spark_kafka_jars(artifacts.cache_dir()))
+            self.jars = ",".join(artifacts.spark_kafka_jars(cache))
+        master = BaseHook.get_connection(self.spark_conn_id).host or self.master
+        driver = jvm_archive.submit_conf(cache, master, group.spark.checkpoint_dir, group.spark.conf)
+        self.conf = {**driver, **(self.conf or {})}
 
     def execute(self, context: Any) -> None:
         from mirror_core.failover import stream_stop_requested
@@ -449,7 +460,7 @@ class MirrorStreamOperator(SparkSubmitOperator):
         reason = stream_stop_requested(group)
         if reason:
             raise AirflowSkipException(f"not started: {reason}")
-        self.prepare_submit()
+        self.prepare_submit(group)
         with hook.connections_file() as path:
             if path:
                 self.env_vars = {**(self.env_vars or {}), CONNECTIONS_FILE_ENV: path}

@@ -131,11 +131,20 @@ def test_the_stream_task_builds_the_exact_spark_submit_command(monkeypatch: pyte
     cmd = hook._build_spark_submit_command(task.application)
     py = sys.executable
     from mirror_core import artifacts
+    from spark_jobs import jvm_archive, local_fs
 
-    jars = artifacts.spark_kafka_jars(artifacts.cache_dir())
+    cache = artifacts.cache_dir()
+    jars = artifacts.spark_kafka_jars(cache)
     assert jars and all(j.endswith(".jar") for j in jars)
+    # the driver JVM starts before the job's session: its options come on the command line (config/local.yaml
+    # has a local checkpoint and master, so the file system without a chmod process per file too)
+    fs_jar, archive = local_fs.existing_jar(cache), jvm_archive.java_options(cache)
+    assert fs_jar is not None and archive, "mirrorflow local fetch builds both"
     assert cmd == [
         "spark-submit", "--master", "local[2]",
+        "--conf", f"spark.driver.extraJavaOptions=-Dlog4j2.level=WARN {archive[0]}",
+        "--conf", f"spark.driver.extraClassPath={fs_jar}",
+        "--conf", f"spark.hadoop.fs.file.impl={local_fs.FS_CLASS}",
         "--conf", f"spark.pyspark.python={py}", "--conf", f"spark.pyspark.driver.python={py}",
         "--jars", ",".join(jars), "--name", "mirrorflow-demo",
         str(ROOT / "spark_jobs" / "mirror_stream.py"), str(ROOT / "config" / "local.yaml"), "--group", "demo",

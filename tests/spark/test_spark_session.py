@@ -194,3 +194,27 @@ def test_the_java_nio_file_system_is_only_set_where_its_class_is_there(monkeypat
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT")
     monkeypatch.setattr(SparkContext, "_gateway", object())  # an earlier session's JVM
     assert local_fs.session_conf("local[2]", jar, {}) == {}
+
+
+def test_spark_submit_gets_the_driver_options_the_session_would_give_it(tmp_path):
+    """Under spark-submit (Airflow's stream task) the driver JVM starts before the job's session: the class
+    path, the archive and the file system come as --conf, a group's own driver options after mirrorflow's."""
+    from spark_jobs import jvm_archive, local_fs
+
+    assert jvm_archive.submit_conf(tmp_path, "local[2]", "/ck", {}) == {
+        "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN"}  # nothing built in this cache
+    jar = local_fs.jar_path(tmp_path)
+    assert jar is not None
+    jar.parent.mkdir(parents=True)
+    jar.write_bytes(b"PK")
+    assert jvm_archive.submit_conf(tmp_path, "local[2]", "file:///ck", {}) == {
+        "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN", "spark.driver.extraClassPath": str(jar),
+        "spark.hadoop.fs.file.impl": local_fs.FS_CLASS}
+    mine = {"spark.driver.extraClassPath": "/opt/x.jar", "spark.driver.extraJavaOptions": "-Dlog4j2.level=INFO"}
+    conf = jvm_archive.submit_conf(tmp_path, "local[2]", "/ck", mine)
+    assert conf["spark.driver.extraClassPath"] == f"{jar}{os.pathsep}/opt/x.jar"
+    assert conf["spark.driver.extraJavaOptions"] == "-Dlog4j2.level=WARN -Dlog4j2.level=INFO"  # the last wins
+    assert "spark.hadoop.fs.file.impl" not in jvm_archive.submit_conf(tmp_path, "spark://m:7077", "/ck", {})
+    assert "spark.hadoop.fs.file.impl" not in jvm_archive.submit_conf(tmp_path, "local[2]", "s3a://b/ck", {})
+    assert "spark.hadoop.fs.file.impl" not in jvm_archive.submit_conf(
+        tmp_path, "local[2]", "/ck", {"spark.hadoop.fs.file.impl": "x.Y"})
