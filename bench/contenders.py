@@ -45,7 +45,7 @@ def mirrorflow_yaml(ep: Endpoints, *, group: str, source_topic: str, destination
                     value_serde: str, trigger: str, checkpoint_dir: Path, master: str = "local[2]",
                     driver_batch_max_records: int | None = None, read_path: str = "spark",
                     transactions: str = "per_partition", writer_producers: int | None = None,
-                    overlap_writes: bool | None = None) -> str:
+                    overlap_writes: bool | None = None, spark_conf: dict[str, str] | None = None) -> str:
     """A mirrors YAML with one group mirroring ``source_topic`` to ``destination_topic``."""
     def reg(url: str | None) -> str:
         return f"\n    schema_registry: {{url: \"{url}\"}}" if url else ""
@@ -55,6 +55,7 @@ def mirrorflow_yaml(ep: Endpoints, *, group: str, source_topic: str, destination
     producers = "" if writer_producers is None else f"\n      writer_producers: {writer_producers}"
     if overlap_writes is not None:
         producers += f"\n      overlap_writes: {str(overlap_writes).lower()}"
+    conf = ", ".join(f'{k}: "{v}"' for k, v in {"spark.ui.showConsoleProgress": "false", **(spark_conf or {})}.items())
     return f"""clusters:
   src:
     kafka: {{bootstrap.servers: "{ep.src_bootstrap}"}}{reg(ep.src_registry)}
@@ -77,7 +78,7 @@ groups:
       checkpoint_dir: "{checkpoint_dir}"{driver_max}
       read_path: {read_path}
       transactions: {transactions}{producers}
-      conf: {{spark.ui.showConsoleProgress: "false"}}
+      conf: {{{conf}}}
     mirrors:
       - source_topic: {source_topic}
         destination_topic: {destination_topic}

@@ -61,7 +61,9 @@ RESULTS = ROOT / "bench" / "results"
 # the C loop (mirror_core.native), for an A/B of the two in one invocation; *-pygc* variants with
 # MIRRORFLOW_GC=0: Python's default garbage-collector thresholds in the writer processes (an A/B of
 # mirror_core.replicate.quiet_gc); *-overlap* variants with spark.overlap_writes: true (a running mirror's
-# batch written while Spark records it and plans the next; an A/B of the overlap).
+# batch written while Spark records it and plans the next; an A/B of the overlap); *-chmod* variants with
+# Hadoop's own local file system for the checkpoint (a chmod process per checkpoint file, as before
+# spark_jobs/local_fs.py; an A/B of it).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
@@ -70,13 +72,15 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-writer-1-bytes", "mirrorflow-eos-direct-py", "mirrorflow-eos-direct-py-bytes",
                      "mirrorflow-eos-writer-1-py-bytes", "mirrorflow-eos-direct-pygc",
                      "mirrorflow-eos-direct-pygc-bytes", "mirrorflow-alo-direct-pygc-bytes", "mirrorflow-eos-direct-overlap",
-                     "mirrorflow-eos-direct-overlap-bytes", "mirrorflow-alo-direct-overlap-bytes", "mm2-tuned-eos")
+                     "mirrorflow-eos-direct-overlap-bytes", "mirrorflow-alo-direct-overlap-bytes", "mm2-tuned-eos",
+                     "mirrorflow-eos-chmod", "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod")
 FLOOR = "floor"  # no mirror: the watcher reads the source topic itself (what the measurement adds)
 LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-direct", "mirrorflow-alo-direct",
                       "mirrorflow-eos-writer", "mm2", "mm2-tuned", "raw-python", "kcat")
 #: allowed in the latency phase too, not in its default set, for an A/B: Python's default collector thresholds;
 #: a running mirror's batches written while Spark goes on
-LATENCY_AB = ("mirrorflow-eos-direct-pygc", "mirrorflow-eos-direct-overlap")
+LATENCY_AB = ("mirrorflow-eos-direct-pygc", "mirrorflow-eos-direct-overlap", "mirrorflow-eos-chmod",
+              "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -234,7 +238,8 @@ class Bench:
                 read_path="direct" if "direct" in parts or "writer" in parts else "spark",
                 transactions="per_writer" if "writer" in parts else "per_partition",
                 writer_producers=1 if "1" in parts else None,
-                overlap_writes=True if "overlap" in parts else None))
+                overlap_writes=True if "overlap" in parts else None,
+                spark_conf={"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"} if "chmod" in parts else None))
             cmd = mirrorflow_cmd(path, group, once=drain)
             if "py" in parts:
                 env["MIRRORFLOW_NATIVE"] = "0"

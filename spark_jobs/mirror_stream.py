@@ -83,9 +83,27 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    quiet_spark_loggers(spark)
     if is_local_path(group.spark.checkpoint_dir):
         local_fs.install(spark)  # a JVM started before this session: where Spark has not cached one yet
     return spark
+
+
+#: Spark loggers whose warnings repeat on every micro-batch and tell an operator nothing mirrorflow's own batch
+#: lines do not: a trigger shorter than a batch's cycle ("Current batch is falling behind", which a latency-
+#: minded trigger of 50 ms hits on most batches) is what that trigger asks for
+QUIET_SPARK_LOGGERS = ("org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor",)
+
+
+def quiet_spark_loggers(spark: SparkSession) -> None:
+    """Errors only from :data:`QUIET_SPARK_LOGGERS` (best effort: a Spark without them is left as it is)."""
+    jvm = spark.sparkContext._jvm
+    try:
+        level = jvm.org.apache.logging.log4j.Level.ERROR  # type: ignore[union-attr]
+        for name in QUIET_SPARK_LOGGERS:
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)  # type: ignore[union-attr]
+    except Exception as exc:  # noqa: BLE001 - only log noise is at stake
+        log.debug("could not quiet Spark's per-batch warnings: %s", exc)
 
 
 def hadoop_checkpoint_reader(spark: SparkSession) -> Any:

@@ -73,6 +73,12 @@ def test_mirrorflow_yaml_is_a_valid_mirrors_config(tmp_path: Path):
     spark = parse_config(yaml.safe_load(one), env={}).group("bench-eos-writer-1-s100").spark
     assert (spark.transactions, spark.writer_producers) == ("per_writer", 1)
     assert g.spark.writer_producers == 2  # unset: the default
+    chmod = mirrorflow_yaml(EP, group="bench-eos-chmod-s100", source_topic="bench.s100", destination_topic="bench.s100.c",
+                            delivery="exactly_once", value_serde="avro", trigger="1 second", checkpoint_dir=tmp_path,
+                            spark_conf={"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"})
+    conf = parse_config(yaml.safe_load(chmod), env={}).group("bench-eos-chmod-s100").spark.conf
+    assert conf == {"spark.ui.showConsoleProgress": "false",
+                    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"}
 
 
 def test_mm2_properties_give_every_internal_topic_replication_factor_one():
