@@ -3,17 +3,18 @@
 Spark writes two small files per micro-batch into a streaming query's checkpoint (its offset log and
 commit log), each with a checksum file beside it. Without Hadoop's native library, which pyspark does
 not ship, Hadoop's local file system sets each new file's permissions by starting ``chmod`` from the
-driver's JVM. On the 2-core reference machine that made ``walCommit`` and ``commitOffsets`` 13-17 ms
-each (median, 10,000 records/s, 50 ms trigger) and a whole micro-batch 134-142 ms; with the
-permissions set through java.nio (``java/NioLocalFileSystem.java``) they were 1-3 ms and 76-93 ms.
+driver's JVM. On the 2-core reference machine that made ``walCommit`` and ``commitOffsets`` 12-13 ms
+each (medians of 60 batches, 10,000 records/s, 50 ms trigger) and a whole micro-batch 96-107 ms; with
+the permissions set through java.nio (``java/NioLocalFileSystem.java``) they were 2-3 ms and 65-80 ms.
 
 ``python -m spark_jobs.jvm_archive`` (so ``mirrorflow local fetch``, ``make demo`` and ``make test``)
 compiles the class into the artifact cache with the JDK's ``javac`` against pyspark's Hadoop jar.
 ``build_session`` puts the jar on the driver's class path whenever it exists (the driver's class-data
 sharing archive is made with the same class path, which it must match) and, for a checkpoint on a
-local disk, makes it the driver's ``file:`` file system. Without a ``javac``, or in a driver JVM started
-before the session's options could apply (``spark-submit``), the class is not there and Spark keeps its
-own file system: it only saves time.
+local disk and a ``local[...]`` master, makes it the driver's ``file:`` file system before the JVM starts;
+under ``spark-submit`` the same comes as ``--conf`` (``jvm_archive.submit_conf``, used by Airflow's stream
+task). Without a ``javac``, or in a JVM started without the jar, Spark keeps its own file system: it only
+saves time.
 """
 
 from __future__ import annotations
