@@ -148,7 +148,7 @@ def test_source_broker_restarted(own_clusters, tmp_path, unique):
         while time.monotonic() < deadline:
             assert job.alive(), "the mirror job exited after the source restart:\n" + job.tail()
             time.sleep(1)
-        stream.stop()
+        stream.stop(give_up_after=120)
         mirrored = wait_for_keys(src.bootstrap, topic, dst.bootstrap, f"{topic}.mirror", stream.acked, job,
                                   timeout=300)
         progress.stop()
