@@ -285,18 +285,41 @@ def scan(c: Consumer, topic: str, partition: int, start: int, end: int, timeout:
 
 
 def end_offsets(cluster: ClusterConfig, topic: str, committed: bool = True,
-                timeout: float = 30.0) -> dict[int, tuple[int, int]]:
-    """{partition: (low, high)}; with ``committed`` the high mark is the last stable offset."""
+                timeout: float = 30.0, settled: bool = False) -> dict[int, tuple[int, int]]:
+    """{partition: (low, high)}; with ``committed`` the high mark is the last stable offset.
+
+    With ``settled`` (read_committed), the high mark is the last stable offset once it has passed the high
+    watermark read first, waiting up to ``timeout``: every transaction that ended before the call lies below
+    it. ``commit_transaction`` returns once the coordinator has logged the commit, before the brokers hold
+    its markers, so a read_committed reader right after a commit may otherwise stop short of it.
+    """
     from confluent_kafka import TopicPartition
 
-    c = consumer(cluster, "mirrorflow-offsets", **({"isolation.level": "read_committed"} if committed else {}))
+    c = consumer(cluster, "mirrorflow-offsets", **{"isolation.level": "read_committed" if committed else "read_uncommitted"})
+    u = consumer(cluster, "mirrorflow-offsets", **{"isolation.level": "read_uncommitted"}) if settled and committed else None
     try:
         md = c.list_topics(topic, timeout=timeout).topics.get(topic)
         if md is None or md.error is not None:
             raise KafkaOperationError(f"topic {topic!r} does not exist", "UNKNOWN_TOPIC_OR_PART")
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout) for p in sorted(md.partitions)}
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout) for p in sorted(md.partitions)}
+        if u is None:
+            return ends
+        deadline = time.monotonic() + timeout
+        for p in ends:
+            tp = TopicPartition(topic, p)
+            high = u.get_watermark_offsets(tp, timeout=timeout)[1]
+            while ends[p][1] < high:
+                if time.monotonic() >= deadline:
+                    raise KafkaOperationError(
+                        f"{topic}[{p}]: a transaction open below offset {high} (last stable offset "
+                        f"{ends[p][1]}) did not end within {timeout:.0f} s", "TRANSACTION_OPEN")
+                time.sleep(0.02)  # the markers of a commit that has returned follow within milliseconds
+                ends[p] = c.get_watermark_offsets(tp, timeout=timeout)
+        return ends
     finally:
         c.close()
+        if u is not None:
+            u.close()
 
 
 def read_topic(cluster: ClusterConfig, topic: str, timeout: float = 60.0) -> Iterator[Any]:

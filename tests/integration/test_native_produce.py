@@ -58,7 +58,7 @@ def framed(schema_id: int, body: bytes) -> bytes:
 
 def read(cfg: MirrorsConfig, topic: str) -> list[tuple[int, bytes | None, bytes | None, int]]:
     dst = cfg.cluster("dst")
-    (low, high), = clients.end_offsets(dst, topic).values()
+    (low, high), = clients.end_offsets(dst, topic, settled=True).values()
     return [(m.offset(), m.key(), m.value(), m.timestamp()[1]) for m in clients.read_partition(dst, topic, 0, low, high)]
 
 

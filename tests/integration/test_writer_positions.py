@@ -83,7 +83,7 @@ def feed(s: WriterSettings, cols: Columns, end: int) -> None:
 
 def keys(cfg: MirrorsConfig, topic: str) -> list[int]:
     dst = cfg.cluster("dst")
-    (low, high), = clients.end_offsets(dst, topic).values()
+    (low, high), = clients.end_offsets(dst, topic, settled=True).values()
     return [int(m.key()) for m in clients.read_partition(dst, topic, 0, low, high)]
 
 
