@@ -503,7 +503,7 @@ class MirrorRuntime:
 
         starts, ends = self._starts.get(batch_id) or (self.batch_starts(batch_id), self.batch_ends(batch_id))
         if self._first_direct:
-            starts = self.replay_starts(starts)
+            starts = self.replay_starts(starts, keep=set(plan.rewound))
             self._first_direct = False
         ranges = batch_ranges(starts, ends, skip=plan.ignored)
         # partitions whose end moved back (topic re-created, log truncated) have no range from Spark: they are
@@ -523,7 +523,8 @@ class MirrorRuntime:
             self._written = WrittenLog(self.checkpoint_dir(), self.checkpoint_files)
         return self._written
 
-    def replay_starts(self, starts: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
+    def replay_starts(self, starts: dict[str, dict[int, int]], keep: Iterable[tuple[str, int]] = ()
+                      ) -> dict[str, dict[int, int]]:
         """Where this process's first direct batch reads from: ``starts`` (from Spark's offset log), moved back
         to what the written log says is on the destination where that is less, since with
         ``spark.overlap_writes`` Spark records a batch as done while its write runs on, and a job may have died
@@ -531,10 +532,14 @@ class MirrorRuntime:
         the destination (by their committed positions); at_least_once ones write it again. Records the result
         in the written log before anything is written, so a job that dies before its first write has finished
         leaves a log that still goes back far enough. Without a log (a checkpoint from before it, or a new
-        query) the starts are taken as they are: Spark only recorded batches as done once written."""
+        query) the starts are taken as they are: Spark only recorded batches as done once written. Partitions
+        in ``keep`` (whose end moved back: they are read from their first offset anyway) keep their starts."""
         log_ = self.written_log()
         written = log_.last()
         out = starts if written is None else replay_starts(starts, written)
+        for t, p in keep:
+            if p in starts.get(t, {}):
+                out[t][p] = starts[t][p]
         if out != starts:
             back = sum(starts[t][p] - max(o, 0) for t, parts in out.items() for p, o in parts.items()
                        if o != starts[t][p])
@@ -542,6 +547,32 @@ class MirrorRuntime:
                      "not have been written when the job before stopped)", self.group.name, back)
         log_.add(out)
         return out
+
+    def rewind_unwritten_batch(self) -> int | None:
+        """Before the query starts: if Spark recorded its newest batch as done (a commit-log entry for the newest
+        offset-log entry) but the written log says part of it is not on the destination (its write ran on
+        under ``spark.overlap_writes`` and the job died during it), remove that commit-log entry, so Spark
+        runs the batch again at once, and its first batch goes back to what was written
+        (:meth:`replay_starts`). Without this the missing records would wait for the next record to arrive
+        (a quiet source runs no batch; ``--once`` would end without them). Returns the batch id taken back."""
+        ck = self.checkpoint_dir()
+        commits, offsets = join_location(ck, "commits"), join_location(ck, "offsets")
+        done = [int(n) for n in self.checkpoint_files.names(commits) if n.isdigit()]
+        planned = [int(n) for n in self.checkpoint_files.names(offsets) if n.isdigit()]
+        if not done or not planned or max(done) != max(planned):
+            return None  # a new query, or Spark runs its newest planned batch again anyway
+        written = self.written_log().last()
+        if written is None:
+            return None  # a checkpoint from before the log: Spark recorded batches as done once written
+        n = max(done)
+        ends = read_batch_end_offsets(ck, n, self.read_checkpoint)
+        if not ends or replay_starts(ends, written) == ends:
+            return None
+        self.checkpoint_files.delete(join_location(commits, str(n)))
+        self.checkpoint_files.delete(join_location(commits, f".{n}.crc"))  # a local file system's checksum
+        log.info("%s: batch %d was recorded by Spark but not all of it is known written; it runs again",
+                 self.group.name, n)
+        return n
 
     def overlaps(self, batch_id: int) -> bool:
         """Whether batch ``batch_id``'s write runs on while Spark goes on (``spark.overlap_writes``): a batch of
@@ -791,10 +822,18 @@ class MirrorRuntime:
             recent = totals["bytes"] / totals["mirrored"]
             prev = self.bytes_per_record
             self.bytes_per_record = recent if prev is None else max(recent, 0.7 * prev + 0.3 * recent)
-        # everything below the batch's ends is written (see WrittenLog), recorded off the batch's path; on
-        # Spark's read path too, so that a job moving to the direct path later does not go back to an old entry
+        # everything below the batch's ends is written (see WrittenLog): recorded before the batch returns to
+        # Spark, so the log is never behind a batch Spark records as done unless that batch's write ran on
+        # (spark.overlap_writes) and was cut short; on Spark's read path too, so that a job moving to the
+        # direct path later does not go back to an old entry
         written = self._starts.get(batch_id, ({}, None))[1]
-        self._commit_in_background(commits, written)
+        if written:
+            try:
+                self.written_log().add(written)
+            except Exception as exc:  # noqa: BLE001 - a lagging log is safe: a restart re-reads more
+                log.warning("%s: could not record the written offsets in the checkpoint: %s", self.group.name,
+                            exc)
+        self._commit_in_background(commits)
         lats = [x for r in rows for x in (r["latency_ms"] or [])]
         totals["latency_p50_ms"] = round(statistics.median(lats), 1) if lats else None
         totals["expired"] = self.report_expired(batch_id, rows)
@@ -825,30 +864,23 @@ class MirrorRuntime:
             except Exception as exc:  # noqa: BLE001 - only a head start: the first commit tries again
                 log.debug("%s: committer warm-up for %s: %s", self.group.name, cg, exc)
 
-    def _commit_in_background(self, commits: dict[str, list[tuple[str, int, int]]],
-                              written: dict[str, dict[int, int]] | None = None) -> None:
-        """Commit ``commits`` (and add ``written`` to the :class:`WrittenLog`) on a thread of its own once the
-        previous batch's commit has finished, so they land in batch order. The commit is a round trip to the
+    def _commit_in_background(self, commits: dict[str, list[tuple[str, int, int]]]) -> None:
+        """Commit ``commits`` on a thread of its own once the previous batch's commit has finished, so they
+        land in batch order. The commit is a round trip to the
         source's group coordinator that only monitoring reads (the mirror's own position is in the offset
         syncs): the next micro-batch does not wait for it, which shortens a continuous mirror's cycle by that
         round trip. A commit still running after a minute (the source unreachable) makes this batch's commit
-        wait for the next batch's, which covers it (a written log entry that lags is safe too)."""
+        wait for the next batch's, which covers it."""
         if not self.wait_for_commits(60.0):
             log.warning("%s: the previous source-offset commit has not finished after 60s; this batch's "
                         "positions are committed with the next batch's", self.group.name)
             return
-        if commits or written:
-            t = self._commit_thread = threading.Thread(target=self._commit_quietly, args=(commits, written),
+        if commits:
+            t = self._commit_thread = threading.Thread(target=self._commit_quietly, args=(commits,),
                                                        name="mirrorflow-source-commit", daemon=True)
             t.start()
 
-    def _commit_quietly(self, commits: dict[str, list[tuple[str, int, int]]],
-                        written: dict[str, dict[int, int]] | None = None) -> None:
-        if written:
-            try:
-                self.written_log().add(written)
-            except Exception as exc:  # noqa: BLE001 - a lagging log is safe: a restart re-reads more
-                log.warning("%s: could not record the written offsets in the checkpoint: %s", self.group.name, exc)
+    def _commit_quietly(self, commits: dict[str, list[tuple[str, int, int]]]) -> None:
         try:
             self.commit_source_offsets(commits)
         except Exception as exc:  # noqa: BLE001 - a thread's traceback would be the only trace; one line instead

@@ -250,6 +250,7 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
         rows += rt.write_rewound(plan)  # partitions whose end moved back: Spark dropped their range
         report(batch_id, rows, t0, t1, "driver" if on_driver else "tasks", "direct" if direct else "spark")
 
+    rt.rewind_unwritten_batch()  # a batch whose write a crash cut short runs again, also on a quiet source
     writer = source.writeStream.foreachBatch(for_each_batch).option("checkpointLocation", rt.checkpoint_dir())
     writer = writer.queryName(f"mirrorflow-{group.name}")
     if once or group.spark.trigger == "available_now":

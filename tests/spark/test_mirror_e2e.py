@@ -502,3 +502,36 @@ def _dst_count(bootstrap, topic):
                 time.sleep(0.2)
     finally:
         c.close()
+
+
+def test_a_batch_recorded_but_cut_short_is_written_again_on_a_quiet_source(clusters, unique, tmp_path):
+    """``spark.overlap_writes``: a job died during the write of a batch Spark had already recorded as done (its
+    written log stops at offset 400 of 1,000), and the source then stays quiet. The next ``--once`` run must
+    still run that batch again and end with every record on the destination once: waiting for a new record
+    to make Spark run a batch would leave them missing. The state is planted after a complete drain, so
+    the destination already holds them all and the exactly_once writer must skip, not double, them."""
+    from mirror_core.stream import LocalCheckpointFiles, WrittenLog
+
+    topic = unique("cutshort")
+    create_topic(clusters.src_bootstrap, topic, 1)
+    p = Producer({"bootstrap.servers": clusters.src_bootstrap})
+    for i in range(1000):
+        p.produce(topic, key=b"%d" % i, value=b"v%d" % i)
+    p.flush(30)
+    path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes",
+                           spark=", read_path: direct, overlap_writes: true")
+    gname = cfg.groups[0].name
+    run_once(path, gname)
+    assert [m.offset() for m in read_all(clusters.dst_bootstrap, f"{topic}.mirror")[0]] == list(range(1000))
+
+    WrittenLog(str(tmp_path / "ckpt" / gname), LocalCheckpointFiles()).add({topic: {0: 400}})
+    proc = run_once(path, gname)
+    out = proc.stderr + proc.stdout
+    assert "was recorded by Spark but not all of it is known written; it runs again" in out, out[-3000:]
+    # the batch Spark runs again reads from its own start (0 here, below what was written): what is on the
+    # destination is skipped by the writer's committed position, nothing is mirrored twice
+    batches = [line for line in out.splitlines() if f"{gname} batch 0: " in line]
+    assert len(batches) == 1, out[-3000:]
+    assert "'records': 1000, 'mirrored': 0" in batches[0] and "'replayed_skipped': 1000" in batches[0], batches
+    got = read_all(clusters.dst_bootstrap, f"{topic}.mirror")[0]
+    assert [m.key() for m in got] == [b"%d" % i for i in range(1000)]  # each once, in order

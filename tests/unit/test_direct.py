@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -255,3 +256,60 @@ groups:
     rt.wait_for_write(0)  # raised once; nothing left in flight
     assert done == [[{"batch": 1}]]
     rt._behind.shutdown()
+
+
+def _runtime(tmp_path, spark: str = "{read_path: direct, overlap_writes: true}"):
+    import yaml
+
+    from mirror_core.config import parse_config
+    from mirror_core.stream import MirrorRuntime
+
+    text = f"""
+clusters:
+  a: {{kafka: {{bootstrap.servers: "127.0.0.1:1"}}}}
+  b: {{kafka: {{bootstrap.servers: "127.0.0.1:2"}}}}
+groups:
+  - name: g
+    source: a
+    destination: b
+    spark: {spark[:-1]}, checkpoint_dir: "{tmp_path / 'ckpt'}"}}
+    mirrors: [{{source_topic: t}}]
+"""
+    cfg = parse_config(yaml.safe_load(text), env={})
+    return MirrorRuntime(cfg, cfg.groups[0])
+
+
+def test_a_batch_spark_recorded_but_not_all_written_runs_again_at_start(tmp_path):
+    """A job killed during an overlapped write of its newest batch, after Spark recorded that batch as done:
+    the next start takes Spark's commit-log entry back, so Spark runs the batch again at once instead of
+    waiting for a record that a quiet source never sends (``--once`` would otherwise end without it). Only
+    then: a batch known written, a newest batch Spark has not recorded, or a checkpoint without the log stay
+    as they are."""
+    rt = _runtime(tmp_path)
+    ck = Path(rt.checkpoint_dir())
+    (ck / "offsets").mkdir(parents=True)
+    (ck / "commits").mkdir()
+    for n, end in ((0, 40), (1, 70), (2, 100)):
+        (ck / "offsets" / str(n)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{{"t":{{"0":{end},"1":5}}}}')
+        (ck / "commits" / str(n)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+        (ck / "commits" / f".{n}.crc").write_bytes(b"crc")
+    assert rt.rewind_unwritten_batch() is None, "no written log: a checkpoint from before it"
+
+    rt.written_log().add({"t": {0: 100, 1: 5}})
+    assert rt.rewind_unwritten_batch() is None, "everything of batch 2 is written"
+    assert (ck / "commits" / "2").exists()
+
+    rt.written_log().add({"t": {0: 70, 1: 5}})  # the job died while writing batch 2
+    assert rt.rewind_unwritten_batch() == 2
+    assert sorted(p.name for p in (ck / "commits").iterdir()) == [".0.crc", ".1.crc", "0", "1"]
+    assert rt.rewind_unwritten_batch() is None, "Spark runs its newest planned batch again anyway"
+
+
+def test_the_go_back_leaves_a_partition_whose_end_moved_back_alone(tmp_path):
+    """A re-created topic's partition is read from its first offset by a range of its own; going back to
+    the written log for it too would read it twice."""
+    rt = _runtime(tmp_path)
+    rt.written_log().add({"t": {0: 50, 1: 20}})
+    got = rt.replay_starts({"t": {0: 90, 1: 90}}, keep=[("t", 1)])
+    assert got == {"t": {0: 50, 1: 90}}
+    assert rt.written_log().last() == got, "where the first batch starts is recorded before it writes"
