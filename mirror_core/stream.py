@@ -177,7 +177,9 @@ class WrittenLog:
         return sorted(int(n) for n in self.files.names(self.dir) if n.isdigit())
 
     def last(self) -> dict[str, dict[int, int]] | None:
-        """The newest readable entry, None when there is none."""
+        """The newest readable entry, None when there is none. An entry that cannot be read (torn by a crash, or
+        the store refusing it) is passed over for the one before, which lies further back (safe); entries
+        none of which can be read stop the job with one line rather than let it trust Spark's starts."""
         numbers = self._numbers()
         self._next = (numbers[-1] + 1) if numbers else 0
         for n in reversed(numbers):
@@ -186,8 +188,14 @@ class WrittenLog:
                 if text is None:
                     continue
                 return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in json.loads(text).items()}
-            except (ValueError, AttributeError):
-                log.warning("written-offsets entry %s/%d is unreadable; taking the one before", self.dir, n)
+            except Exception as exc:  # noqa: BLE001 - JSON, or the file system's own error through py4j
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+                log.warning("written-offsets entry %s/%d is unreadable (%s); taking the one before", self.dir, n,
+                            reason)
+        if numbers:
+            raise MirrorError(f"none of the written-offsets entries in {self.dir} can be read, so where the last "
+                              f"job stopped writing is not known; check the checkpoint's storage (removing that "
+                              f"directory makes the job trust Spark's checkpoint alone)")
         return None
 
     def add(self, written: dict[str, dict[int, int]]) -> None:

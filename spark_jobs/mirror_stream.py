@@ -80,6 +80,9 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
     for k, v in group.spark.conf.items():
         if k == "spark.driver.extraClassPath" and fs_jar is not None:
             v = f"{fs_jar}{os.pathsep}{v}"
+        elif k == "spark.driver.extraJavaOptions":
+            # after mirrorflow's, as spark-submit gets them (jvm_archive.submit_conf): theirs win where they overlap
+            v = " ".join(["-Dlog4j2.level=WARN", *jvm_archive.java_options(cache), v]).strip()
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

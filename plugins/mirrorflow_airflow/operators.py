@@ -450,7 +450,13 @@ class MirrorStreamOperator(SparkSubmitOperator):
             self.jars = ",".join(artifacts.spark_kafka_jars(cache))
         master = BaseHook.get_connection(self.spark_conn_id).host or self.master
         driver = jvm_archive.submit_conf(cache, master, group.spark.checkpoint_dir, group.spark.conf)
-        self.conf = {**driver, **(self.conf or {})}
+        own = dict(self.conf or {})
+        for key, sep in (("spark.driver.extraJavaOptions", " "), ("spark.driver.extraClassPath", os.pathsep)):
+            # the task's own driver options come after mirrorflow's instead of replacing them: a class path
+            # without the local file system's jar would leave spark.hadoop.fs.file.impl naming a missing class
+            if key in driver and own.get(key) and not own[key].startswith(driver[key]):
+                own[key] = f"{driver[key]}{sep}{own[key]}"
+        self.conf = {**driver, **own}
 
     def execute(self, context: Any) -> None:
         from mirror_core.failover import stream_stop_requested

@@ -150,6 +150,15 @@ def test_the_stream_task_builds_the_exact_spark_submit_command(monkeypatch: pyte
         str(ROOT / "spark_jobs" / "mirror_stream.py"), str(ROOT / "config" / "local.yaml"), "--group", "demo",
     ]
     assert task.env_vars == {"PYSPARK_PYTHON": py, "PYSPARK_DRIVER_PYTHON": py}
+    # a task given driver options of its own (a DAG author's conf=) keeps mirrorflow's before them: a class path
+    # without the jar would leave fs.file.impl naming a class the driver cannot load; preparing again adds
+    # nothing twice
+    task.conf = {**task.conf, "spark.driver.extraClassPath": "/opt/mine.jar",
+                 "spark.driver.extraJavaOptions": "-Dmine=1"}
+    task.prepare_submit()
+    task.prepare_submit()
+    assert task.conf["spark.driver.extraClassPath"] == f"{fs_jar}{os.pathsep}/opt/mine.jar"
+    assert task.conf["spark.driver.extraJavaOptions"] == f"-Dlog4j2.level=WARN {archive[0]} -Dmine=1"
     drain = bag.dags["mirrorflow__demo__stream"]  # continuous: no --once
     assert "--once" not in drain.get_task("mirror_stream").application_args
 

@@ -196,6 +196,11 @@ def test_the_java_nio_file_system_is_only_set_where_its_class_is_there(monkeypat
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT")
     monkeypatch.setattr(SparkContext, "_gateway", object())  # an earlier session's JVM
     assert local_fs.session_conf("local[2]", jar, {}) == {}
+    # nor after the JVM started (install), where the master is the one spark-submit gave: a cluster's is left
+    # alone before the driver's Hadoop configuration (which Spark ships to executors) is touched
+    from types import SimpleNamespace
+
+    assert local_fs.install(SimpleNamespace(sparkContext=SimpleNamespace(master="spark://h:7077"))) is False
 
 
 def test_spark_submit_gets_the_driver_options_the_session_would_give_it(tmp_path):

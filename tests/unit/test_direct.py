@@ -185,6 +185,7 @@ def test_a_restarted_job_reads_from_what_was_last_known_written(tmp_path):
     not know from its first offset); a start at or below them stays. The log keeps its newest entries, skips
     a torn one, and a job records where it starts before it writes, so a job that dies during its first
     write leaves the next one the same way back."""
+    from mirror_core.errors import MirrorError
     from mirror_core.stream import LocalCheckpointFiles, WrittenLog, replay_starts
 
     starts = {"t": {0: 100, 1: 50, 2: 30, 3: -2}}
@@ -201,6 +202,12 @@ def test_a_restarted_job_reads_from_what_was_last_known_written(tmp_path):
     assert sorted(int(n) for n in files.names(wl.dir)) == [3, 4, 5, 6, 7]
     (tmp_path / "ckpt" / "g" / "mirrorflow-written" / "8").write_text('{"t": {"0": 9')  # torn
     assert WrittenLog(str(tmp_path / "ckpt" / "g"), files).last() == {"t": {0: 7}}
+    # entries none of which can be read: where the last job stopped writing is not known, so the job stops
+    # with one line instead of trusting Spark's starts
+    for f in (tmp_path / "ckpt" / "g" / "mirrorflow-written").iterdir():
+        f.write_text("{")
+    with pytest.raises(MirrorError, match="none of the written-offsets entries in .*mirrorflow-written can be read"):
+        WrittenLog(str(tmp_path / "ckpt" / "g"), files).last()
 
 
 def test_an_overlapped_write_reports_when_done_and_its_failure_fails_the_next_batch(monkeypatch):
