@@ -289,8 +289,8 @@ def end_offsets(cluster: ClusterConfig, topic: str, committed: bool = True,
     """{partition: (low, high)}; with ``committed`` the high mark is the last stable offset.
 
     With ``settled`` (read_committed), the high mark is the last stable offset once it has passed the high
-    watermark read first, waiting up to ``timeout``: every transaction that ended before the call lies below
-    it. ``commit_transaction`` returns once the coordinator has logged the commit, before the brokers hold
+    watermark read during the call, waiting about ``timeout`` in all: every transaction that ended before the
+    call lies below it (one a writer keeps open on the topic makes it fail after the wait). ``commit_transaction`` returns once the coordinator has logged the commit, before the brokers hold
     its markers, so a read_committed reader right after a commit may otherwise stop short of it.
     """
     from confluent_kafka import TopicPartition

@@ -162,9 +162,9 @@ class WrittenLog:
     below ``offset`` is on the destination. One small file per entry (``<checkpoint>/mirrorflow-written/<n>``),
     never rewritten, so a torn write only loses that entry and an older one is read instead, which is safe:
     an entry may lag behind the truth, never run ahead of it. Written once per batch after its write has
-    finished (on either read path), and by a starting direct-path job before it writes anything; read when a
-    direct-path job starts (``spark.overlap_writes``: Spark records a batch as done while it is still being
-    written; see :func:`replay_starts`)."""
+    finished and before the batch goes back to Spark (on either read path), and by a starting direct-path job
+    before it writes anything; read when a job starts (``spark.overlap_writes``: Spark records a batch as done
+    while it is still being written; see :meth:`MirrorRuntime.rewind_unwritten_batch` and :func:`replay_starts`)."""
 
     KEEP = 5
 
