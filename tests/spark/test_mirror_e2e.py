@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -529,9 +530,12 @@ def test_a_batch_recorded_but_cut_short_is_written_again_on_a_quiet_source(clust
     out = proc.stderr + proc.stdout
     assert "was recorded by Spark but not all of it is known written; it runs again" in out, out[-3000:]
     # the batch Spark runs again reads from its own start (0 here, below what was written): what is on the
-    # destination is skipped by the writer's committed position, nothing is mirrored twice
-    batches = [line for line in out.splitlines() if f"{gname} batch 0: " in line]
+    # destination is skipped by the writer's committed position, nothing is mirrored twice (the batch may
+    # also hold the source cluster's heartbeats, which the group mirrors when another test made them)
+    batches = [ast.literal_eval(line.split(f"{gname} batch 0: ", 1)[1]) for line in out.splitlines()
+               if f"{gname} batch 0: " in line]
     assert len(batches) == 1, out[-3000:]
-    assert "'records': 1000, 'mirrored': 0" in batches[0] and "'replayed_skipped': 1000" in batches[0], batches
+    assert batches[0]["records"] >= 1000 and batches[0]["mirrored"] == 0, batches
+    assert batches[0]["replayed_skipped"] == batches[0]["records"], batches
     got = read_all(clusters.dst_bootstrap, f"{topic}.mirror")[0]
     assert [m.key() for m in got] == [b"%d" % i for i in range(1000)]  # each once, in order
