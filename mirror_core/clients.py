@@ -290,13 +290,16 @@ def end_offsets(cluster: ClusterConfig, topic: str, committed: bool = True,
 
     With ``settled`` (read_committed), the high mark is the last stable offset once it has passed the high
     watermark read during the call, waiting about ``timeout`` in all: every transaction that ended before the
-    call lies below it (one a writer keeps open on the topic makes it fail after the wait). ``commit_transaction`` returns once the coordinator has logged the commit, before the brokers hold
-    its markers, so a read_committed reader right after a commit may otherwise stop short of it.
+    call lies below it (one a writer keeps open on the topic makes it fail after the wait).
+    ``commit_transaction`` returns once the coordinator has logged the commit, before the brokers hold its
+    markers, so a read_committed reader right after a commit may otherwise stop short of it.
     """
     from confluent_kafka import TopicPartition
 
-    c = consumer(cluster, "mirrorflow-offsets", **{"isolation.level": "read_committed" if committed else "read_uncommitted"})
-    u = consumer(cluster, "mirrorflow-offsets", **{"isolation.level": "read_uncommitted"}) if settled and committed else None
+    isolation = "read_committed" if committed else "read_uncommitted"
+    c = consumer(cluster, "mirrorflow-offsets", **{"isolation.level": isolation})
+    u = consumer(cluster, "mirrorflow-offsets", **{"isolation.level": "read_uncommitted"}) if settled and committed \
+        else None
     try:
         md = c.list_topics(topic, timeout=timeout).topics.get(topic)
         if md is None or md.error is not None:

@@ -874,10 +874,9 @@ class MirrorRuntime:
 
     def _commit_in_background(self, commits: dict[str, list[tuple[str, int, int]]]) -> None:
         """Commit ``commits`` on a thread of its own once the previous batch's commit has finished, so they
-        land in batch order. The commit is a round trip to the
-        source's group coordinator that only monitoring reads (the mirror's own position is in the offset
-        syncs): the next micro-batch does not wait for it, which shortens a continuous mirror's cycle by that
-        round trip. A commit still running after a minute (the source unreachable) makes this batch's commit
+        land in batch order. The commit is a round trip to the source's group coordinator that only monitoring
+        reads (the mirror's own position is in the offset syncs): the next micro-batch does not wait for it,
+        which shortens a continuous mirror's cycle by that round trip. A commit still running after a minute (the source unreachable) makes this batch's commit
         wait for the next batch's, which covers it."""
         if not self.wait_for_commits(60.0):
             log.warning("%s: the previous source-offset commit has not finished after 60s; this batch's "

@@ -115,9 +115,9 @@ def session_conf(master: str, fs_jar: Path | None, user_conf: dict[str, str]) ->
 
 def install(spark: Any) -> bool:
     """Make the session driver's ``file:`` file system the java.nio one where :func:`session_conf` could not
-    (a JVM started before), on a ``local[...]`` master, if the class is on its class path and no ``fs.file.impl``
-    was configured. Only
-    new file system instances use it; Spark may already have cached one. True when the driver's is it."""
+    (a JVM started before), on a ``local[...]`` master, if the class is on its class path and no
+    ``fs.file.impl`` was configured. Only new file system instances use it; Spark may already have cached one.
+    True when the driver's is it."""
     if not str(spark.sparkContext.master).startswith("local"):
         return False  # an executor elsewhere may lack the jar (the master spark-submit gave, not the group's)
     jvm = spark.sparkContext._jvm
