@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -284,16 +284,50 @@ def scan(c: Consumer, topic: str, partition: int, start: int, end: int, timeout:
     raise KafkaOperationError(f"timed out reading {topic}[{partition}] up to offset {end}")
 
 
+class TransactionOpenError(KafkaOperationError):
+    """A transaction open below a partition's high watermark did not end in time (:func:`settled_end`)."""
+
+    def __init__(self, topic: str, partition: int, stable: int, high: int, waited: float):
+        self.topic, self.partition, self.stable, self.high, self.waited = topic, partition, stable, high, waited
+        super().__init__(f"{topic}[{partition}]: a transaction open below offset {high} (last stable offset "
+                         f"{stable}) did not end within {waited:.0f} s", "TRANSACTION_OPEN")
+
+
+def settled_end(committed: Consumer, uncommitted: Consumer, topic: str, partition: int, timeout: float,
+                settle_timeout: float, on_wait: Callable[[int, int], None] | None = None) -> int:
+    """The partition's last stable offset once it has passed the high watermark read at the start: every
+    transaction with a record below that mark has ended (committed or aborted), so a read_committed scan
+    up to the returned offset sees every commit that happened before this call. ``committed`` and
+    ``uncommitted`` read with those isolation levels; ``on_wait(stable, high)`` is called once if it has to
+    wait. Raises :class:`TransactionOpenError` after ``settle_timeout`` seconds.
+
+    ``commit_transaction`` returns once the coordinator has logged the commit, before the brokers hold its
+    markers, so even a reader right after a commit of its own may have to wait a few milliseconds."""
+    from confluent_kafka import TopicPartition
+
+    tp = TopicPartition(topic, partition)
+    high = int(uncommitted.get_watermark_offsets(tp, timeout=timeout)[1])
+    deadline = time.monotonic() + settle_timeout
+    waited = False
+    delay = 0.02
+    while True:
+        stable = int(committed.get_watermark_offsets(tp, timeout=timeout)[1])
+        if stable >= high:
+            return stable
+        if time.monotonic() >= deadline:
+            raise TransactionOpenError(topic, partition, stable, high, settle_timeout)
+        if not waited and on_wait is not None:
+            on_wait(stable, high)
+        waited = True
+        time.sleep(delay)  # polling the broker's LSO, bounded by the deadline above
+        delay = min(0.5, delay * 2)
+
+
 def end_offsets(cluster: ClusterConfig, topic: str, committed: bool = True,
                 timeout: float = 30.0, settled: bool = False) -> dict[int, tuple[int, int]]:
-    """{partition: (low, high)}; with ``committed`` the high mark is the last stable offset.
-
-    With ``settled`` (read_committed), the high mark is the last stable offset once it has passed the high
-    watermark read during the call, waiting about ``timeout`` in all: every transaction that ended before the
-    call lies below it (one a writer keeps open on the topic makes it fail after the wait).
-    ``commit_transaction`` returns once the coordinator has logged the commit, before the brokers hold its
-    markers, so a read_committed reader right after a commit may otherwise stop short of it.
-    """
+    """{partition: (low, high)}; with ``committed`` the high mark is the last stable offset, and with
+    ``settled`` too, it is taken once every transaction that ended before the call lies below it
+    (:func:`settled_end`, waiting up to ``timeout`` per partition)."""
     from confluent_kafka import TopicPartition
 
     isolation = "read_committed" if committed else "read_uncommitted"
@@ -305,19 +339,8 @@ def end_offsets(cluster: ClusterConfig, topic: str, committed: bool = True,
         if md is None or md.error is not None:
             raise KafkaOperationError(f"topic {topic!r} does not exist", "UNKNOWN_TOPIC_OR_PART")
         ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout) for p in sorted(md.partitions)}
-        if u is None:
-            return ends
-        deadline = time.monotonic() + timeout
-        for p in ends:
-            tp = TopicPartition(topic, p)
-            high = u.get_watermark_offsets(tp, timeout=timeout)[1]
-            while ends[p][1] < high:
-                if time.monotonic() >= deadline:
-                    raise KafkaOperationError(
-                        f"{topic}[{p}]: a transaction open below offset {high} (last stable offset "
-                        f"{ends[p][1]}) did not end within {timeout:.0f} s", "TRANSACTION_OPEN")
-                time.sleep(0.02)  # the markers of a commit that has returned follow within milliseconds
-                ends[p] = c.get_watermark_offsets(tp, timeout=timeout)
+        if u is not None:
+            ends = {p: (low, settled_end(c, u, topic, p, timeout, timeout)) for p, (low, _) in ends.items()}
         return ends
     finally:
         c.close()

@@ -23,7 +23,6 @@ Two promises, each a defect of the lookup before issue 11:
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,32 +77,26 @@ def _consumer(consumer_config: dict[str, Any], isolation: str) -> Consumer:
 
 def settled_end(committed: Consumer, uncommitted: Consumer, topic: str, partition: int, timeout: float,
                 settle_timeout: float) -> int:
-    """The partition's last stable offset once it has passed the high watermark read at the start: every
-    transaction with a record below that mark has ended (committed or aborted), so a read_committed scan
-    up to the returned offset sees every commit that happened before this call."""
-    tp = TopicPartition(topic, partition)
-    high = int(uncommitted.get_watermark_offsets(tp, timeout=timeout)[1])
-    deadline = time.monotonic() + settle_timeout
-    waited = False
-    delay = 0.02
-    while True:
-        stable = int(committed.get_watermark_offsets(tp, timeout=timeout)[1])
-        if stable >= high:
-            if waited:
-                log.info("%s[%d]: open transactions ended (last stable offset %d)", topic, partition, stable)
-            return stable
-        if time.monotonic() >= deadline:
-            raise PositionLookupError(
-                f"offset-sync topic {topic}[{partition}]: a transaction open below offset {high} (last stable "
-                f"offset {stable}) did not end within {settle_timeout:.0f} s, so the newest committed position "
-                f"cannot be known; another writer (or a job of another group sharing this sync topic) holds "
-                f"a transaction open")
-        if not waited:
-            log.info("%s[%d]: waiting for open transactions to end (last stable offset %d, high watermark %d) "
-                     "before reading a position", topic, partition, stable, high)
-            waited = True
-        time.sleep(delay)  # polling the broker's LSO, bounded by the deadline above
-        delay = min(0.5, delay * 2)
+    """:func:`mirror_core.clients.settled_end` for a position lookup: says when it waits, and a transaction
+    that never ends is a :class:`PositionLookupError` naming the likely holder."""
+    waited = []
+
+    def on_wait(stable: int, high: int) -> None:
+        waited.append(True)
+        log.info("%s[%d]: waiting for open transactions to end (last stable offset %d, high watermark %d) "
+                 "before reading a position", topic, partition, stable, high)
+
+    try:
+        stable = clients.settled_end(committed, uncommitted, topic, partition, timeout, settle_timeout, on_wait)
+    except clients.TransactionOpenError as exc:
+        raise PositionLookupError(
+            f"offset-sync topic {topic}[{partition}]: a transaction open below offset {exc.high} (last stable "
+            f"offset {exc.stable}) did not end within {settle_timeout:.0f} s, so the newest committed position "
+            f"cannot be known; another writer (or a job of another group sharing this sync topic) holds "
+            f"a transaction open") from None
+    if waited:
+        log.info("%s[%d]: open transactions ended (last stable offset %d)", topic, partition, stable)
+    return stable
 
 
 def last_committed_sync(consumer_config: dict[str, Any], syncs_topic: str, topic: str, partition: int,

@@ -102,18 +102,16 @@ def test_writer_processes_keep_their_partitions_and_take_new_ones_by_load():
     assert sum(1 for w in pool._owner.values() if w == 0) == sum(1 for w in pool._owner.values() if w == 1) + 1
 
 
-def test_direct_processes_default_to_one_per_core_up_to_four(monkeypatch):
-    """``spark.direct_processes: 0`` (the default) is one writer process per core of the driver's host, at
-    most 4; a set number is taken as it is; with one, the driver writes itself (no process is started)."""
-    import os
-
+def _runtime(spark: str, checkpoint: Path | None = None):
+    """A runtime of one group ``g`` (``a`` -> ``b``, mirroring ``t``) with the ``spark:`` options ``spark``."""
     import yaml
 
     from mirror_core.config import parse_config
     from mirror_core.stream import MirrorRuntime
 
-    def runtime(extra: str) -> MirrorRuntime:
-        text = f"""
+    if checkpoint is not None:
+        spark += f', checkpoint_dir: "{checkpoint}"'
+    text = f"""
 clusters:
   a: {{kafka: {{bootstrap.servers: "127.0.0.1:1"}}}}
   b: {{kafka: {{bootstrap.servers: "127.0.0.1:2"}}}}
@@ -121,11 +119,20 @@ groups:
   - name: g
     source: a
     destination: b
-    spark: {{read_path: direct{extra}}}
+    spark: {{{spark}}}
     mirrors: [{{source_topic: t}}]
 """
-        cfg = parse_config(yaml.safe_load(text), env={})
-        return MirrorRuntime(cfg, cfg.groups[0])
+    cfg = parse_config(yaml.safe_load(text), env={})
+    return MirrorRuntime(cfg, cfg.groups[0])
+
+
+def test_direct_processes_default_to_one_per_core_up_to_four(monkeypatch):
+    """``spark.direct_processes: 0`` (the default) is one writer process per core of the driver's host, at
+    most 4; a set number is taken as it is; with one, the driver writes itself (no process is started)."""
+    import os
+
+    def runtime(extra: str):
+        return _runtime(f"read_path: direct{extra}")
 
     for cores, want in ((1, 1), (2, 2), (3, 3), (16, 4)):
         monkeypatch.setattr(os, "cpu_count", lambda c=cores: c)
@@ -265,25 +272,6 @@ groups:
     rt._behind.shutdown()
 
 
-def _runtime(tmp_path, spark: str = "{read_path: direct, overlap_writes: true}"):
-    import yaml
-
-    from mirror_core.config import parse_config
-    from mirror_core.stream import MirrorRuntime
-
-    text = f"""
-clusters:
-  a: {{kafka: {{bootstrap.servers: "127.0.0.1:1"}}}}
-  b: {{kafka: {{bootstrap.servers: "127.0.0.1:2"}}}}
-groups:
-  - name: g
-    source: a
-    destination: b
-    spark: {spark[:-1]}, checkpoint_dir: "{tmp_path / 'ckpt'}"}}
-    mirrors: [{{source_topic: t}}]
-"""
-    cfg = parse_config(yaml.safe_load(text), env={})
-    return MirrorRuntime(cfg, cfg.groups[0])
 
 
 def test_a_batch_spark_recorded_but_not_all_written_runs_again_at_start(tmp_path):
@@ -292,7 +280,7 @@ def test_a_batch_spark_recorded_but_not_all_written_runs_again_at_start(tmp_path
     waiting for a record that a quiet source never sends (``--once`` would otherwise end without it). Only
     then: a batch known written, a newest batch Spark has not recorded, or a checkpoint without the log stay
     as they are."""
-    rt = _runtime(tmp_path)
+    rt = _runtime("read_path: direct, overlap_writes: true", tmp_path / "ckpt")
     ck = Path(rt.checkpoint_dir())
     (ck / "offsets").mkdir(parents=True)
     (ck / "commits").mkdir()
@@ -315,7 +303,7 @@ def test_a_batch_spark_recorded_but_not_all_written_runs_again_at_start(tmp_path
 def test_the_go_back_leaves_a_partition_whose_end_moved_back_alone(tmp_path):
     """A re-created topic's partition is read from its first offset by a range of its own; going back to
     the written log for it too would read it twice."""
-    rt = _runtime(tmp_path)
+    rt = _runtime("read_path: direct, overlap_writes: true", tmp_path / "ckpt")
     rt.written_log().add({"t": {0: 50, 1: 20}})
     got = rt.replay_starts({"t": {0: 90, 1: 90}}, keep=[("t", 1)])
     assert got == {"t": {0: 50, 1: 90}}
