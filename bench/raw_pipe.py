@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     c = Consumer({"bootstrap.servers": args.src, "group.id": f"bench-raw-{time.time_ns()}",
-                  "isolation.level": "read_committed", "enable.auto.commit": False, "log_level": 3})
+                  "isolation.level": "read_committed", "enable.auto.commit": False, "log_level": 3,
+                  "fetch.queue.backoff.ms": 10})  # see bench.observe.FAST_FETCH
     md = c.list_topics(args.topic, timeout=30).topics[args.topic]
     c.assign([TopicPartition(args.topic, p, OFFSET_BEGINNING) for p in md.partitions])
     p = Producer({"bootstrap.servers": args.dst, "enable.idempotence": True, "acks": "all", "linger.ms": 5,

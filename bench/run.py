@@ -42,7 +42,7 @@ from bench.contenders import (  # noqa: E402
     parse_batches,
     raw_pipe_cmd,
 )
-from bench.observe import Arrivals, DstWatcher, PidsCpu, percentile  # noqa: E402
+from bench.observe import Arrivals, DrainCounter, DstWatcher, PidsCpu, percentile  # noqa: E402
 from bench.workload import SCHEMA, RateProducer, load  # noqa: E402
 from mirror_core import artifacts, local, local_spark  # noqa: E402
 from mirror_core.logs import quiet_library_warnings  # noqa: E402
@@ -314,15 +314,21 @@ class Bench:
     def drain_one(self, contender: str, topic: str, tag: str, records: int, row: dict[str, Any]) -> None:
         run, dest = self.launch(contender, topic, tag, drain=True)
         row.update(destination_topic=dest, log=str(run.log))
-        watcher = DstWatcher(self.ep.dst_bootstrap, dest, expected=records)
+        watcher = DrainCounter(self.ep.dst_bootstrap, dest, expected=records)
         try:
             with self.console.status(f"{contender}: draining {records:,} records into {dest}") as st:
                 def tick(a: Arrivals) -> None:
-                    st.update(f"{contender}: {a.count:,}/{records:,} visible on {dest} "
+                    st.update(f"{contender}: ~{a.count:,}/{records:,} visible on {dest} "
                               f"({time.monotonic() - run.t0:.0f}s)")
 
-                ok = watcher.wait_for(lambda a: a.count >= records, time.monotonic() + self.args.timeout,
-                                      run.alive, tick)
+                deadline = time.monotonic() + self.args.timeout
+                ok = watcher.wait_for(lambda a: a.count >= records, deadline, run.alive, tick)
+                if ok:
+                    # the offsets count commit markers too: the records themselves decide
+                    st.update(f"{contender}: counting the records on {dest}")
+                    counted = watcher.count_records(max(deadline, time.monotonic() + 60))
+                    ok = counted >= records
+                    watcher.seen.count = counted
         finally:
             watcher.close()
         seen = watcher.seen
