@@ -46,6 +46,10 @@ POLL_SECONDS = 0.02
 AHEAD_RECORDS = 10000
 #: the consumer's prefetch across all partitions (librdkafka's default is 64 MiB)
 QUEUED_KBYTES = 32768
+#: keys and values of one partition read and not yet written, at most, while that partition is being written:
+#: the reader waits for its writer above it, so a worker's memory does not grow with the batch size (a
+#: partition whose writer has not started yet keeps what is read for it: waiting there could wait forever)
+QUEUED_BYTES_PER_PARTITION = 16 * 1024 * 1024
 #: ``transactions: per_writer``: a writer transaction holds at most about this many records (and
 #: ``replicate.CHUNK_BYTES`` of keys and values)
 WRITER_TXN_RECORDS = 100000
@@ -310,6 +314,11 @@ class DirectReader:
             raise
 
 
+def _size(cols: Columns) -> int:
+    """Bytes of keys and values in ``cols``."""
+    return sum(map(len, filter(None, cols.values))) + sum(map(len, filter(None, cols.keys)))
+
+
 def _left(open_: set[tuple[str, int]], by_key: dict[tuple[str, int], Range], last: dict[tuple[str, int], int]) -> int:
     """Offsets the open ranges still cover (records, transaction markers and aborted records): an upper
     bound of the records still to come; a range read from its partition's first offset counts in full."""
@@ -366,19 +375,26 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
 
     bw = BatchWriter(plan)
     failed: list[BaseException] = []
-    queues: dict[tuple[str, int], queue.SimpleQueue[Columns | None]] = {}
-    runs: list[Future[None]] = []
+    queues: dict[tuple[str, int], queue.SimpleQueue[tuple[Columns, int] | None]] = {}
+    runs: dict[tuple[str, int], Future[None]] = {}
+    held: dict[tuple[str, int], int] = {}  # bytes queued per partition (QUEUED_BYTES_PER_PARTITION)
+    written = threading.Condition()
     stop = threading.Event()
 
-    def run(r: Range, q: queue.SimpleQueue[Columns | None]) -> None:
-        while (cols := q.get()) is not None:
-            if stop.is_set():
-                continue  # another partition failed: only drain
+    def run(r: Range, q: queue.SimpleQueue[tuple[Columns, int] | None]) -> None:
+        key = (r.topic, r.partition)
+        while (item := q.get()) is not None:
+            cols, size = item
             try:
-                bw.feed(r.topic, r.partition, cols)
+                if not stop.is_set():  # else another partition failed: only drain
+                    bw.feed(r.topic, r.partition, cols)
             except BaseException as exc:
                 failed.append(exc)
                 stop.set()
+            finally:
+                with written:
+                    held[key] -= size
+                    written.notify_all()
         if not stop.is_set():
             try:
                 bw.finish(r.topic, r.partition)  # trailing markers / aborted records: position to the end
@@ -396,8 +412,20 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
             q = queues.get(key)
             if q is None:
                 q = queues[key] = queue.SimpleQueue()
-                runs.append(pool.submit(run, r, q))
-            q.put(cols)
+                held[key] = 0
+                runs[key] = pool.submit(run, r, q)
+            if cols is None:
+                q.put(None)
+                return
+            size = _size(cols)
+            with written:
+                held[key] += size
+            q.put((cols, size))
+            with written:
+                # a partition being written holds at most QUEUED_BYTES_PER_PARTITION: its writer takes from the
+                # queue whatever the reader does, so waiting for it always ends
+                while held[key] > QUEUED_BYTES_PER_PARTITION and runs[key].running() and not stop.is_set():
+                    written.wait(0.5)
 
         read_s = 0.0
         try:
@@ -407,7 +435,7 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
         finally:
             for q in queues.values():
                 q.put(None)  # a run ends at the first None; a second is harmless
-            for f in runs:
+            for f in runs.values():
                 f.exception()  # wait: no partition is left mid-write
     if failed:
         raise failed[0]

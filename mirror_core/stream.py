@@ -74,7 +74,7 @@ CHUNK_RECORDS = 20000
 SOURCE_DEFAULTS = {"kafka.fetch.max.wait.ms": "10", "kafka.max.poll.records": "5000"}
 DRIVER_THREADS = 8  # partitions written at once by the driver (their network waits overlap)
 #: the batch cap of ``read_path: direct`` on a ``local[...]`` master (see :func:`effective_max_offsets`)
-DIRECT_BATCH_RECORDS = 200_000
+DIRECT_BATCH_RECORDS = 500_000
 
 
 @dataclass(frozen=True)

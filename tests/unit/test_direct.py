@@ -81,6 +81,94 @@ def test_ranges_of_topics_passed_over_are_written_as_nothing():
     assert write_ranges(plan, [Range("t", 0, 0, 3)], _FakeReader(chunks=3)) == []
 
 
+class _SlowWriter:
+    """Stands in for :class:`mirror_core.stream.BatchWriter`: records what it is fed, and feeds partition 0
+    only once ``gate`` is set."""
+
+    gate = None
+    fed: list = []
+
+    def __init__(self, plan) -> None:
+        pass
+
+    def feed(self, topic, part, cols) -> None:
+        if part == 0:
+            assert self.gate.wait(30)
+        self.fed.append((part, len(cols)))
+
+    def finish(self, topic, part) -> None:
+        pass
+
+    def rows(self, read_ms):
+        return []
+
+
+def _megabyte_chunks(chunks: int, delivered: list):
+    """A reader delivering ``chunks`` chunks of one 1 MB record per range, noting each delivery."""
+    from mirror_core.replicate import Columns
+
+    class Reader:
+        def read(self, rs, deliver) -> float:
+            for i in range(chunks):
+                for r in rs:
+                    deliver(r, Columns([i], [None], [b"x" * 1_000_000], [0]))
+                    delivered.append(r.partition)
+            for r in rs:
+                deliver(r, None)
+            return 0.0
+
+    return Reader()
+
+
+def test_the_reader_waits_for_a_partition_being_written_once_it_holds_enough(monkeypatch):
+    """A worker's memory does not grow with the batch: the reader stops taking records while a partition whose
+    writer is busy holds QUEUED_BYTES_PER_PARTITION of them, and goes on as the writer catches up."""
+    import threading
+
+    from mirror_core import direct, stream
+    from mirror_core.stream import WriterPlan
+
+    monkeypatch.setattr(direct, "QUEUED_BYTES_PER_PARTITION", 3_000_000)
+    monkeypatch.setattr(stream, "BatchWriter", _SlowWriter)
+    _SlowWriter.gate, _SlowWriter.fed = threading.Event(), []
+    delivered: list[int] = []
+    plan = WriterPlan({}, {}, {"t": {0: 20}}, {}, None, group="g")
+    done = threading.Thread(target=direct.write_ranges, daemon=True,
+                            args=(plan, [Range("t", 0, 0, 20)], _megabyte_chunks(20, delivered)))
+    done.start()
+    time.sleep(0.5)
+    # the chunk being written counts until it is written: with it, two more fit (3 MB); the fourth is
+    # queued and its delivery waits, so the reader reads nothing more
+    assert len(delivered) == 3
+    _SlowWriter.gate.set()
+    done.join(30)
+    assert not done.is_alive() and len(delivered) == 20 and len(_SlowWriter.fed) == 20
+
+
+def test_the_reader_never_waits_for_a_partition_whose_writer_has_not_started(monkeypatch):
+    """With more partitions than writer threads, a partition waiting for a thread keeps what is read for it
+    (waiting for it could wait forever: the thread frees up only when the read of the others ends)."""
+    import threading
+
+    from mirror_core import direct, stream
+    from mirror_core.stream import WriterPlan
+
+    monkeypatch.setattr(direct, "QUEUED_BYTES_PER_PARTITION", 3_000_000)
+    monkeypatch.setattr(stream, "BatchWriter", _SlowWriter)
+    _SlowWriter.gate, _SlowWriter.fed = threading.Event(), []
+    _SlowWriter.gate.set()
+    delivered: list[int] = []
+    plan = WriterPlan({}, {}, {"t": {0: 10, 1: 10}}, {}, None, group="g")
+    ranges = [Range("t", 0, 0, 10), Range("t", 1, 0, 10)]
+    done = threading.Thread(target=direct.write_ranges, args=(plan, ranges, _megabyte_chunks(10, delivered)),
+                            daemon=True,
+                            kwargs={"threads": 1})
+    done.start()
+    done.join(30)
+    assert not done.is_alive() and len(delivered) == 20
+    assert sorted(_SlowWriter.fed) == [(0, 1)] * 10 + [(1, 1)] * 10
+
+
 def test_writer_processes_keep_their_partitions_and_take_new_ones_by_load():
     """A partition stays with the process that wrote it first (its producer, position and fetch stay warm
     there), across batches that touch only some partitions; a partition new to the job goes to the process

@@ -359,7 +359,7 @@ def test_batch_cap_defaults_to_the_driver_batch_on_local_masters() -> None:
     assert effective_max_offsets(SparkConfig(master="local[2]", max_offsets_per_trigger=7)) == 7
     assert effective_max_offsets(SparkConfig(master="spark://m:7077")) is None
     # the direct read path: nothing collected, the driver always writes -> larger batches on a local master
-    assert effective_max_offsets(SparkConfig(master="local[2]", read_path="direct")) == 200_000
+    assert effective_max_offsets(SparkConfig(master="local[2]", read_path="direct")) == 500_000
     assert effective_max_offsets(SparkConfig(master="local[2]", read_path="direct", max_offsets_per_trigger=7)) == 7
     assert effective_max_offsets(SparkConfig(master="spark://m:7077", read_path="direct")) is None
 
