@@ -379,6 +379,7 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
     runs: dict[tuple[str, int], Future[None]] = {}
     held: dict[tuple[str, int], int] = {}  # bytes queued per partition (QUEUED_BYTES_PER_PARTITION)
     written = threading.Condition()
+    waited = [0.0]  # seconds the reader waited for writers (not reading: taken out of the read time)
     stop = threading.Event()
 
     def run(r: Range, q: queue.SimpleQueue[tuple[Columns, int] | None]) -> None:
@@ -424,8 +425,11 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
             with written:
                 # a partition being written holds at most QUEUED_BYTES_PER_PARTITION: its writer takes from the
                 # queue whatever the reader does, so waiting for it always ends
-                while held[key] > QUEUED_BYTES_PER_PARTITION and runs[key].running() and not stop.is_set():
-                    written.wait(0.5)
+                if held[key] > QUEUED_BYTES_PER_PARTITION:
+                    t0 = time.monotonic()
+                    while held[key] > QUEUED_BYTES_PER_PARTITION and runs[key].running() and not stop.is_set():
+                        written.wait(0.5)
+                    waited[0] += time.monotonic() - t0
 
         read_s = 0.0
         try:
@@ -439,7 +443,7 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
                 f.exception()  # wait: no partition is left mid-write
     if failed:
         raise failed[0]
-    return bw.rows(read_s * 1000)
+    return bw.rows(max(0.0, read_s - waited[0]) * 1000)
 
 
 def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader, slot: int,
