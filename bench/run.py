@@ -58,7 +58,9 @@ RESULTS = ROOT / "bench" / "results"
 # and batch, on two producers by turns; at_least_once: one idempotent producer per writer process);
 # *-writer-1* with one producer per writer process (spark.writer_producers: 1), as before the turns.
 # *-py* variants run with MIRRORFLOW_NATIVE=0: every record through the Python produce loop, none through
-# the C loop (mirror_core.native), for an A/B of the two in one invocation; *-pygc* variants with
+# the C loop (mirror_core.native), for an A/B of the two in one invocation; *-pyread* variants with
+# MIRRORFLOW_NATIVE_READ=0: the direct reader takes confluent-kafka's Message objects instead of the C consume
+# loop's columns (the C produce loop still on), an A/B of the read loop alone; *-pygc* variants with
 # MIRRORFLOW_GC=0: Python's default garbage-collector thresholds in the writer processes (an A/B of
 # mirror_core.replicate.quiet_gc); *-overlap* variants with spark.overlap_writes: true (a running mirror's
 # batch written while Spark records it and plans the next; an A/B of the overlap); *-chmod* variants with
@@ -73,7 +75,9 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-writer-1-py-bytes", "mirrorflow-eos-direct-pygc",
                      "mirrorflow-eos-direct-pygc-bytes", "mirrorflow-alo-direct-pygc-bytes", "mirrorflow-eos-direct-overlap",
                      "mirrorflow-eos-direct-overlap-bytes", "mirrorflow-alo-direct-overlap-bytes", "mm2-tuned-eos",
-                     "mirrorflow-eos-chmod", "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod")
+                     "mirrorflow-eos-chmod", "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod",
+                     "mirrorflow-eos-direct-pyread", "mirrorflow-eos-direct-pyread-bytes",
+                     "mirrorflow-alo-direct-pyread-bytes")
 FLOOR = "floor"  # no mirror: the watcher reads the source topic itself (what the measurement adds)
 LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-direct", "mirrorflow-alo-direct",
                       "mirrorflow-eos-writer", "mm2", "mm2-tuned", "raw-python", "kcat")
@@ -243,6 +247,8 @@ class Bench:
             cmd = mirrorflow_cmd(path, group, once=drain)
             if "py" in parts:
                 env["MIRRORFLOW_NATIVE"] = "0"
+            if "pyread" in parts:
+                env["MIRRORFLOW_NATIVE_READ"] = "0"
             if "pygc" in parts:
                 env["MIRRORFLOW_GC"] = "0"
         elif contender in ("mm2", "mm2-tuned", "mm2-tuned-eos"):

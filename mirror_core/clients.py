@@ -26,6 +26,8 @@ from mirror_core.tls import write_private
 
 #: librdkafka logs through ``logging`` (``librdkafka`` logger; connection failures at DEBUG)
 _QUIET: dict[str, Any] = {"log_level": 3, "logger": LIBRDKAFKA_LOG}
+#: every consumer's: assigned or subscribed, it commits only when asked to
+_CONSUMER: dict[str, Any] = {"enable.auto.commit": False, "auto.offset.reset": "earliest"}
 
 
 def principal(cluster: ClusterConfig) -> str:
@@ -127,8 +129,15 @@ def producer(cluster: ClusterConfig, **extra: Any) -> Producer:
 
 
 def consumer(cluster: ClusterConfig, group_id: str, **extra: Any) -> Consumer:
-    base = {"group.id": group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest"}
-    return Consumer(kafka_config(cluster, **(_QUIET | base | extra)))
+    return Consumer(kafka_config(cluster, **(_QUIET | _CONSUMER | {"group.id": group_id} | extra)))
+
+
+def native_reader(cluster: ClusterConfig, group_id: str, **extra: Any) -> Any:
+    """A consumer of the C read loop's own (``native.Reader``), configured as :func:`consumer` would be."""
+    from mirror_core import native
+
+    conf = kafka_config(cluster, **(_QUIET | _CONSUMER | {"group.id": group_id} | extra))
+    return native.Reader(conf, conf["logger"])
 
 
 #: librdkafka properties the Java client takes under the same name and meaning

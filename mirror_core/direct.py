@@ -23,12 +23,13 @@ import logging
 import queue
 import threading
 import time
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from mirror_core import clients
+from mirror_core import clients, native
 from mirror_core.config import ClusterConfig
 from mirror_core.errors import KafkaOperationError
 from mirror_core.replicate import Columns, quiet_gc
@@ -111,7 +112,7 @@ class DirectReader:
         #: (topic, partition) -> the offset the next range must start at to continue without a seek
         self._next: dict[tuple[str, int], int] = {}
         #: (topic, partition) -> records fetched past the last range's end, for the next range
-        self._ahead: dict[tuple[str, int], list[Any]] = {}
+        self._ahead: dict[tuple[str, int], list[_Run]] = {}
         #: (topic, partition) -> the highest end of partition the consumer reported (everything below it
         #: has been handed over); reported once, so kept for the ranges after the one that was open then
         self._eof: dict[tuple[str, int], int] = {}
@@ -119,10 +120,14 @@ class DirectReader:
     def _client(self) -> Any:
         if self._consumer is None:
             # assigned, never subscribed: the group id is a formality (no join, no commits)
-            self._consumer = clients.consumer(self.cluster, self.consumer_group, **{
-                "isolation.level": "read_committed", "enable.partition.eof": True,
-                "enable.auto.offset.store": False, "fetch.wait.max.ms": 10, "fetch.queue.backoff.ms": 10,
-                "queued.max.messages.kbytes": QUEUED_KBYTES})
+            conf = {"isolation.level": "read_committed", "enable.partition.eof": True,
+                    "enable.auto.offset.store": False, "fetch.wait.max.ms": 10, "fetch.queue.backoff.ms": 10,
+                    "queued.max.messages.kbytes": QUEUED_KBYTES}
+            if native.reads():
+                # the C read loop: records as columns, from a consumer of its own (native.Reader)
+                self._consumer = clients.native_reader(self.cluster, self.consumer_group, **conf)
+            else:
+                self._consumer = _Consumer(clients.consumer(self.cluster, self.consumer_group, **conf))
             self._next.clear()
             self._ahead.clear()
             self._eof.clear()
@@ -139,37 +144,36 @@ class DirectReader:
 
     def _position(self, ranges: list[Range]) -> None:
         """Assign new partitions, seek those that do not continue, resume the rest."""
-        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+        from confluent_kafka import OFFSET_BEGINNING
 
         c = self._client()
-        assigned = {(tp.topic, tp.partition) for tp in c.assignment()}
-        fresh, moved, resume = [], [], []
+        assigned = set(c.assignment())
+        fresh, moved = [], []
         for r in ranges:
             key = (r.topic, r.partition)
             offset = OFFSET_BEGINNING if r.start is None else r.start
             if key not in assigned:
-                fresh.append(TopicPartition(r.topic, r.partition, offset))
+                fresh.append((r.topic, r.partition, offset))
             elif r.start is None or self._next.get(key) != r.start:
-                moved.append(TopicPartition(r.topic, r.partition, offset))
+                moved.append((r.topic, r.partition, offset))
             else:
-                resume.append(TopicPartition(r.topic, r.partition))
                 continue
             self._ahead.pop(key, None)
             self._next.pop(key, None)
             self._eof.pop(key, None)
         if moved:  # a new assignment drops what was fetched for it: the seek starts clean
-            c.incremental_unassign([TopicPartition(tp.topic, tp.partition) for tp in moved])
+            c.unassign([(t, p) for t, p, _ in moved])
         if fresh or moved:
-            c.incremental_assign(fresh + moved)
+            c.assign(fresh + moved)
         # a partition keeps its pause across a new assignment: resume every partition of the batch
-        c.resume([TopicPartition(r.topic, r.partition) for r in ranges])
+        c.resume([(r.topic, r.partition) for r in ranges])
 
     def read(self, ranges: list[Range], deliver: Any) -> float:
         """Read every range, calling ``deliver(range, columns)`` with each partition's records in offset
-        order (chunks of at most :data:`CHUNK_RECORDS`), and ``deliver(range, None)`` when a range is
+        order (chunks of about :data:`CHUNK_RECORDS`), and ``deliver(range, None)`` when a range is
         complete. Returns the seconds spent reading (consume and splitting, not in ``deliver``). On any
         error the consumer is closed (the next batch starts clean) and the error raised."""
-        from confluent_kafka import KafkaError, TopicPartition
+        from confluent_kafka import KafkaError
 
         if not ranges:
             return 0.0
@@ -191,18 +195,23 @@ class DirectReader:
                     open_.discard(key)
                     deliver(by_key[key], None)
 
-            def take(key: tuple[str, int], m: Any) -> bool:
-                """One record of an open range; True when it completes the range."""
+            def take(key: tuple[str, int], run: _Run) -> bool:
+                """The records of ``run`` in ``key``'s open range; True when they complete it (records past
+                its end are kept for the partition's next range)."""
                 r = by_key[key]
-                o = m.offset()
-                if o <= last.get(key, -1) or (r.start is not None and o < r.start):
-                    return False  # fetched again after a resume (never handed over twice)
-                if o >= r.end:
-                    self._ahead.setdefault(key, []).append(m)
+                offs = run.offsets
+                # records at or below the last one handed over were fetched again after a resume (never
+                # handed over twice); those before the range's start belong to no range
+                low = max(last.get(key, -1), -1 if r.start is None else r.start - 1)
+                i = bisect_right(offs, low)
+                j = bisect_left(offs, r.end, i)
+                if j > i:
+                    bufs[key].extend(run, i, j)
+                    last[key] = offs[j - 1]
+                if j < len(offs):
+                    self._ahead.setdefault(key, []).append(run.part(j, len(offs)))
                     return True
-                last[key] = o
-                bufs[key].add(m)
-                return o >= r.end - 1
+                return last.get(key, -1) >= r.end - 1
 
             def finish(key: tuple[str, int]) -> None:
                 self._next[key] = by_key[key].end
@@ -211,9 +220,9 @@ class DirectReader:
             # records fetched past the last range's end, first
             for key in list(open_):
                 early = self._ahead.pop(key, [])
-                for i, m in enumerate(early):
-                    if take(key, m):
-                        self._ahead[key] = early[i + 1:] + self._ahead.get(key, [])
+                for i, run in enumerate(early):
+                    if take(key, run):
+                        self._ahead.setdefault(key, []).extend(early[i + 1:])
                         finish(key)
                         break
                 else:
@@ -225,85 +234,43 @@ class DirectReader:
                 # ask for no more than the open ranges can still hold: consume() returns as soon as that
                 # many are in, instead of waiting out its timeout for a full chunk (a small batch of a live
                 # stream would wait POLL_SECONDS on every call)
-                msgs = c.consume(max(1, min(CHUNK_RECORDS, _left(open_, by_key, last))), POLL_SECONDS)
+                items = c.consume(max(1, min(CHUNK_RECORDS, _left(open_, by_key, last))), POLL_SECONDS)
                 touched: set[tuple[str, int]] = set()
-                completed: list[tuple[str, int]] = []
-                # the records of one partition come in runs: its state is looked up once per run
-                cur: tuple[str, int] | None = None
-                taking = False
-                low = start = end = -1
-                buf = _Buffer()
-                for m in msgs:
-                    err = m.error()
-                    if err is not None:
-                        if taking:
-                            last[cur] = low  # type: ignore[index]
-                        cur, taking = None, False
-                        key = (m.topic(), m.partition())
-                        code = err.code()
+                completed: dict[tuple[str, int], None] = {}  # in the order completed
+                for item in items:
+                    if item[0] == native.EVENT:
+                        _, topic, part, offset, code, name, text = item
+                        key = (topic, part)
                         if code == KafkaError._PARTITION_EOF:
-                            self._eof[key] = max(self._eof.get(key, -1), m.offset())
-                            if key in open_ and key not in completed and m.offset() >= by_key[key].end:
-                                completed.append(key)  # the partition's end is at or past the range's end
+                            self._eof[key] = max(self._eof.get(key, -1), offset)
+                            if key in open_ and key not in completed and offset >= by_key[key].end:
+                                completed[key] = None  # the partition's end is at or past the range's end
                             continue
-                        if code == KafkaError.GROUP_AUTHORIZATION_FAILED or m.topic() is None:
-                            log.debug("%s: direct read: %s", self.group, err.str())  # retried by the client
+                        if code == KafkaError.GROUP_AUTHORIZATION_FAILED or topic is None:
+                            log.debug("%s: direct read: %s", self.group, text)  # retried by the client
                             continue
-                        raise KafkaOperationError(f"reading {m.topic()}[{m.partition()}]: {err.str()}", err.name())
-                    key = (m.topic(), m.partition())
-                    if key != cur:
-                        if taking:
-                            last[cur] = low  # type: ignore[index]
-                        cur = key
-                        taking = key in open_ and key not in completed
-                        if taking:
-                            touched.add(key)
-                            r = by_key[key]
-                            low, end = last.get(key, -1), r.end
-                            start = -1 if r.start is None else r.start
-                            buf = bufs[key]
-                            # _Buffer.add, inlined: a method call per record costs
-                            offs, ks, vs, ts, hs = (buf.offsets.append, buf.keys.append, buf.values.append,
-                                                    buf.timestamps.append, buf.headers.append)
-                    if not taking:
-                        # a partition done (or not in this batch): its records are kept for its next range,
-                        # never dropped (that range continues from them); paused when many are kept
-                        ahead = self._ahead.setdefault(key, [])
-                        ahead.append(m)
-                        if len(ahead) == AHEAD_RECORDS:
-                            c.pause([TopicPartition(*key)])
+                        raise KafkaOperationError(f"reading {topic}[{part}]: {text}", name)
+                    run = _Run(*item[3:])
+                    key = (item[1], item[2])
+                    if key in open_ and key not in completed:
+                        touched.add(key)
+                        if take(key, run):
+                            completed[key] = None
                         continue
-                    o = m.offset()
-                    if o <= low or o < start:
-                        continue  # fetched again after a resume (never handed over twice)
-                    if o >= end:
-                        self._ahead.setdefault(key, []).append(m)
-                        completed.append(key)
-                        last[key], taking = low, False
-                        continue
-                    low = o
-                    offs(o)
-                    ks(m.key())
-                    vs(m.value())
-                    ts(m.timestamp()[1])
-                    h = m.headers()
-                    if h:
-                        buf.any_headers = True
-                        hs(tuple(h))
-                    else:
-                        hs(())
-                    if o >= end - 1:
-                        completed.append(key)
-                        last[key], taking = low, False
-                if taking:
-                    last[cur] = low  # type: ignore[index]
+                    # a partition done (or not in this batch): its records are kept for its next range,
+                    # never dropped (that range continues from them); paused when many are kept
+                    ahead = self._ahead.setdefault(key, [])
+                    before = sum(map(len, ahead))
+                    ahead.append(run)
+                    if before < AHEAD_RECORDS <= before + len(run):
+                        c.pause([key])
                 for key in touched:
                     if key not in completed and len(bufs[key].offsets) >= CHUNK_RECORDS:
                         flush(key, done=False)
                 spent += time.monotonic() - t0
                 for key in completed:
                     finish(key)
-                if msgs:
+                if items:
                     deadline = time.monotonic() + self.stall_timeout
                 elif time.monotonic() > deadline:
                     stuck = ", ".join(f"{t}[{p}] up to {by_key[(t, p)].end}" for t, p in sorted(open_))
@@ -331,34 +298,124 @@ def _left(open_: set[tuple[str, int]], by_key: dict[tuple[str, int], Range], las
     return n
 
 
+class _Run:
+    """Consecutive records of one partition, column by column, in offset order."""
+
+    __slots__ = ("offsets", "keys", "values", "timestamps", "headers")
+
+    def __init__(self, offsets: list[int], keys: list[bytes | None], values: list[bytes | None],
+                 timestamps: list[int], headers: list[tuple[tuple[str, bytes | None], ...]] | None):
+        self.offsets, self.keys, self.values, self.timestamps, self.headers = offsets, keys, values, timestamps, headers
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def part(self, i: int, j: int) -> _Run:
+        return _Run(self.offsets[i:j], self.keys[i:j], self.values[i:j], self.timestamps[i:j],
+                    None if self.headers is None else self.headers[i:j])
+
+
+class _Consumer:
+    """A confluent_kafka ``Consumer`` with :class:`mirror_core.native.Reader`'s methods (the reader's
+    consumer when the C read loop is not there)."""
+
+    def __init__(self, consumer: Any):
+        self._c = consumer
+
+    def assign(self, parts: list[tuple[str, int, int]]) -> None:
+        from confluent_kafka import TopicPartition
+
+        self._c.incremental_assign([TopicPartition(*p) for p in parts])
+
+    def unassign(self, parts: list[tuple[str, int]]) -> None:
+        from confluent_kafka import TopicPartition
+
+        self._c.incremental_unassign([TopicPartition(*p) for p in parts])
+
+    def pause(self, parts: list[tuple[str, int]]) -> None:
+        from confluent_kafka import TopicPartition
+
+        self._c.pause([TopicPartition(*p) for p in parts])
+
+    def resume(self, parts: list[tuple[str, int]]) -> None:
+        from confluent_kafka import TopicPartition
+
+        self._c.resume([TopicPartition(*p) for p in parts])
+
+    def assignment(self) -> list[tuple[str, int]]:
+        return [(tp.topic, tp.partition) for tp in self._c.assignment()]
+
+    def consume(self, count: int, timeout: float) -> list[tuple[Any, ...]]:
+        return _runs(self._c.consume(count, timeout))
+
+    def close(self) -> None:
+        self._c.close()
+
+
+def _runs(msgs: list[Any]) -> list[tuple[Any, ...]]:
+    """``Consumer.consume()``'s messages in the shape of :func:`mirror_core.native.consume` (the reader's
+    path when the C loop is not there)."""
+    out: list[tuple[Any, ...]] = []
+    cur: tuple[str, int] | None = None
+    run: _Run | None = None
+    for m in msgs:
+        err = m.error()
+        if err is not None:
+            cur = None
+            out.append((native.EVENT, m.topic(), m.partition(), m.offset(), err.code(), err.name(), err.str()))
+            continue
+        key = (m.topic(), m.partition())
+        if key != cur:
+            cur, run = key, _Run([], [], [], [], None)
+            out.append((native.RUN, *key, run.offsets, run.keys, run.values, run.timestamps, None))
+        assert run is not None
+        h = m.headers()
+        if h and run.headers is None:
+            run.headers = [()] * len(run.offsets)
+            out[-1] = out[-1][:7] + (run.headers,)
+        run.offsets.append(m.offset())
+        run.keys.append(m.key())
+        run.values.append(m.value())
+        run.timestamps.append(m.timestamp()[1])
+        if run.headers is not None:
+            run.headers.append(tuple(h) if h else ())
+    return out
+
+
 class _Buffer:
     """Records of one partition collected column by column."""
 
-    __slots__ = ("offsets", "keys", "values", "timestamps", "headers", "any_headers")
+    __slots__ = ("offsets", "keys", "values", "timestamps", "headers")
 
     def __init__(self) -> None:
         self.offsets: list[int] = []
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
         self.timestamps: list[int] = []
-        self.headers: list[tuple[tuple[str, bytes | None], ...]] = []
-        self.any_headers = False
+        #: None until a record with headers comes
+        self.headers: list[tuple[tuple[str, bytes | None], ...]] | None = None
 
-    def add(self, m: Any) -> None:
-        self.offsets.append(m.offset())
-        self.keys.append(m.key())
-        self.values.append(m.value())
-        self.timestamps.append(m.timestamp()[1])
-        h = m.headers()
-        if h:
-            self.any_headers = True
-            self.headers.append(tuple(h))
-        else:
-            self.headers.append(())
+    def extend(self, run: _Run, i: int, j: int) -> None:
+        """Add records [i, j) of ``run``."""
+        whole = i == 0 and j == len(run.offsets)
+        if whole and not self.offsets:  # the usual case: a run becomes the buffer, no copy
+            self.offsets, self.keys, self.values, self.timestamps, self.headers = (
+                run.offsets, run.keys, run.values, run.timestamps, run.headers)
+            return
+        n = len(self.offsets)
+        self.offsets.extend(run.offsets[i:j])
+        self.keys.extend(run.keys[i:j])
+        self.values.extend(run.values[i:j])
+        self.timestamps.extend(run.timestamps[i:j])
+        if run.headers is not None:
+            if self.headers is None:
+                self.headers = [()] * n
+            self.headers.extend(run.headers[i:j])
+        elif self.headers is not None:
+            self.headers.extend([()] * (j - i))
 
     def columns(self) -> Columns:
-        return Columns(self.offsets, self.keys, self.values, self.timestamps,
-                       self.headers if self.any_headers else None)
+        return Columns(self.offsets, self.keys, self.values, self.timestamps, self.headers)
 
 
 def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: int = 8, slot: int = 0,

@@ -1,5 +1,5 @@
-"""The writer's inner produce loop in C (``mirror_core/_native.c``), and the proof of the offsets it does
-not report.
+"""The writer's inner produce loop and the direct reader's consume loop in C (``mirror_core/_native.c``),
+and the proof of the offsets the produce loop does not report.
 
 At 100-byte records most of a record's cost on the direct read path is the Python around
 ``Producer.produce``: the call's keyword parsing, the slicing of the schema-id rewrite, and a delivery
@@ -22,7 +22,12 @@ A record the broker rejects fails the whole transaction (librdkafka puts a trans
 failed into the abortable state), so a record without a report is never lost unseen: the transaction
 aborts and the writer retries the chunk with a report per record, which names the record.
 
-``MIRRORFLOW_NATIVE=0`` turns the C loop off (the Python loop then produces every record).
+The direct reader (:mod:`mirror_core.direct`) takes what its consumer fetched through :func:`consume`: the
+records of each partition's run as columns (offsets, keys, values, timestamps, headers), built in C,
+instead of one ``Message`` object per record that Python then takes apart again.
+
+``MIRRORFLOW_NATIVE=0`` turns both C loops off (the Python loops then produce and read every record);
+``MIRRORFLOW_NATIVE_READ=0`` only the read loop.
 """
 
 from __future__ import annotations
@@ -84,6 +89,12 @@ def available() -> bool:
     return _module is not None
 
 
+def reads() -> bool:
+    """The direct reader takes its records through :func:`consume` (``MIRRORFLOW_NATIVE_READ=0``: through
+    confluent-kafka's ``consume()``, the C produce loop still on; for an A/B of the read loop alone)."""
+    return _module is not None and os.environ.get("MIRRORFLOW_NATIVE_READ", "1") != "0"
+
+
 def why_not() -> str | None:
     """Why the C loop is not used (None: it is)."""
     return _why_not
@@ -108,6 +119,75 @@ def produce(producer: Any, topic: str, partition: int, values: list[bytes | None
     result: tuple[int, int, int] = _module.produce(producer, topic, partition, values, keys, timestamps, headers,
                                                    start, stop, value_map, key_map, -1 if limit is None else limit)
     return result
+
+
+#: what :meth:`Reader.consume` returns for a run of one partition's records, and for an event
+RUN, EVENT = 0, 1
+#: librdkafka's syslog levels as ``logging`` levels
+_LEVELS = {0: logging.CRITICAL, 1: logging.CRITICAL, 2: logging.CRITICAL, 3: logging.ERROR, 4: logging.WARNING,
+           5: logging.INFO, 6: logging.INFO, 7: logging.DEBUG}
+
+
+class Reader:
+    """A librdkafka consumer of the C module's own (not a confluent_kafka ``Consumer``), for the direct
+    reader: :meth:`consume` gives what ``Consumer.consume()`` would, as columns (see ``_native.c``).
+
+    confluent-kafka registers its error and throttle callbacks on every client it makes, and librdkafka calls
+    them inside whichever call serves the consumer's queue; from C, outside confluent-kafka's own calls, they
+    would abort the process. This consumer has no callbacks: errors come as events, and librdkafka's log
+    lines are kept by C and logged here after each call, as confluent-kafka's clients log them."""
+
+    def __init__(self, config: dict[str, Any], logger: Any):
+        props = [(k, _text(v)) for k, v in config.items() if k != "logger" and not callable(v)]
+        self._c = _module.Reader(props)
+        self._logger = logger
+
+    def assign(self, parts: list[tuple[str, int, int]]) -> None:
+        self._c.assign(parts)
+
+    def unassign(self, parts: list[tuple[str, int]]) -> None:
+        self._c.unassign(parts)
+
+    def pause(self, parts: list[tuple[str, int]]) -> None:
+        self._c.pause(parts)
+
+    def resume(self, parts: list[tuple[str, int]]) -> None:
+        self._c.resume(parts)
+
+    def assignment(self) -> list[tuple[str, int]]:
+        result: list[tuple[str, int]] = self._c.assignment()
+        return result
+
+    def consume(self, count: int, timeout: float) -> list[tuple[Any, ...]]:
+        """Each run of one partition's records as ``(RUN, topic, partition, offsets, keys, values, timestamps,
+        headers)`` (``headers`` None when no record of the run has any, else a tuple of (name, value) pairs per
+        record), each error or end-of-partition event as ``(EVENT, topic, partition, offset, code, name,
+        text)``, in the order librdkafka gave them."""
+        try:
+            result: list[tuple[Any, ...]] = self._c.consume(count, max(0, int(timeout * 1000)))
+            return result
+        finally:
+            self._log()
+
+    def _log(self) -> None:
+        lines, dropped = self._c.logs()
+        for level, facility, text in lines:
+            self._logger.log(_LEVELS.get(level, logging.DEBUG), "%s [%s] %s", facility, "direct-read", text)
+        if dropped:
+            self._logger.log(logging.DEBUG, "%s [%s] %s", "LOG", "direct-read", f"{dropped} more lines left out")
+
+    def close(self) -> None:
+        try:
+            self._c.close()
+        finally:
+            self._log()
+
+
+def _text(value: Any) -> str:
+    """A property's value as librdkafka takes it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def fill_runs(sent: int, reported: list[int | None], runs: list[tuple[int, int]]) -> list[int] | None:

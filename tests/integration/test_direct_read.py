@@ -18,9 +18,11 @@ import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from mirror_core import direct
+from mirror_core import direct, native
 from mirror_core.config import parse_config
 from mirror_core.direct import DirectReader, Range
+from mirror_core.errors import KafkaOperationError
+from mirror_core.local import _free_port
 from mirror_core.stream import MirrorRuntime
 from mirror_core.topics import create_topics
 
@@ -118,14 +120,19 @@ def ends_of(bootstrap: str, topic: str, parts: int) -> dict[int, int]:
         c.close()
 
 
-@pytest.mark.parametrize("ahead", [10000, 1])
-def test_ranges_end_at_their_end_across_markers_and_aborted_records(clusters, unique, monkeypatch, ahead):
+@pytest.mark.parametrize(("ahead", "c_loop"), [(10000, True), (1, True), (10000, False), (1, False)])
+def test_ranges_end_at_their_end_across_markers_and_aborted_records(clusters, unique, monkeypatch, ahead, c_loop):
     """Every range, cut anywhere (inside an aborted transaction, on a commit marker, at the partition's end
     behind aborted records), returns exactly the committed records inside it, in order, once, with key,
     value, timestamp and headers as a read_committed consumer sees them, and returns without waiting: a
     range's end is reached by offset, not by a count of records. With ``ahead`` 1 a partition is paused as
-    soon as one record past its range is kept, and resumed by its next range."""
+    soon as one record past its range is kept, and resumed by its next range. The same through the C
+    consume loop and through confluent-kafka's ``consume()`` (the loop off, or not built)."""
     monkeypatch.setattr(direct, "AHEAD_RECORDS", ahead)
+    if c_loop:
+        assert native.available(), native.why_not()  # built by `make venv`; a missing compiler shows here
+    else:
+        monkeypatch.setattr(native, "_module", None)
     topic = unique("dread")
     create_topic(clusters.src_bootstrap, topic, 2)
     committed = produce_mixed(clusters.src_bootstrap, topic, unique("tx"))
@@ -445,3 +452,34 @@ def _alive(pid: int) -> bool:
             return f.read().rpartition(")")[2].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.parametrize("c_loop", [True, False])
+def test_a_reader_whose_brokers_are_gone_fails_the_batch_in_one_line(monkeypatch, caplog, c_loop):
+    """Brokers that refuse every connection: the read fails once its stall timeout passes, with one error
+    naming the partition and how long it waited, and librdkafka's connection lines stay at DEBUG. Through the
+    C read loop this is the case that would abort the process if librdkafka's errors reached confluent-kafka's
+    callbacks from C (the reader's consumer is its own, without them)."""
+    if not c_loop:
+        monkeypatch.setattr(native, "_module", None)
+    closed = f"127.0.0.1:{_free_port()}"
+    cfg = parse_config(yaml.safe_load(f"""
+clusters:
+  src: {{kafka: {{bootstrap.servers: "{closed}"}}}}
+  dst: {{kafka: {{bootstrap.servers: "{closed}"}}}}
+groups:
+  - name: gone
+    source: src
+    destination: dst
+    serdes: {{key: bytes, value: bytes}}
+    mirrors: [{{source_topic: t, destination_topic: t.m}}]
+"""), env={})
+    reader = DirectReader(cfg.cluster("src"), "gone", stall_timeout=3)
+    caplog.set_level(logging.DEBUG, logger="librdkafka")
+    t0 = time.monotonic()
+    with pytest.raises(KafkaOperationError, match=r"^reading t\[0\] up to 5: no progress in 3s$"):
+        reader.read([Range("t", 0, 0, 5)], lambda *a: pytest.fail("nothing to deliver"))
+    assert time.monotonic() - t0 < 30
+    refused = [r for r in caplog.records if r.name == "librdkafka" and "Connection refused" in r.getMessage()]
+    assert refused and all(r.levelno == logging.DEBUG for r in refused)
+    reader.close()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mirror_core.direct import CHUNK_RECORDS, Range, _left, batch_ranges
+from mirror_core.direct import CHUNK_RECORDS, Range, _Buffer, _left, _Run, _runs, batch_ranges
 
 
 def test_batch_ranges_follow_the_offset_log():
@@ -30,6 +30,62 @@ def test_the_reader_asks_for_no_more_records_than_the_open_ranges_hold():
     assert _left({("t", 2)}, by_key, {}) == CHUNK_RECORDS
     assert _left({("t", 2)}, by_key, {("t", 2): 6}) == 2
     assert _left(set(), by_key, {}) == 0
+
+
+def _run(first: int, n: int, headers: bool = False) -> _Run:
+    offs = list(range(first, first + n))
+    return _Run(offs, [b"k%d" % o for o in offs], [b"v%d" % o for o in offs], [1000 + o for o in offs],
+                [(("h", b"%d" % o),) for o in offs] if headers else None)
+
+
+def test_a_partitions_buffer_keeps_runs_in_order_and_headers_only_when_some_record_has_them():
+    """Runs with and without headers, whole and in parts, make one chunk whose columns line up: a record
+    without headers gets () once another record of the chunk has some, and a chunk without any has None."""
+    buf = _Buffer()
+    buf.extend(_run(0, 3), 0, 3)
+    assert buf.columns().headers is None
+    buf.extend(_run(3, 4, headers=True), 1, 3)  # offsets 4 and 5
+    buf.extend(_run(6, 2), 0, 2)
+    cols = buf.columns()
+    assert cols.offsets == [0, 1, 2, 4, 5, 6, 7]
+    assert cols.keys == [b"k%d" % o for o in cols.offsets] and cols.values == [b"v%d" % o for o in cols.offsets]
+    assert cols.timestamps == [1000 + o for o in cols.offsets]
+    assert cols.headers == [(), (), (), (("h", b"4"),), (("h", b"5"),), (), ()]
+    assert _run(10, 5).part(2, 4).offsets == [12, 13] and _run(10, 5, True).part(4, 5).headers == [(("h", b"14"),)]
+
+
+class _Msg:
+    """What the reader asks of a confluent_kafka Message."""
+
+    def __init__(self, topic, part, offset, headers=None, err=None):
+        self._t, self._p, self._o, self._h, self._e = topic, part, offset, headers, err
+
+    def error(self): return self._e  # noqa: E704
+    def topic(self): return self._t  # noqa: E704
+    def partition(self): return self._p  # noqa: E704
+    def offset(self): return self._o  # noqa: E704
+    def key(self): return b"k"  # noqa: E704
+    def value(self): return None  # noqa: E704
+    def timestamp(self): return (1, 7)  # noqa: E704
+    def headers(self): return self._h  # noqa: E704
+
+
+class _Err:
+    def code(self): return -191  # noqa: E704
+    def name(self): return "_PARTITION_EOF"  # noqa: E704
+    def str(self): return "end"  # noqa: E704
+
+
+def test_messages_without_the_c_loop_are_grouped_as_it_groups_them():
+    """Without the C consume loop, confluent-kafka's messages take the shape it returns: one run per stretch
+    of a partition's records (a new run when the partition changes or an event comes between), events in
+    place, and a headers column only for a run in which some record has headers."""
+    got = _runs([_Msg("t", 0, 5), _Msg("t", 0, 6, [("h", b"x")]), _Msg("t", 1, 9), _Msg("t", 1, 10, err=_Err()),
+                 _Msg("t", 1, 10), _Msg("t", 0, 7)])
+    assert [g[:3] for g in got] == [(0, "t", 0), (0, "t", 1), (1, "t", 1), (0, "t", 1), (0, "t", 0)]
+    assert got[0][3:] == ([5, 6], [b"k", b"k"], [None, None], [7, 7], [(), (("h", b"x"),)])
+    assert got[1][3:] == ([9], [b"k"], [None], [7], None)
+    assert got[2][3:] == (10, -191, "_PARTITION_EOF", "end")
 
 
 class _FakeReader:
