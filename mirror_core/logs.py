@@ -62,21 +62,25 @@ def setup_logging(verbose: bool = False, stream: Any = None, fmt: str = FORMAT) 
 
 class LibrdkafkaLog:
     """The ``logger`` object given to confluent-kafka clients: librdkafka's lines go to the
-    ``librdkafka`` logger; connection failures at DEBUG (see the module notes).
+    ``librdkafka`` logger; connection failures at DEBUG (see the module notes), and lines with one of
+    ``expected`` in them too (what the client's owner handles and reports in its own words).
 
-    Picklable (it holds no state), so it may travel in a client config.
+    Picklable (it holds no state but ``expected``), so it may travel in a client config.
     """
+
+    def __init__(self, expected: tuple[str, ...] = ()):
+        self.expected = expected
 
     def log(self, level: int, fmt: str, *args: Any) -> None:
         logger = logging.getLogger("librdkafka")
         facility = str(args[0]) if args else ""
-        if facility in _CONNECTION_FACILITIES:
+        if facility in _CONNECTION_FACILITIES or (self.expected and any(e in str(args[-1]) for e in self.expected)):
             level = logging.DEBUG
         if logger.isEnabledFor(level):
             logger.log(level, fmt, *args)
 
-    def __reduce__(self) -> tuple[type[LibrdkafkaLog], tuple[()]]:
-        return (LibrdkafkaLog, ())
+    def __reduce__(self) -> tuple[type[LibrdkafkaLog], tuple[tuple[str, ...]]]:
+        return (LibrdkafkaLog, (self.expected,))
 
 
 LIBRDKAFKA_LOG = LibrdkafkaLog()

@@ -52,7 +52,7 @@ from mirror_core.config import (
     writer_transactional_id,
 )
 from mirror_core.errors import MirrorError
-from mirror_core.logs import LIBRDKAFKA_LOG
+from mirror_core.logs import LIBRDKAFKA_LOG, LibrdkafkaLog
 from mirror_core.offsets import OffsetSync, syncs_for_batch
 from mirror_core.partitioner import java_partition
 from mirror_core.positions import (
@@ -514,8 +514,10 @@ def _base_config(limit: int | None) -> dict[str, Any]:
     return base
 
 
-def _producer(s: WriterSettings, partition: int) -> tuple[Producer, str]:
-    """A long-lived producer per (writer, partition) in this process (call with its partition_lock)."""
+def _producer(s: WriterSettings, partition: int, gapless: bool = False) -> tuple[Producer, str]:
+    """A long-lived producer per (writer, partition) in this process (call with its partition_lock).
+    ``gapless`` (at_least_once): the partition's second producer, with ``enable.gapless.guarantee``, for
+    chunks written through the C loop (see :meth:`PartitionWriter._write_at_least_once`)."""
     base = _base_config(s.destination_max_message_bytes)
     if s.delivery == "exactly_once":
         txid = s.transactional_id_for(partition)
@@ -532,14 +534,21 @@ def _producer(s: WriterSettings, partition: int) -> tuple[Producer, str]:
             _PRODUCER_PARTITIONS[txid] = s.destination_partitions
             _POSITIONS.pop(txid, None)  # a zombie may have committed since: re-read
         return _PRODUCERS[txid], txid
-    key = _alo_key(s, partition)  # per partition too: flushes never wait for another's
+    key = _alo_key(s, partition) + (":gapless" if gapless else "")  # per partition: flushes never wait for another's
     if _built_for_other(key, s):
         _drop_producer(key, keep_position=True)
     if key not in _PRODUCERS:
-        _PRODUCERS[key] = Producer(s.producer_config | base)
+        # gapless: the writer handles the fatal error of a lost record and says so itself (see
+        # PartitionWriter._write_at_least_once_in_c); librdkafka's line about it goes to DEBUG
+        _PRODUCERS[key] = Producer(s.producer_config | base | (
+            {"enable.gapless.guarantee": True, "logger": _GAPLESS_LOG} if gapless else {}))
         _PRODUCER_LIMITS[key] = s.destination_max_message_bytes
         _PRODUCER_PARTITIONS[key] = s.destination_partitions
     return _PRODUCERS[key], key
+
+
+#: the gapless producers' librdkafka log: the fatal error of a record lost is expected (see _producer)
+_GAPLESS_LOG = LibrdkafkaLog(expected=("gap-less guarantee",))
 
 
 def _alo_key(s: WriterSettings, partition: int) -> str:
@@ -1274,7 +1283,8 @@ class PartitionWriter:
             self.fast.refresh(self.translator)  # the chunk's records take the inline path with the new ids
 
     def _produce_all(self, producer: Producer, partition: int, cols: Columns, result: BatchResult,
-                     forced_dead: dict[int, DeadLetter], exact: bool = False) -> tuple[list[tuple[int, int]], list[int]]:
+                     forced_dead: dict[int, DeadLetter], exact: bool = False, gapless: bool = False
+                     ) -> tuple[list[tuple[int, int]], list[int]]:
         """Produce ``cols`` (records to the destination topic, dead letters to the DLQ) and wait for every
         acknowledgement. Returns (upstream, downstream) per acknowledged record, sorted, and the upstream
         offsets of records the broker rejected as too large.
@@ -1282,9 +1292,11 @@ class PartitionWriter:
         Unless ``exact``, records that keep their partition number share one delivery callback and the
         i-th report is taken for the i-th record produced (see :func:`ordered_acks`); when that cannot be
         proven (or a record was rejected as too large, whose offset must be known) it raises
-        :class:`_Unmapped` and the caller writes the chunk again with ``exact``: one callback per record."""
+        :class:`_Unmapped` and the caller writes the chunk again with ``exact``: one callback per record.
+        ``gapless``: ``producer`` is an at-least-once one with ``enable.gapless.guarantee`` (see
+        :meth:`_produce_records`)."""
         t0 = time.monotonic()
-        sent = self._produce_records(producer, partition, cols, result, forced_dead, exact)
+        sent = self._produce_records(producer, partition, cols, result, forced_dead, exact, gapless=gapless)
         remaining = self._flush(producer, 60)
         result.produce_ms += (time.monotonic() - t0) * 1000
         if remaining:
@@ -1292,13 +1304,15 @@ class PartitionWriter:
         return self._settle(producer, sent)
 
     def _produce_records(self, producer: Producer, partition: int, cols: Columns, result: BatchResult,
-                         forced_dead: dict[int, DeadLetter], exact: bool = False, in_c: bool = True) -> _Sent:
+                         forced_dead: dict[int, DeadLetter], exact: bool = False, in_c: bool = True,
+                         gapless: bool = False) -> _Sent:
         """The producing half of :meth:`_produce_all`: every record of ``cols`` handed to ``producer``, whose
         reports land in the returned :class:`_Sent` (settled by :meth:`_settle` once they are all in).
 
-        With ``in_c``, on a transactional producer, runs of records between the chunk's first and last go
-        through the C loop (:mod:`mirror_core.native`) without delivery reports; their offsets follow from the
-        reports around them (:func:`native.fill_runs`)."""
+        With ``in_c``, on a transactional producer (or, ``gapless``, an idempotent one that stops at the first
+        record it loses), runs of records between the chunk's first and last go through the C loop
+        (:mod:`mirror_core.native`) without delivery reports; their offsets follow from the reports around
+        them (:func:`native.fill_runs`)."""
         acks: list[tuple[int, int | None]] = []
         errors: list[tuple[int, KafkaError]] = []
         failed: list[str] = []  # dead letters the broker refused
@@ -1341,8 +1355,8 @@ class PartitionWriter:
         known = len(self.translator.id_map)
         last = len(offsets) - 1
         runs: list[tuple[int, int]] = []  # C-produced runs: (position in ``sent``, length)
-        in_c = (in_c and ordered and fast_ok and prov is None and s.delivery == "exactly_once" and last >= 2
-                and native.usable(producer))
+        in_c = (in_c and ordered and fast_ok and prov is None and (s.delivery == "exactly_once" or gapless)
+                and last >= 2 and native.usable(producer))
         value_map = fast.prefixes if value_schema else None
         key_map = fast.prefixes if key_schema else None
         skip = 0  # records before this one went through the C loop
@@ -1514,16 +1528,22 @@ class PartitionWriter:
     # -- at least once
 
     def _write_at_least_once(self, partition: int, chunk: Columns, result: BatchResult) -> None:
-        t0 = time.monotonic()
-        producer, key = _producer(self.s, partition)
-        result.setup_ms += (time.monotonic() - t0) * 1000
-        try:
-            acks, too_large = self._produce_all(producer, partition, chunk, result, {})
-        except _Unmapped:
-            # the reports cannot be tied to records (or one was rejected as too large): write the chunk again
-            # with one callback per record (what landed the first time is written twice: at-least-once)
-            _reset_counts(result)
-            acks, too_large = self._produce_all(producer, partition, chunk, result, {}, exact=True)
+        written = self._write_at_least_once_in_c(partition, chunk, result) if native.available() else None
+        if written is not None:
+            # the offset syncs go on the producer that wrote the records; the position is the partition's
+            acks, too_large, producer = written
+            key = _alo_key(self.s, partition)
+        else:
+            t0 = time.monotonic()
+            producer, key = _producer(self.s, partition)
+            result.setup_ms += (time.monotonic() - t0) * 1000
+            try:
+                acks, too_large = self._produce_all(producer, partition, chunk, result, {})
+            except _Unmapped:
+                # the reports cannot be tied to records (or one was rejected as too large): write the chunk
+                # again with one callback per record (what landed the first time is written twice)
+                _reset_counts(result)
+                acks, too_large = self._produce_all(producer, partition, chunk, result, {}, exact=True)
         if too_large and self._learn_size_limit():
             # whole batches were rejected: write again from the first rejected record with batches that
             # fit (records after it that did land are written twice: at-least-once)
@@ -1556,6 +1576,38 @@ class PartitionWriter:
         _POSITIONS[key] = Position(upstream_end, downstream)
         _note_latency(result, chunk.timestamps)
         result.last_downstream = None if downstream is None else downstream - 1
+
+    def _write_at_least_once_in_c(self, partition: int, chunk: Columns, result: BatchResult
+                                  ) -> tuple[list[tuple[int, int]], list[int], Producer] | None:
+        """``chunk`` through the C loop, on the partition's second producer: the records between its first and
+        last go without delivery reports. Without a transaction nothing would show a record among them that
+        the destination lost; this producer has ``enable.gapless.guarantee``, so it stops at the first record
+        it loses (a fatal error) and every record produced after it, the chunk's last among them, is reported
+        failed. Offsets then follow from the reports around each run, as on the exactly-once path. Returns
+        the acknowledgements as :meth:`_produce_all` does and the producer, or None when the chunk was not
+        written so (a record reported failed, reports that do not prove the runs' offsets, or a chunk too
+        small to gain): the caller then writes it the Python way, with a report per record; what landed is
+        written twice, as at-least-once allows."""
+        if len(chunk) < 3 or not self.fast.enabled:
+            return None
+        t0 = time.monotonic()
+        producer, key = _producer(self.s, partition, gapless=True)
+        result.setup_ms += (time.monotonic() - t0) * 1000
+        try:
+            return (*self._produce_all(producer, partition, chunk, result, {}, gapless=True), producer)
+        except (KafkaException, _Unmapped, SystemError) as exc:
+            # confluent-kafka raises the producer's fatal error from the call that served it, and a delivery
+            # callback it runs after that, with the error still pending, fails as a SystemError caused by it
+            cause = exc.__cause__ if isinstance(exc, SystemError) else exc
+            if isinstance(exc, SystemError) and not isinstance(cause, KafkaException):
+                raise
+            why = cause.args[0].str() if isinstance(cause, KafkaException) else "reports that do not prove its offsets"
+            log.info("%s[%d]: a chunk written again with a report per record (%s)", self.s.source_topic, partition,
+                     why)
+            if cause is not exc or isinstance(exc, KafkaException):
+                _drop_producer(key, keep_position=True)  # its fatal error leaves the producer unusable
+            _reset_counts(result)
+            return None
 
 
 class _Unmapped(Exception):  # noqa: N818  # internal signal, never leaves the writer

@@ -2,7 +2,8 @@
 reports around them prove (so the offset syncs stay exact), with their schema ids rewritten, and a record
 the destination rejects inside such a run is still set aside with its reason, never lost unseen.
 
-The writer is driven as the Spark job drives it on the exactly_once path (one transaction per chunk)."""
+The writer is driven as the Spark job drives it: on the exactly_once path one transaction per chunk, on the
+at_least_once path the partition's gapless producer."""
 
 from __future__ import annotations
 
@@ -68,11 +69,15 @@ def fresh_producers():
     release_producers()
 
 
-def test_runs_without_reports_land_in_order_with_ids_rewritten_and_exact_syncs(clusters, unique):
+@pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
+def test_runs_without_reports_land_in_order_with_ids_rewritten_and_exact_syncs(clusters, unique, delivery):
+    """Both delivery modes: exactly_once in a transaction per chunk, at_least_once on the partition's
+    gapless producer (no transaction markers, so the second chunk follows the first at once)."""
+    eos = delivery == "exactly_once"
     topic, dlq, syncs = unique("native"), unique("native-dlq"), unique("native-syncs")
     create(clusters.dst_bootstrap, topic, dlq, syncs)
     cfg = config(clusters, syncs)
-    s = settings(cfg, topic, dlq, syncs)
+    s = settings(cfg, topic, dlq, syncs, delivery=delivery)
     n = 5000
     offsets = list(range(1000, 1000 + n))
     values = [None if i % 997 == 0 else framed(SRC_ID, b"value-%d" % i) for i in offsets]
@@ -85,7 +90,7 @@ def test_runs_without_reports_land_in_order_with_ids_rewritten_and_exact_syncs(c
     assert result.native_records == n - 2  # all but the first and the last, whose reports bracket the run
     assert result.mirrored == n and result.last_downstream == n - 1
     got = read(cfg, topic)
-    assert [o for o, *_ in got] == list(range(n))  # one transaction: no marker among the records
+    assert [o for o, *_ in got] == list(range(n))  # no marker among the records
     assert [k for _, k, _, _ in got] == cols.keys
     assert [v for _, _, v, _ in got] == [None if v is None else framed(DST_ID, v[5:]) for v in values]
     assert [t for *_, t in got] == cols.timestamps
@@ -95,9 +100,10 @@ def test_runs_without_reports_land_in_order_with_ids_rewritten_and_exact_syncs(c
     # the next chunk lands after this transaction's marker: its run is proven from its own reports again
     more = Columns(list(range(1000 + n, 1000 + 2 * n)), [b"k"] * n, [framed(SRC_ID, b"x")] * n, [NOW_MS] * n)
     result = w.write(0, more, upstream_end=1000 + 2 * n)
-    assert result.native_records == n - 2 and result.last_downstream == 2 * n  # n records after one marker
+    gap = 1 if eos else 0  # exactly_once: n records after one transaction marker
+    assert result.native_records == n - 2 and result.last_downstream == 2 * n - 1 + gap
     sync = last_committed_sync(s.producer_config, syncs, topic, 0, destination=topic)
-    assert sync is not None and (sync.upstream_offset, sync.downstream_offset) == (1000 + 2 * n, 2 * n + 1)
+    assert sync is not None and (sync.upstream_offset, sync.downstream_offset) == (1000 + 2 * n, 2 * n + gap)
 
 
 def test_a_record_rejected_inside_a_run_is_dead_lettered_and_nothing_else_lost(clusters, unique, monkeypatch):
@@ -127,6 +133,49 @@ def test_a_record_rejected_inside_a_run_is_dead_lettered_and_nothing_else_lost(c
     assert result.dead_lettered == 1 and result.mirrored == n - 1
     got = read(cfg, topic)
     assert [v for _, _, v, _ in got] == values[:150] + values[151:]  # each once, in order, nothing doubled
+    dead = read(cfg, dlq)
+    assert len(dead) == 1 and dead[0][2] == values[150]
+    sync = last_committed_sync(s.producer_config, syncs, topic, 0, destination=topic)
+    assert sync is not None and sync.upstream_offset == n
+
+
+def test_at_least_once_a_record_lost_inside_a_run_stops_the_run_and_the_chunk_is_written_again(clusters, unique,
+                                                                                                monkeypatch):
+    """at_least_once has no transaction to fail: a record the destination rejects inside a run would be lost
+    unseen, but the gapless producer stops there (a fatal error), so the chunk's last record is reported
+    failed and the chunk is written again the Python way: the rejected record is dead-lettered with its
+    reason, every other record is on the destination (some twice, as at-least-once allows), in order from
+    its last copy, and the offset syncs end where the chunk ends."""
+    topic, dlq, syncs = unique("native-alo"), unique("native-alo-dlq"), unique("native-alo-syncs")
+    create(clusters.dst_bootstrap, dlq, syncs)
+    create(clusters.dst_bootstrap, topic, config={"max.message.bytes": "2000"})
+    cfg = config(clusters, syncs)
+    s = settings(cfg, topic, dlq, syncs, value_serde="bytes", destination_max_message_bytes=None,
+                 delivery="at_least_once")
+    n = 300
+    values = [b"v%d" % i for i in range(n)]
+    values[150] = b"x" * 5000
+    cols = Columns(list(range(n)), [b"k%d" % i for i in range(n)], values, [NOW_MS] * n)
+
+    runs: list[tuple[int, int]] = []
+    produce = native.produce
+
+    def spy(*args, **kwargs):
+        out = produce(*args, **kwargs)
+        runs.append((args[7], out[0]))
+        return out
+
+    monkeypatch.setattr(native, "produce", spy)
+    result = PartitionWriter(s, SchemaIdTranslator({})).write(0, cols, upstream_end=n)
+
+    assert any(start <= 150 < reached for start, reached in runs)  # the large record went out without a report
+    assert result.native_records == 0  # the chunk was written again, every record with a report
+    assert result.dead_lettered == 1 and result.mirrored == n - 1
+    got = [v for _, _, v, _ in read(cfg, topic)]
+    kept = values[:150] + values[151:]
+    assert set(got) == set(kept)
+    last = {v: i for i, v in enumerate(got)}
+    assert sorted(kept, key=last.__getitem__) == kept  # each record's last copy in order
     dead = read(cfg, dlq)
     assert len(dead) == 1 and dead[0][2] == values[150]
     sync = last_committed_sync(s.producer_config, syncs, topic, 0, destination=topic)
