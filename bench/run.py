@@ -77,7 +77,7 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-direct-overlap-bytes", "mirrorflow-alo-direct-overlap-bytes", "mm2-tuned-eos",
                      "mirrorflow-eos-chmod", "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod",
                      "mirrorflow-eos-direct-pyread", "mirrorflow-eos-direct-pyread-bytes",
-                     "mirrorflow-alo-direct-pyread-bytes")
+                     "mirrorflow-alo-direct-pyread-bytes", "mirrorflow-alo-direct-py-bytes")
 FLOOR = "floor"  # no mirror: the watcher reads the source topic itself (what the measurement adds)
 LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-direct", "mirrorflow-alo-direct",
                       "mirrorflow-eos-writer", "mm2", "mm2-tuned", "raw-python", "kcat")

@@ -1588,11 +1588,15 @@ class PartitionWriter:
         written so (a record reported failed, reports that do not prove the runs' offsets, or a chunk too
         small to gain): the caller then writes it the Python way, with a report per record; what landed is
         written twice, as at-least-once allows."""
-        if len(chunk) < 3 or not self.fast.enabled:
+        # what the C loop needs (see _produce_records): records that keep their partition, no provenance header
+        if (len(chunk) < 3 or not self.fast.enabled or self.fast.provenance is not None
+                or self.s.destination_partitions < self.s.source_partitions):
             return None
         t0 = time.monotonic()
         producer, key = _producer(self.s, partition, gapless=True)
         result.setup_ms += (time.monotonic() - t0) * 1000
+        if not native.usable(producer):
+            return None
         try:
             return (*self._produce_all(producer, partition, chunk, result, {}, gapless=True), producer)
         except (KafkaException, _Unmapped, SystemError) as exc:

@@ -83,7 +83,7 @@ class _Broker:
 
 
 def _writer(monkeypatch: pytest.MonkeyPatch, broker: _Broker, **over: Any) -> replicate.PartitionWriter:
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (broker, "key"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, gapless=False: (broker, "key"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     monkeypatch.setattr(replicate, "_drop_producer", lambda *a, **k: None)
     monkeypatch.setattr(replicate.PartitionWriter, "_learn_size_limit", lambda self: False)
@@ -254,10 +254,75 @@ def test_something_landing_among_a_run_is_never_guessed_the_chunk_is_written_aga
             assert s.downstream_offset == where[s.upstream_offset]
 
 
-def test_at_least_once_keeps_a_report_per_record(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a transaction nothing else would show a record that failed: no run goes without reports."""
-    broker = _Broker()
-    took = _c_loop(monkeypatch, broker)
-    writer = _writer(monkeypatch, broker, delivery="at_least_once")
-    r = writer.write(1, _cols([3, 4, 5, 7]), upstream_end=8)
-    assert took == [] and r.native_records == 0 and all(cb is not None for cb in broker.callbacks)
+class _Gapless(_Broker):
+    """A producer with ``enable.gapless.guarantee``: once it loses a record (one in ``reject``), every record
+    produced after it is reported failed with a fatal error, reported or not."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.lost = False
+
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int = 0,
+                on_delivery: Any = None, timestamp: int = 0, headers: Any = None) -> None:
+        self.txn.append((topic, partition, key, value))
+        if topic == "t":
+            self.callbacks.append(on_delivery)
+        if self.lost or (topic == "t" and value in self.reject):
+            self.lost = True
+            self.pending.append((on_delivery, KafkaError(KafkaError._FATAL, fatal=True), _Msg(None)))
+            return
+        log = self.log.setdefault((topic, partition), [])
+        log.append(value)
+        self.pending.append((on_delivery, None, _Msg(len(log) - 1)))
+
+    def flush(self, timeout: float = 0) -> int:
+        pending, self.pending = self.pending, []
+        for cb, err, msg in pending:
+            if cb is not None:  # a record produced without a report: nothing is called, lost or not
+                cb(err, msg)
+        return 0
+
+
+def _alo_writer(monkeypatch: pytest.MonkeyPatch, usual: _Broker, gapless: _Broker) -> replicate.PartitionWriter:
+    writer = _writer(monkeypatch, usual, delivery="at_least_once")
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, gapless_=False, **k: (
+        (gapless, "gapless") if k.get("gapless", gapless_) else (usual, "key")))
+    return writer
+
+
+def test_at_least_once_runs_go_without_reports_on_the_gapless_producer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """at_least_once: the chunk goes through the C loop on the partition's gapless producer, the run's offsets
+    taken from the reports around it, and the offset syncs with it; the usual producer is not used."""
+    usual, gapless = _Broker(), _Gapless()
+    took = _c_loop(monkeypatch, gapless)
+    writer = _alo_writer(monkeypatch, usual, gapless)
+    offsets = [3, 4, 5, 7, 8, 9]
+    r = writer.write(1, _cols(offsets), upstream_end=10)
+    assert took == [(1, 5)] and r.native_records == 4 and r.mirrored == 6
+    assert [cb is not None for cb in gapless.callbacks] == [True, False, False, False, False, True]
+    assert usual.log == {} and usual.callbacks == []
+    assert r.last_downstream == 5
+    syncs = _syncs(gapless)
+    assert OffsetSync("t", 1, 3, 0) in syncs and OffsetSync("t", 1, 10, 6) in syncs
+
+
+def test_at_least_once_a_record_lost_inside_a_run_sends_the_chunk_again_with_reports(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record lost among the records without reports stops the gapless producer: the chunk's last record
+    is reported failed, and the whole chunk is written again on the usual producer with a report per record;
+    the offset syncs map every record to its copy there."""
+    usual, gapless = _Broker(), _Gapless(reject=frozenset({b"v5"}))
+    took = _c_loop(monkeypatch, gapless)
+    writer = _alo_writer(monkeypatch, usual, gapless)
+    offsets = [3, 4, 5, 7, 8, 9]
+    r = writer.write(1, _cols(offsets), upstream_end=10)
+    assert took == [(1, 5)] and gapless.log[("t", 1)] == [b"v3", b"v4"]  # what landed before the loss
+    assert r.native_records == 0 and r.mirrored == 6
+    assert usual.log[("t", 1)] == [f"v{o}".encode() for o in offsets]
+    assert all(cb is not None for cb in usual.callbacks)
+    where = _where(usual, offsets)
+    syncs = _syncs(usual)
+    assert OffsetSync("t", 1, 10, where[9] + 1) in syncs
+    for s in syncs:
+        if s.upstream_offset in where:
+            assert s.downstream_offset == where[s.upstream_offset]

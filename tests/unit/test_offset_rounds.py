@@ -90,7 +90,7 @@ class _Producer:
 def test_item9_first_record_dead_lettered_keeps_the_partition_start_translatable(monkeypatch) -> None:
     """Offset 0 (a group that has read nothing) translates to the first mirrored record, not 'too old'."""
     fake = _Producer()
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     s = WriterSettings(group="g", mirror="g__t__t", source_alias="src", destination_alias="dst",
                        source_topic="t", destination_topic="t", source_partitions=1, destination_partitions=1,
@@ -178,7 +178,7 @@ def test_item5_writer_mirrors_a_recreated_partition_from_its_start(monkeypatch) 
     """The committed position (100) is beyond the source partition's end (3): the topic was re-created, so
     its records 0-2 are new and are mirrored, not skipped as already mirrored. A real replay is still skipped."""
     fake = _Producer()
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     s = WriterSettings(group="g", mirror="g__t__t", source_alias="src", destination_alias="dst",
                        source_topic="t", destination_topic="t", source_partitions=1, destination_partitions=1,

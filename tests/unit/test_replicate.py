@@ -183,7 +183,7 @@ def test_fully_dead_lettered_chunk_writes_a_position_sync(monkeypatch) -> None:
     """So a restart in a new worker resumes after the chunk instead of dead-lettering it again."""
     fake = _FakeProducer()
     s = settings(value_serde="avro")
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     writer = replicate.PartitionWriter(s, ids({}), lambda t, p: OffsetSync("t", 1, 5, 40),
                                        downstream_end=lambda t, p: 999, destination_high=lambda t, p: 999)
@@ -199,7 +199,7 @@ def test_fully_dead_lettered_chunk_writes_a_position_sync(monkeypatch) -> None:
 
 def test_position_sync_without_history_uses_the_destination_end(monkeypatch) -> None:
     fake = _FakeProducer()
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     writer = replicate.PartitionWriter(settings(value_serde="bytes", provenance=True), ids({}),
                                        lambda t, p: None, downstream_end=lambda t, p: 17)
@@ -213,7 +213,7 @@ def test_position_sync_without_history_uses_the_destination_end(monkeypatch) -> 
 def test_a_partition_with_nothing_committed_is_looked_up_once(monkeypatch) -> None:
     """The warm-up's lookup (no sync yet: a new mirror) holds for the first write; it is not repeated."""
     fake = _FakeProducer()
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     lookups: list[tuple[str, int]] = []
     writer = replicate.PartitionWriter(settings(value_serde="bytes"), ids({}),
@@ -294,7 +294,7 @@ def test_fast_path_produces_exactly_what_decide_decides(monkeypatch) -> None:
                 expected.append((s.dlq_topic, 0, r.key, r.value, tuple(replicate.dead_letter_headers(r, d, s.mirror)),
                                  r.timestamp_ms))
         fake = _FakeProducer()
-        monkeypatch.setattr(replicate, "_producer", lambda _s, p, _f=fake: (_f, "txid"))
+        monkeypatch.setattr(replicate, "_producer", lambda _s, p, _f=fake, **_k: (_f, "txid"))
         monkeypatch.setattr(replicate, "_POSITIONS", {})
         writer = replicate.PartitionWriter(s, ids(known), lambda t, p: None, downstream_end=lambda t, p: 0)
         assert writer.fast.enabled
@@ -335,7 +335,7 @@ def test_columns_from_arrow_splits_partitions_and_keeps_order() -> None:
 def test_dead_letter_too_large_for_the_dlq_keeps_reason_and_coordinates(monkeypatch) -> None:
     """A dead letter over the DLQ's size limit would fail the partition forever: it goes without payload."""
     fake = _FakeProducer()
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     writer = replicate.PartitionWriter(settings(), ids({}), lambda t, p: None, downstream_end=lambda t, p: 0)
     huge = rec(b"\x00" + struct.pack(">i", 77) + b"x" * 2_000_000, (("h", b"1"),), offset=9)
@@ -497,7 +497,7 @@ def test_item4_undelivered_dead_letter_fails_the_chunk(monkeypatch, delivery) ->
     """A record whose dead letter the broker refused is neither mirrored nor set aside: the chunk must
     fail (Spark retries it) and no offset sync may move past it."""
     fake = _FailingProducer({"g.dlq"})
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     writer = replicate.PartitionWriter(settings(delivery=delivery), ids({7: 70}), lambda t, p: None,
                                        downstream_end=lambda t, p: 0)
@@ -517,7 +517,7 @@ def test_item12_registry_error_on_id_miss_aborts_the_open_transaction(monkeypatc
     from mirror_core.errors import MirrorError
 
     fake = _FailingProducer(set())
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     calls: list[int] = []
 
@@ -543,7 +543,7 @@ def test_item12_chunks_capped_by_bytes_not_only_records(monkeypatch) -> None:
     """A chunk of large records is split so one transaction never carries more than CHUNK_BYTES (the
     transaction and its flush must finish well within the 60 s transaction timeout)."""
     fake = _FakeProducer()
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     monkeypatch.setattr(replicate, "CHUNK_BYTES", 10_000, raising=False)
     writer = replicate.PartitionWriter(settings(value_serde="bytes"), ids({}), lambda t, p: None,
@@ -576,7 +576,7 @@ def test_fewer_destination_partitions_place_keyed_records_by_the_java_key_hash(m
     """With 4 destination partitions for 6 source partitions the writer hashes keys like a Java producer
     (``toPositive(murmur2(key)) % 4``); records without a key keep ``source partition % 4``."""
     fake = _FakeProducer()
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     s = settings(source_partitions=6, destination_partitions=4, value_serde="bytes")
     writer = replicate.PartitionWriter(s, ids({}), lambda t, p: None, downstream_end=lambda t, p: 0)
@@ -602,7 +602,7 @@ def test_a_mapped_schema_id_outside_int32_is_refused_not_written(monkeypatch) ->
         hdr = decide(rec(b"body", (("__value_schema_id", framed[:5]),)), settings(), ids({7: mapped}))
         assert isinstance(hdr, DeadLetter) and hdr.reason == "unknown_schema_id"
     fake = _FakeProducer()
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     writer = replicate.PartitionWriter(settings(), ids({7: 2**31, 8: 80}), lambda t, p: None,
                                        downstream_end=lambda t, p: 0)
@@ -618,7 +618,7 @@ def test_a_mapped_schema_id_outside_int32_is_refused_not_written(monkeypatch) ->
 
 def test_dead_letters_carry_every_documented_header(monkeypatch) -> None:
     fake = _FakeProducer()
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     writer = replicate.PartitionWriter(settings(), ids({}), lambda t, p: None, downstream_end=lambda t, p: 0)
     bad = rec(b"\x00" + struct.pack(">i", 77) + b"x", (("app", b"1"),), offset=12)
@@ -687,7 +687,7 @@ def test_at_least_once_producer_is_idempotent_with_acks_all(monkeypatch) -> None
 
 def test_at_least_once_writes_records_then_syncs_after_their_acknowledgement(monkeypatch) -> None:
     fake = _AckingProducer()
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "alo"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "alo"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     s = settings(delivery="at_least_once")
     writer = replicate.PartitionWriter(s, ids({7: 70}), lambda t, p: None, downstream_end=lambda t, p: 0)
@@ -708,7 +708,7 @@ def test_at_least_once_writes_records_then_syncs_after_their_acknowledgement(mon
 
 def test_at_least_once_writes_no_sync_when_a_record_is_not_acknowledged(monkeypatch) -> None:
     fake = _AckingProducer(fail=(b"lost",))
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "alo"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "alo"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     writer = replicate.PartitionWriter(settings(delivery="at_least_once", value_serde="bytes"), ids({}),
                                        lambda t, p: None, downstream_end=lambda t, p: 0)
@@ -719,7 +719,7 @@ def test_at_least_once_writes_no_sync_when_a_record_is_not_acknowledged(monkeypa
 
 def test_at_least_once_fully_dead_lettered_chunk_writes_a_position_sync(monkeypatch) -> None:
     fake = _AckingProducer()
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "alo"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "alo"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     writer = replicate.PartitionWriter(settings(delivery="at_least_once"), ids({}), lambda t, p: None,
                                        downstream_end=lambda t, p: 17)
@@ -733,7 +733,7 @@ def test_at_least_once_fully_dead_lettered_chunk_writes_a_position_sync(monkeypa
 
 def test_at_least_once_on_error_fail_stops_before_any_sync(monkeypatch) -> None:
     fake = _AckingProducer()
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "alo"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "alo"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     writer = replicate.PartitionWriter(settings(delivery="at_least_once", on_error="fail"), ids({}),
                                        lambda t, p: None, downstream_end=lambda t, p: 0)
@@ -805,7 +805,7 @@ def test_item2_item3_an_earlier_release_position_is_taken_once_its_writer_is_fen
     from mirror_core.positions import LegacySync
 
     fake = _FakeProducer()
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     fenced: list[str] = []
     monkeypatch.setattr(replicate, "fence_legacy_writer", lambda s, p: fenced.append(s.legacy_transactional_id_for(p)))
@@ -828,7 +828,7 @@ def test_item2_item3_an_earlier_release_position_is_taken_once_its_writer_is_fen
 def test_at_least_once_dead_letter_too_large_for_the_dlq_keeps_reason_and_coordinates(monkeypatch) -> None:
     """As in exactly_once: an oversized dead letter goes without its payload instead of failing the partition."""
     fake = _AckingProducer()
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "alo"))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "alo"))
     monkeypatch.setattr(replicate, "_POSITIONS", {})
     writer = replicate.PartitionWriter(settings(delivery="at_least_once"), ids({}), lambda t, p: None,
                                        downstream_end=lambda t, p: 0)
@@ -899,7 +899,7 @@ def _per_writer_fakes(monkeypatch, commit_error: Exception | None = None
     per_partition = _FakeProducer()
     monkeypatch.setattr(replicate, "Producer", WriterProducer)
     monkeypatch.setattr(replicate, "fence_transactional_id", lambda config, txid: None)
-    monkeypatch.setattr(replicate, "_producer", lambda _s, p: (per_partition, _s.transactional_id_for(p)))
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (per_partition, _s.transactional_id_for(p)))
     for name, empty in (("_POSITIONS", {}), ("_PRODUCERS", {}), ("_PRODUCER_LIMITS", {}),
                         ("_PRODUCER_PARTITIONS", {}), ("_FENCED_PARTITIONS", set())):
         monkeypatch.setattr(replicate, name, empty)
