@@ -323,24 +323,16 @@ class _Consumer:
         self._c = consumer
 
     def assign(self, parts: list[tuple[str, int, int]]) -> None:
-        from confluent_kafka import TopicPartition
-
-        self._c.incremental_assign([TopicPartition(*p) for p in parts])
+        self._c.incremental_assign(_partitions(parts))
 
     def unassign(self, parts: list[tuple[str, int]]) -> None:
-        from confluent_kafka import TopicPartition
-
-        self._c.incremental_unassign([TopicPartition(*p) for p in parts])
+        self._c.incremental_unassign(_partitions(parts))
 
     def pause(self, parts: list[tuple[str, int]]) -> None:
-        from confluent_kafka import TopicPartition
-
-        self._c.pause([TopicPartition(*p) for p in parts])
+        self._c.pause(_partitions(parts))
 
     def resume(self, parts: list[tuple[str, int]]) -> None:
-        from confluent_kafka import TopicPartition
-
-        self._c.resume([TopicPartition(*p) for p in parts])
+        self._c.resume(_partitions(parts))
 
     def assignment(self) -> list[tuple[str, int]]:
         return [(tp.topic, tp.partition) for tp in self._c.assignment()]
@@ -352,9 +344,15 @@ class _Consumer:
         self._c.close()
 
 
+def _partitions(parts: Iterable[tuple[Any, ...]]) -> list[Any]:
+    from confluent_kafka import TopicPartition
+
+    return [TopicPartition(*p) for p in parts]
+
+
 def _runs(msgs: list[Any]) -> list[tuple[Any, ...]]:
-    """``Consumer.consume()``'s messages in the shape of :func:`mirror_core.native.consume` (the reader's
-    path when the C loop is not there)."""
+    """``Consumer.consume()``'s messages in the shape of :meth:`mirror_core.native.Reader.consume` (the
+    reader's path when the C loop is not there)."""
     out: list[tuple[Any, ...]] = []
     cur: tuple[str, int] | None = None
     run: _Run | None = None

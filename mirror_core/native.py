@@ -22,8 +22,8 @@ A record the broker rejects fails the whole transaction (librdkafka puts a trans
 failed into the abortable state), so a record without a report is never lost unseen: the transaction
 aborts and the writer retries the chunk with a report per record, which names the record.
 
-The direct reader (:mod:`mirror_core.direct`) takes what its consumer fetched through :func:`consume`: the
-records of each partition's run as columns (offsets, keys, values, timestamps, headers), built in C,
+The direct reader (:mod:`mirror_core.direct`) reads through :class:`Reader`, a librdkafka consumer of the C
+module's own, whose ``consume`` returns the records of each partition's run as columns (offsets, keys, values, timestamps, headers), built in C,
 instead of one ``Message`` object per record that Python then takes apart again.
 
 ``MIRRORFLOW_NATIVE=0`` turns both C loops off (the Python loops then produce and read every record);
@@ -90,7 +90,7 @@ def available() -> bool:
 
 
 def reads() -> bool:
-    """The direct reader takes its records through :func:`consume` (``MIRRORFLOW_NATIVE_READ=0``: through
+    """The direct reader takes its records through :class:`Reader` (``MIRRORFLOW_NATIVE_READ=0``: through
     confluent-kafka's ``consume()``, the C produce loop still on; for an A/B of the read loop alone)."""
     return _module is not None and os.environ.get("MIRRORFLOW_NATIVE_READ", "1") != "0"
 

@@ -106,52 +106,15 @@ def test_runs_without_reports_land_in_order_with_ids_rewritten_and_exact_syncs(c
     assert sync is not None and (sync.upstream_offset, sync.downstream_offset) == (1000 + 2 * n, 2 * n + gap)
 
 
-def test_a_record_rejected_inside_a_run_is_dead_lettered_and_nothing_else_lost(clusters, unique, monkeypatch):
+def _large_record_inside_a_run(clusters, unique, monkeypatch, delivery: str):
+    """A chunk of 300 records whose 151st is 5 KB, to a topic that takes 2,000 bytes, written by a writer
+    that does not know that limit (so the C loop takes the large record along with the rest). Returns the
+    config, settings, values, the C loop's runs [start, index reached) and the write's result."""
     topic, dlq, syncs = unique("native-big"), unique("native-big-dlq"), unique("native-big-syncs")
     create(clusters.dst_bootstrap, dlq, syncs)
     create(clusters.dst_bootstrap, topic, config={"max.message.bytes": "2000"})
     cfg = config(clusters, syncs)
-    # the writer does not know the destination's limit: the C loop takes the large record along with the rest
-    s = settings(cfg, topic, dlq, syncs, value_serde="bytes", destination_max_message_bytes=None)
-    n = 300
-    values = [b"v%d" % i for i in range(n)]
-    values[150] = b"x" * 5000
-    cols = Columns(list(range(n)), [b"k%d" % i for i in range(n)], values, [NOW_MS] * n)
-
-    runs: list[tuple[int, int]] = []
-    produce = native.produce
-
-    def spy(*args, **kwargs):
-        out = produce(*args, **kwargs)
-        runs.append((args[7], out[0]))  # [start, index reached)
-        return out
-
-    monkeypatch.setattr(native, "produce", spy)
-    result = PartitionWriter(s, SchemaIdTranslator({})).write(0, cols, upstream_end=n)
-
-    assert any(start <= 150 < reached for start, reached in runs)  # the large record went out without a report
-    assert result.dead_lettered == 1 and result.mirrored == n - 1
-    got = read(cfg, topic)
-    assert [v for _, _, v, _ in got] == values[:150] + values[151:]  # each once, in order, nothing doubled
-    dead = read(cfg, dlq)
-    assert len(dead) == 1 and dead[0][2] == values[150]
-    sync = last_committed_sync(s.producer_config, syncs, topic, 0, destination=topic)
-    assert sync is not None and sync.upstream_offset == n
-
-
-def test_at_least_once_a_record_lost_inside_a_run_stops_the_run_and_the_chunk_is_written_again(clusters, unique,
-                                                                                                monkeypatch):
-    """at_least_once has no transaction to fail: a record the destination rejects inside a run would be lost
-    unseen, but the gapless producer stops there (a fatal error), so the chunk's last record is reported
-    failed and the chunk is written again the Python way: the rejected record is dead-lettered with its
-    reason, every other record is on the destination (some twice, as at-least-once allows), in order from
-    its last copy, and the offset syncs end where the chunk ends."""
-    topic, dlq, syncs = unique("native-alo"), unique("native-alo-dlq"), unique("native-alo-syncs")
-    create(clusters.dst_bootstrap, dlq, syncs)
-    create(clusters.dst_bootstrap, topic, config={"max.message.bytes": "2000"})
-    cfg = config(clusters, syncs)
-    s = settings(cfg, topic, dlq, syncs, value_serde="bytes", destination_max_message_bytes=None,
-                 delivery="at_least_once")
+    s = settings(cfg, topic, dlq, syncs, value_serde="bytes", destination_max_message_bytes=None, delivery=delivery)
     n = 300
     values = [b"v%d" % i for i in range(n)]
     values[150] = b"x" * 5000
@@ -167,18 +130,43 @@ def test_at_least_once_a_record_lost_inside_a_run_stops_the_run_and_the_chunk_is
 
     monkeypatch.setattr(native, "produce", spy)
     result = PartitionWriter(s, SchemaIdTranslator({})).write(0, cols, upstream_end=n)
-
     assert any(start <= 150 < reached for start, reached in runs)  # the large record went out without a report
+    return cfg, s, values, result
+
+
+def test_a_record_rejected_inside_a_run_is_dead_lettered_and_nothing_else_lost(clusters, unique, monkeypatch):
+    cfg, s, values, result = _large_record_inside_a_run(clusters, unique, monkeypatch, "exactly_once")
+    n = len(values)
+    assert result.dead_lettered == 1 and result.mirrored == n - 1
+    got = read(cfg, s.destination_topic)
+    assert [v for _, _, v, _ in got] == values[:150] + values[151:]  # each once, in order, nothing doubled
+    dead = read(cfg, s.dlq_topic)
+    assert len(dead) == 1 and dead[0][2] == values[150]
+    sync = last_committed_sync(s.producer_config, s.offset_syncs_topic, s.destination_topic, 0,
+                               destination=s.destination_topic)
+    assert sync is not None and sync.upstream_offset == n
+
+
+def test_at_least_once_a_record_lost_inside_a_run_stops_the_run_and_the_chunk_is_written_again(clusters, unique,
+                                                                                                monkeypatch):
+    """at_least_once has no transaction to fail: a record the destination rejects inside a run would be lost
+    unseen, but the gapless producer stops there (a fatal error), so the chunk's last record is reported
+    failed and the chunk is written again the Python way: the rejected record is dead-lettered with its
+    reason, every other record is on the destination (some twice, as at-least-once allows), in order from
+    its last copy, and the offset syncs end where the chunk ends."""
+    cfg, s, values, result = _large_record_inside_a_run(clusters, unique, monkeypatch, "at_least_once")
+    n = len(values)
     assert result.native_records == 0  # the chunk was written again, every record with a report
     assert result.dead_lettered == 1 and result.mirrored == n - 1
-    got = [v for _, _, v, _ in read(cfg, topic)]
+    got = [v for _, _, v, _ in read(cfg, s.destination_topic)]
     kept = values[:150] + values[151:]
     assert set(got) == set(kept)
     last = {v: i for i, v in enumerate(got)}
     assert sorted(kept, key=last.__getitem__) == kept  # each record's last copy in order
-    dead = read(cfg, dlq)
+    dead = read(cfg, s.dlq_topic)
     assert len(dead) == 1 and dead[0][2] == values[150]
-    sync = last_committed_sync(s.producer_config, syncs, topic, 0, destination=topic)
+    sync = last_committed_sync(s.producer_config, s.offset_syncs_topic, s.destination_topic, 0,
+                               destination=s.destination_topic)
     assert sync is not None and sync.upstream_offset == n
 
 
