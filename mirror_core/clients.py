@@ -129,15 +129,19 @@ def producer(cluster: ClusterConfig, **extra: Any) -> Producer:
 
 
 def consumer(cluster: ClusterConfig, group_id: str, **extra: Any) -> Consumer:
-    return Consumer(kafka_config(cluster, **(_QUIET | _CONSUMER | {"group.id": group_id} | extra)))
+    return Consumer(_consumer_config(cluster, group_id, extra))
 
 
 def native_reader(cluster: ClusterConfig, group_id: str, **extra: Any) -> Any:
     """A consumer of the C read loop's own (``native.Reader``), configured as :func:`consumer` would be."""
     from mirror_core import native
 
-    conf = kafka_config(cluster, **(_QUIET | _CONSUMER | {"group.id": group_id} | extra))
+    conf = _consumer_config(cluster, group_id, extra)
     return native.Reader(conf, conf["logger"])
+
+
+def _consumer_config(cluster: ClusterConfig, group_id: str, extra: dict[str, Any]) -> ClientConfig:
+    return kafka_config(cluster, **(_QUIET | _CONSUMER | {"group.id": group_id} | extra))
 
 
 #: librdkafka properties the Java client takes under the same name and meaning

@@ -112,7 +112,7 @@ class DirectReader:
         #: (topic, partition) -> the offset the next range must start at to continue without a seek
         self._next: dict[tuple[str, int], int] = {}
         #: (topic, partition) -> records fetched past the last range's end, for the next range
-        self._ahead: dict[tuple[str, int], list[_Run]] = {}
+        self._ahead: dict[tuple[str, int], list[Columns]] = {}
         #: (topic, partition) -> the highest end of partition the consumer reported (everything below it
         #: has been handed over); reported once, so kept for the ranges after the one that was open then
         self._eof: dict[tuple[str, int], int] = {}
@@ -181,21 +181,22 @@ class DirectReader:
             self._position(ranges)
             c = self._consumer
             by_key = {(r.topic, r.partition): r for r in ranges}
-            bufs: dict[tuple[str, int], _Buffer] = {k: _Buffer() for k in by_key}
+            #: each open range's records not handed over yet (runs or parts of runs), and how many
+            bufs: dict[tuple[str, int], list[Columns]] = {k: [] for k in by_key}
+            held: dict[tuple[str, int], int] = dict.fromkeys(by_key, 0)
             last: dict[tuple[str, int], int] = {}
             open_ = set(by_key)
             spent = 0.0
 
             def flush(key: tuple[str, int], done: bool) -> None:
-                buf = bufs[key]
-                if buf.offsets:
-                    deliver(by_key[key], buf.columns())
-                    bufs[key] = _Buffer()
+                if bufs[key]:
+                    deliver(by_key[key], Columns.concat(bufs[key]))
+                    bufs[key], held[key] = [], 0
                 if done:
                     open_.discard(key)
                     deliver(by_key[key], None)
 
-            def take(key: tuple[str, int], run: _Run) -> bool:
+            def take(key: tuple[str, int], run: Columns) -> bool:
                 """The records of ``run`` in ``key``'s open range; True when they complete it (records past
                 its end are kept for the partition's next range)."""
                 r = by_key[key]
@@ -206,10 +207,11 @@ class DirectReader:
                 i = bisect_right(offs, low)
                 j = bisect_left(offs, r.end, i)
                 if j > i:
-                    bufs[key].extend(run, i, j)
+                    bufs[key].append(run if i == 0 and j == len(offs) else run.slice(i, j))
+                    held[key] += j - i
                     last[key] = offs[j - 1]
                 if j < len(offs):
-                    self._ahead.setdefault(key, []).append(run.part(j, len(offs)))
+                    self._ahead.setdefault(key, []).append(run.slice(j, len(offs)))
                     return True
                 return last.get(key, -1) >= r.end - 1
 
@@ -250,7 +252,7 @@ class DirectReader:
                             log.debug("%s: direct read: %s", self.group, text)  # retried by the client
                             continue
                         raise KafkaOperationError(f"reading {topic}[{part}]: {text}", name)
-                    run = _Run(*item[3:])
+                    run = Columns(*item[3:])
                     key = (item[1], item[2])
                     if key in open_ and key not in completed:
                         touched.add(key)
@@ -265,7 +267,7 @@ class DirectReader:
                     if before < AHEAD_RECORDS <= before + len(run):
                         c.pause([key])
                 for key in touched:
-                    if key not in completed and len(bufs[key].offsets) >= CHUNK_RECORDS:
+                    if key not in completed and held[key] >= CHUNK_RECORDS:
                         flush(key, done=False)
                 spent += time.monotonic() - t0
                 for key in completed:
@@ -296,23 +298,6 @@ def _left(open_: set[tuple[str, int]], by_key: dict[tuple[str, int], Range], las
             return CHUNK_RECORDS
         n += r.end - max(last.get(key, -1) + 1, r.start or 0)
     return n
-
-
-class _Run:
-    """Consecutive records of one partition, column by column, in offset order."""
-
-    __slots__ = ("offsets", "keys", "values", "timestamps", "headers")
-
-    def __init__(self, offsets: list[int], keys: list[bytes | None], values: list[bytes | None],
-                 timestamps: list[int], headers: list[tuple[tuple[str, bytes | None], ...]] | None):
-        self.offsets, self.keys, self.values, self.timestamps, self.headers = offsets, keys, values, timestamps, headers
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def part(self, i: int, j: int) -> _Run:
-        return _Run(self.offsets[i:j], self.keys[i:j], self.values[i:j], self.timestamps[i:j],
-                    None if self.headers is None else self.headers[i:j])
 
 
 class _Consumer:
@@ -355,7 +340,7 @@ def _runs(msgs: list[Any]) -> list[tuple[Any, ...]]:
     reader's path when the C loop is not there)."""
     out: list[tuple[Any, ...]] = []
     cur: tuple[str, int] | None = None
-    run: _Run | None = None
+    run: Columns | None = None
     for m in msgs:
         err = m.error()
         if err is not None:
@@ -364,7 +349,7 @@ def _runs(msgs: list[Any]) -> list[tuple[Any, ...]]:
             continue
         key = (m.topic(), m.partition())
         if key != cur:
-            cur, run = key, _Run([], [], [], [], None)
+            cur, run = key, Columns([], [], [], [], None)
             out.append((native.RUN, *key, run.offsets, run.keys, run.values, run.timestamps, None))
         assert run is not None
         h = m.headers()
@@ -378,42 +363,6 @@ def _runs(msgs: list[Any]) -> list[tuple[Any, ...]]:
         if run.headers is not None:
             run.headers.append(tuple(h) if h else ())
     return out
-
-
-class _Buffer:
-    """Records of one partition collected column by column."""
-
-    __slots__ = ("offsets", "keys", "values", "timestamps", "headers")
-
-    def __init__(self) -> None:
-        self.offsets: list[int] = []
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
-        self.timestamps: list[int] = []
-        #: None until a record with headers comes
-        self.headers: list[tuple[tuple[str, bytes | None], ...]] | None = None
-
-    def extend(self, run: _Run, i: int, j: int) -> None:
-        """Add records [i, j) of ``run``."""
-        whole = i == 0 and j == len(run.offsets)
-        if whole and not self.offsets:  # the usual case: a run becomes the buffer, no copy
-            self.offsets, self.keys, self.values, self.timestamps, self.headers = (
-                run.offsets, run.keys, run.values, run.timestamps, run.headers)
-            return
-        n = len(self.offsets)
-        self.offsets.extend(run.offsets[i:j])
-        self.keys.extend(run.keys[i:j])
-        self.values.extend(run.values[i:j])
-        self.timestamps.extend(run.timestamps[i:j])
-        if run.headers is not None:
-            if self.headers is None:
-                self.headers = [()] * n
-            self.headers.extend(run.headers[i:j])
-        elif self.headers is not None:
-            self.headers.extend([()] * (j - i))
-
-    def columns(self) -> Columns:
-        return Columns(self.offsets, self.keys, self.values, self.timestamps, self.headers)
 
 
 def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: int = 8, slot: int = 0,

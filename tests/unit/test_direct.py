@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mirror_core.direct import CHUNK_RECORDS, Range, _Buffer, _left, _Run, _runs, batch_ranges
+from mirror_core.direct import CHUNK_RECORDS, Range, _left, _runs, batch_ranges
+from mirror_core.replicate import Columns
 
 
 def test_batch_ranges_follow_the_offset_log():
@@ -32,26 +33,22 @@ def test_the_reader_asks_for_no_more_records_than_the_open_ranges_hold():
     assert _left(set(), by_key, {}) == 0
 
 
-def _run(first: int, n: int, headers: bool = False) -> _Run:
+def _run(first: int, n: int, headers: bool = False) -> Columns:
     offs = list(range(first, first + n))
-    return _Run(offs, [b"k%d" % o for o in offs], [b"v%d" % o for o in offs], [1000 + o for o in offs],
-                [(("h", b"%d" % o),) for o in offs] if headers else None)
+    return Columns(offs, [b"k%d" % o for o in offs], [b"v%d" % o for o in offs], [1000 + o for o in offs],
+                   [(("h", b"%d" % o),) for o in offs] if headers else None)
 
 
 def test_a_partitions_buffer_keeps_runs_in_order_and_headers_only_when_some_record_has_them():
     """Runs with and without headers, whole and in parts, make one chunk whose columns line up: a record
     without headers gets () once another record of the chunk has some, and a chunk without any has None."""
-    buf = _Buffer()
-    buf.extend(_run(0, 3), 0, 3)
-    assert buf.columns().headers is None
-    buf.extend(_run(3, 4, headers=True), 1, 3)  # offsets 4 and 5
-    buf.extend(_run(6, 2), 0, 2)
-    cols = buf.columns()
+    assert Columns.concat([_run(0, 3)]).headers is None
+    cols = Columns.concat([_run(0, 3), _run(3, 4, headers=True).slice(1, 3), _run(6, 2)])  # 4 and 5 of the second
     assert cols.offsets == [0, 1, 2, 4, 5, 6, 7]
     assert cols.keys == [b"k%d" % o for o in cols.offsets] and cols.values == [b"v%d" % o for o in cols.offsets]
     assert cols.timestamps == [1000 + o for o in cols.offsets]
     assert cols.headers == [(), (), (), (("h", b"4"),), (("h", b"5"),), (), ()]
-    assert _run(10, 5).part(2, 4).offsets == [12, 13] and _run(10, 5, True).part(4, 5).headers == [(("h", b"14"),)]
+    assert _run(10, 5).slice(2, 4).offsets == [12, 13] and _run(10, 5, True).slice(4, 5).headers == [(("h", b"14"),)]
 
 
 class _Msg:
