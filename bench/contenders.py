@@ -45,7 +45,8 @@ def mirrorflow_yaml(ep: Endpoints, *, group: str, source_topic: str, destination
                     value_serde: str, trigger: str, checkpoint_dir: Path, master: str = "local[2]",
                     driver_batch_max_records: int | None = None, read_path: str = "spark",
                     transactions: str = "per_partition", writer_producers: int | None = None,
-                    overlap_writes: bool | None = None, spark_conf: dict[str, str] | None = None) -> str:
+                    overlap_writes: bool | None = None, spark_conf: dict[str, str] | None = None,
+                    max_offsets_per_trigger: int | None = None) -> str:
     """A mirrors YAML with one group mirroring ``source_topic`` to ``destination_topic``."""
     def reg(url: str | None) -> str:
         return f"\n    schema_registry: {{url: \"{url}\"}}" if url else ""
@@ -53,6 +54,8 @@ def mirrorflow_yaml(ep: Endpoints, *, group: str, source_topic: str, destination
     driver_max = "" if driver_batch_max_records is None else \
         f"\n      driver_batch_max_records: {driver_batch_max_records}"
     producers = "" if writer_producers is None else f"\n      writer_producers: {writer_producers}"
+    if max_offsets_per_trigger is not None:
+        producers += f"\n      max_offsets_per_trigger: {max_offsets_per_trigger}"
     if overlap_writes is not None:
         producers += f"\n      overlap_writes: {str(overlap_writes).lower()}"
     conf = ", ".join(f'{k}: "{v}"' for k, v in {"spark.ui.showConsoleProgress": "false", **(spark_conf or {})}.items())

@@ -43,7 +43,7 @@ from bench.contenders import (  # noqa: E402
     raw_pipe_cmd,
 )
 from bench.observe import Arrivals, DrainCounter, DstWatcher, PidsCpu, percentile  # noqa: E402
-from bench.workload import SCHEMA, RateProducer, load  # noqa: E402
+from bench.workload import SCHEMA, WARM_TRANSACTIONS, RateProducer, load, warm_broker  # noqa: E402
 from mirror_core import artifacts, local, local_spark  # noqa: E402
 from mirror_core.logs import quiet_library_warnings  # noqa: E402
 from mirror_core.topics import create_topics  # noqa: E402
@@ -77,7 +77,13 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-direct-overlap-bytes", "mirrorflow-alo-direct-overlap-bytes", "mm2-tuned-eos",
                      "mirrorflow-eos-chmod", "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod",
                      "mirrorflow-eos-direct-pyread", "mirrorflow-eos-direct-pyread-bytes",
-                     "mirrorflow-alo-direct-pyread-bytes", "mirrorflow-alo-direct-py-bytes")
+                     "mirrorflow-alo-direct-pyread-bytes", "mirrorflow-alo-direct-py-bytes",
+                     "mirrorflow-eos-direct-small", "mirrorflow-eos-direct-small-bytes")
+#: the ``-small`` variants' ``spark.max_offsets_per_trigger`` (the direct path's default batch is 500,000 records)
+SMALL_BATCH_RECORDS = 125000
+#: the topic each broker is warmed on (see bench.workload.warm_broker)
+WARM_TOPIC = "bench.warm"
+WARM_PARTITIONS = 6
 FLOOR = "floor"  # no mirror: the watcher reads the source topic itself (what the measurement adds)
 LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-direct", "mirrorflow-alo-direct",
                       "mirrorflow-eos-writer", "mm2", "mm2-tuned", "raw-python", "kcat")
@@ -115,6 +121,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=600.0, help="deadline per contender run, seconds")
     ap.add_argument("--no-latency", action="store_true", help="skip the latency phase")
     ap.add_argument("--no-drain", action="store_true", help="skip the drain phase")
+    ap.add_argument("--no-warm", action="store_true",
+                    help="skip warming the brokers (transactions written and read back) before the contenders")
     args = ap.parse_args(argv)
     quick = args.quick
     args.sizes = [int(s) for s in (args.sizes or ("100" if quick else "100,1000")).split(",")]
@@ -189,6 +197,12 @@ class Bench:
         st = local.status(self.env)
         servers = [p["pid"] for side in st.get("sides", {}).values()
                    for p in [*side.get("brokers", []), side.get("registry") or {}] if p.get("pid")]
+        if not self.args.no_warm:
+            try:
+                self.warm_brokers()
+            except Exception as exc:  # noqa: BLE001 - the run goes on; its JSON says so
+                self.doc["notes"].append(f"brokers not warmed: {type(exc).__name__}: {exc}")
+                self.say(f"[red]brokers not warmed: {type(exc).__name__}: {exc}")
         self.servers_cpu = PidsCpu(servers).start()
         try:
             import pyspark
@@ -204,6 +218,15 @@ class Bench:
                                      memory_per_worker="1g")
             self.master = cluster.master_url
             self.doc["spark_master"] = {"url": cluster.master_url, "workers": self.args.spark_workers}
+
+    def warm_brokers(self) -> None:
+        """Warm both clusters' brokers before any contender (see :func:`bench.workload.warm_broker`)."""
+        t0 = time.monotonic()
+        for side, bootstrap in (("src", self.ep.src_bootstrap), ("dst", self.ep.dst_bootstrap)):
+            self.create_topic(bootstrap, WARM_TOPIC, WARM_PARTITIONS)
+            n = warm_broker(bootstrap, WARM_TOPIC, WARM_PARTITIONS)
+            self.say(f"warmed the {side} broker: {WARM_TRANSACTIONS} transactions, {n:,} records read back")
+        self.doc["brokers_warm_s"] = round(time.monotonic() - t0, 1)
 
     def create_topic(self, bootstrap: str, topic: str, partitions: int) -> None:
         create_topics(AdminClient({"bootstrap.servers": bootstrap}), [NewTopic(topic, partitions, 1)], timeout=30)
@@ -243,6 +266,7 @@ class Bench:
                 transactions="per_writer" if "writer" in parts else "per_partition",
                 writer_producers=1 if "1" in parts else None,
                 overlap_writes=True if "overlap" in parts else None,
+                max_offsets_per_trigger=SMALL_BATCH_RECORDS if "small" in parts else None,
                 spark_conf={"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"} if "chmod" in parts else None))
             cmd = mirrorflow_cmd(path, group, once=drain)
             if "py" in parts:
