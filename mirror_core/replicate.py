@@ -927,9 +927,18 @@ class PartitionWriter:
     def prepare(self, partition: int) -> None:
         """Start the partition's producer and read its position now, so the first write finds them."""
         with partition_lock(self.s, partition):
-            key = _producer(self.s, partition)[1]
+            # at_least_once through the C loop writes on the gapless producer: start that one, not the usual
+            # one, which is then only made if a chunk falls back (one producer per partition, not two)
+            key = _producer(self.s, partition, gapless=self._gapless())[1]
             if self.s.delivery == "exactly_once":
                 self._position(key, partition)
+
+    def _gapless(self) -> bool:
+        """at_least_once chunks of this writer go through the C loop on the gapless producer (see
+        :meth:`_write_at_least_once_in_c`; a chunk of fewer than 3 records, or one the loop hands back, does
+        not)."""
+        return (self.s.delivery != "exactly_once" and self.fast.enabled and self.fast.provenance is None
+                and native.available())
 
     def advance(self, partition: int, upstream_end: int, last_downstream: int) -> None:
         """Record that the partition's position moved to ``upstream_end`` past records that are not data
@@ -939,7 +948,7 @@ class PartitionWriter:
 
     def _advance(self, partition: int, upstream_end: int, last_downstream: int) -> None:
         sync = OffsetSync(self.s.source_topic, partition, upstream_end, last_downstream + 1)
-        producer, key = _producer(self.s, partition)
+        producer, key = _producer(self.s, partition, gapless=self._gapless())
         if self.s.delivery == "exactly_once":
             producer.begin_transaction()
             self._emit_sync(producer, sync)
@@ -1589,8 +1598,7 @@ class PartitionWriter:
         small to gain): the caller then writes it the Python way, with a report per record; what landed is
         written twice, as at-least-once allows."""
         # what the C loop needs (see _produce_records): records that keep their partition, no provenance header
-        if (len(chunk) < 3 or not self.fast.enabled or self.fast.provenance is not None
-                or self.s.destination_partitions < self.s.source_partitions):
+        if len(chunk) < 3 or not self._gapless():
             return None
         t0 = time.monotonic()
         producer, key = _producer(self.s, partition, gapless=True)

@@ -326,3 +326,25 @@ def test_at_least_once_a_record_lost_inside_a_run_sends_the_chunk_again_with_rep
     for s in syncs:
         if s.upstream_offset in where:
             assert s.downstream_offset == where[s.upstream_offset]
+
+
+@pytest.mark.parametrize("c_loop", [True, False])
+def test_at_least_once_prepare_starts_the_producer_its_chunks_go_through(monkeypatch: pytest.MonkeyPatch,
+                                                                        c_loop: bool) -> None:
+    """The warm-up starts one producer per at_least_once partition: the gapless one when chunks go through
+    the C loop (the usual one is then only made if a chunk falls back), the usual one when they cannot; a
+    partition whose range ends in markers syncs on that same producer."""
+    usual, gapless = _Broker(), _Gapless()
+    writer = _alo_writer(monkeypatch, usual, gapless)
+    asked: list[bool] = []
+
+    def producer(_s: Any, _p: int, gapless_: bool = False, **k: Any) -> tuple[_Broker, str]:
+        asked.append(k.get("gapless", gapless_))
+        return (gapless, "gapless") if asked[-1] else (usual, "key")
+
+    monkeypatch.setattr(replicate, "_producer", producer)
+    monkeypatch.setattr(native, "available", lambda: c_loop)
+    writer.prepare(1)
+    writer.advance(1, 12, 5)
+    assert asked == [c_loop, c_loop]
+    assert _syncs(gapless if c_loop else usual) == [OffsetSync("t", 1, 12, 6)]
