@@ -175,9 +175,9 @@ def warm_broker(bootstrap: str, topic: str, partitions: int) -> int:
     records written and read back.
 
     A freshly started broker runs its code interpreted until the JIT has compiled the hot paths. Without
-    this, the first contender of a run to write idempotently (and, separately, the first to write
-    transactions) was the slowest whatever it was, by up to a third, with more broker CPU per record than
-    the same contender later in the run; brokers in production are long warm. ``topic`` (``partitions``
+    this, the first contender of a run to write transactions was slower, with more broker CPU per record,
+    than the same contender later in the run (with it, still somewhat: see bench/README.md); brokers in
+    production are long warm. ``topic`` (``partitions``
     of them, already created) gets :data:`WARM_TRANSACTIONS` small transactions, read back
     ``read_committed`` with group offset commits. It also has the broker create its group-offset and
     transaction-state topics (50 partitions each) here rather than under the first contender that needs
