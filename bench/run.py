@@ -78,7 +78,8 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-chmod", "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod",
                      "mirrorflow-eos-direct-pyread", "mirrorflow-eos-direct-pyread-bytes",
                      "mirrorflow-alo-direct-pyread-bytes", "mirrorflow-alo-direct-py-bytes",
-                     "mirrorflow-eos-direct-small", "mirrorflow-eos-direct-small-bytes")
+                     "mirrorflow-eos-direct-small", "mirrorflow-eos-direct-small-bytes",
+                     "mirrorflow-eos-direct-again-bytes", "mirrorflow-alo-direct-again-bytes")
 #: the ``-small`` variants' ``spark.max_offsets_per_trigger`` (the direct path's default batch is 500,000 records)
 SMALL_BATCH_RECORDS = 125000
 #: the topic each broker is warmed on (see bench.workload.warm_broker)
