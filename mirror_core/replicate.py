@@ -1537,7 +1537,7 @@ class PartitionWriter:
     # -- at least once
 
     def _write_at_least_once(self, partition: int, chunk: Columns, result: BatchResult) -> None:
-        written = self._write_at_least_once_in_c(partition, chunk, result) if native.available() else None
+        written = self._write_at_least_once_in_c(partition, chunk, result)
         if written is not None:
             # the offset syncs go on the producer that wrote the records; the position is the partition's
             acks, too_large, producer = written
