@@ -280,6 +280,31 @@ class PidsCpu:
         self._thread.join(5)
 
 
+def unwritten_mb(meminfo: str | None = None) -> float | None:
+    """Page-cache data not yet on disk (``Dirty`` + ``Writeback`` in /proc/meminfo), in MB."""
+    try:
+        text = Path("/proc/meminfo").read_text() if meminfo is None else meminfo
+    except OSError:
+        return None
+    kb = {k: int(v.split()[0]) for k, v in (ln.split(":", 1) for ln in text.splitlines() if ":" in ln)
+          if k in ("Dirty", "Writeback")}
+    return round(sum(kb.values()) / 1024, 1) if kb else None
+
+
+def settle_page_cache() -> dict[str, float | None]:
+    """Write the page cache's dirty data to disk before a measurement (``sync``), so that a contender does not
+    pay for the writeback of what the load (or the contender before it) wrote. On the machine these figures
+    come from, writing a file while the kernel's background writeback runs costs several times the CPU per
+    byte (1 GB written with ``dd``: 0.27 s of system time with little dirty data, 1.5-2.8 s once about 2.3 GB
+    were dirty), and a broker profile showed its page-cache copies taking ten times their usual share of the
+    broker's CPU for a stretch of one drain. Some dirty data stays (about 1 GB with a bench's brokers up):
+    the JSON keeps the figures before and after."""
+    before = unwritten_mb()
+    t0 = time.monotonic()
+    os.sync()
+    return {"unwritten_mb_before": before, "sync_s": round(time.monotonic() - t0, 2), "unwritten_mb_after": unwritten_mb()}
+
+
 def status_kb(pid: int, key: str) -> int | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():

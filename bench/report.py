@@ -34,7 +34,8 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
         if r.get("status") != "ok":
             continue
         peers = {p["contender"]: p for p in rows
-                 if p["phase"] == r["phase"] and p.get("size") == r.get("size") and p.get("status") == "ok"}
+                 if p["phase"] == r["phase"] and p.get("size") == r.get("size") and p.get("status") == "ok"
+                 and p.get("round") == r.get("round")}
         if r["phase"] == "throughput":
             for ref in REFS:
                 r[f"x_{ref}"] = _ratio(rate(r), rate(peers[ref]) if ref in peers else None)
@@ -42,6 +43,56 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
             for ref in REFS:
                 r[f"p50_x_{ref}"] = _ratio(r.get("p50_ms"), peers.get(ref, {}).get("p50_ms"))
                 r[f"p99_x_{ref}"] = _ratio(r.get("p99_ms"), peers.get(ref, {}).get("p99_ms"))
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Throughput over rounds (``--rounds``): per value size and contender, the mean records/s (see
+    :func:`rate`) of its runs that succeeded, their spread, and the ratio of the means to MM2's (as shipped
+    and tuned) and the raw pipe's, with the ratio of each round. Empty when every row is from one round."""
+    thr = [r for r in rows if r["phase"] == "throughput"]
+    if not any((r.get("round") or 1) > 1 for r in thr):
+        return []
+    out: list[dict[str, Any]] = []
+    for size in dict.fromkeys(r["size"] for r in thr):
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for r in thr:
+            if r["size"] == size:
+                runs.setdefault(r["contender"], []).append(r)
+        means = {c: _mean([rate(r) for r in rs if r.get("status") == "ok"]) for c, rs in runs.items()}
+        for c, rs in runs.items():
+            mean = means[c]
+            ok = [r for r in rs if r.get("status") == "ok"]
+            rates = [v for v in (rate(r) for r in ok) if v is not None]
+            s: dict[str, Any] = {"size": size, "contender": c, "rounds": len(rs), "ok": len(ok),
+                                 "mean": None if mean is None else round(mean),
+                                 "min": min(rates, default=None), "max": max(rates, default=None),
+                                 "positions": [r.get("position") for r in rs]}
+            for ref in REFS:
+                s[f"x_{ref}"] = _ratio(mean, means.get(ref))
+                s[f"x_{ref}_by_round"] = [r.get(f"x_{ref}") for r in rs]
+            out.append(s)
+    return out
+
+
+def _mean(vals: list[Any]) -> float | None:
+    vals = [v for v in vals if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def summary_table(summary: list[dict[str, Any]]) -> Table:
+    t = Table(title="Drain throughput over rounds (mean of each contender's 10-90% rec/s over the rounds, each "
+                    "round on freshly loaded data, the order reversed every other round; x = ratio of the means, "
+                    "by round = the ratio within each round)")
+    for col in ("value B", "contender", "rounds ok", "positions", "mean rec/s", "min", "max", "x MM2 tuned",
+                "x MM2 tuned by round", "x raw", "x raw by round"):
+        t.add_column(col, justify="left" if col in ("contender",) or "by round" in col else "right",
+                     no_wrap=col == "contender", min_width=20 if col == "contender" else None)
+    for s in summary:
+        t.add_row(str(s["size"]), s["contender"], f"{s['ok']}/{s['rounds']}",
+                  ",".join(str(p) for p in s["positions"]), _f(s["mean"]), _f(s["min"]), _f(s["max"]),
+                  _f(s[f"x_{MM2_TUNED}"], "{:.2f}"), " ".join(_f(x, "{:.2f}") for x in s[f"x_{MM2_TUNED}_by_round"]),
+                  _f(s[f"x_{RAW}"], "{:.2f}"), " ".join(_f(x, "{:.2f}") for x in s[f"x_{RAW}_by_round"]))
+    return t
 
 
 def _f(v: Any, fmt: str = "{:,.0f}") -> str:
@@ -59,7 +110,8 @@ def throughput_table(rows: list[dict[str, Any]]) -> Table:
                     "visible on the destination, ratios use it; steady = data path start -> last record visible; "
                     "CPU us/rec = CPU time of the contender's processes over the window per record in it, servers = "
                     "of both clusters' brokers and registries)")
-    for col in ("value B", "contender", "records", "rec/s 10-90%", "rec/s steady", "MB/s steady", "CPU us/rec",
+    rounds = any((r.get("round") or 1) > 1 for r in rows)
+    for col in ("value B", "contender", *(("round",) if rounds else ()), "records", "rec/s 10-90%", "rec/s steady", "MB/s steady", "CPU us/rec",
                 "servers us/rec", "wall s", "startup s", "peak RSS MB", "x MM2", "x MM2 tuned", "x raw", "load 1m",
                 "status"):
         t.add_column(col, justify="left" if col in ("contender", "status") else "right",
@@ -67,7 +119,8 @@ def throughput_table(rows: list[dict[str, Any]]) -> Table:
     for r in rows:
         if r["phase"] != "throughput":
             continue
-        t.add_row(str(r["size"]), r["contender"], _f(r.get("records")), _f(r.get("records_per_s_window")),
+        t.add_row(str(r["size"]), r["contender"], *((f"{r.get('round')}.{r.get('position')}",) if rounds else ()),
+                  _f(r.get("records")), _f(r.get("records_per_s_window")),
                   _f(r.get("records_per_s")), _f(r.get("mb_per_s"), "{:.2f}"),
                   _f((r.get("cpu_window") or {}).get("mirror_us_per_record"), "{:.1f}"),
                   _f((r.get("cpu_window") or {}).get("servers_us_per_record"), "{:.1f}"),
@@ -99,6 +152,9 @@ def latency_table(rows: list[dict[str, Any]]) -> Table:
 def print_tables(console: Console, rows: list[dict[str, Any]]) -> None:
     if any(r["phase"] == "throughput" for r in rows):
         console.print(throughput_table(rows))
+        summary = summarize(rows)
+        if summary:
+            console.print(summary_table(summary))
     if any(r["phase"] == "latency" for r in rows):
         console.print(latency_table(rows))
 

@@ -42,8 +42,16 @@ from bench.contenders import (  # noqa: E402
     parse_batches,
     raw_pipe_cmd,
 )
-from bench.observe import Arrivals, DrainCounter, DstWatcher, PidsCpu, percentile  # noqa: E402
-from bench.workload import SCHEMA, WARM_TRANSACTIONS, RateProducer, load, warm_broker  # noqa: E402
+from bench.observe import (  # noqa: E402
+    Arrivals,
+    DrainCounter,
+    DstWatcher,
+    PidsCpu,
+    percentile,
+    settle_page_cache,
+    unwritten_mb,
+)
+from bench.workload import SCHEMA, WARM_TRANSACTIONS, Loaded, RateProducer, load, warm_broker  # noqa: E402
 from mirror_core import artifacts, local, local_spark  # noqa: E402
 from mirror_core.logs import quiet_library_warnings  # noqa: E402
 from mirror_core.topics import create_topics  # noqa: E402
@@ -122,6 +130,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=600.0, help="deadline per contender run, seconds")
     ap.add_argument("--no-latency", action="store_true", help="skip the latency phase")
     ap.add_argument("--no-drain", action="store_true", help="skip the drain phase")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="drain every contender this many times per size, each round on freshly loaded data and "
+                         "in an order that balances positions (round 2 reverses round 1, ...); the summary table "
+                         "gives each contender's mean over the rounds")
+    ap.add_argument("--no-sync", action="store_true",
+                    help="do not write the page cache to disk (sync) before each measurement")
     ap.add_argument("--no-warm", action="store_true",
                     help="skip warming the brokers (transactions written and read back) before the contenders")
     args = ap.parse_args(argv)
@@ -133,6 +147,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if len(recs) != len(args.sizes):
         ap.error("--records needs one number or one per --sizes entry")
     args.records = recs
+    if args.rounds < 1:
+        ap.error("--rounds needs 1 or more")
     args.rate = args.rate or (1000.0 if quick else 2000.0)
     args.seconds = args.seconds or (5.0 if quick else 20.0)
     quick_set = ("mirrorflow-eos", "mm2", "mm2-tuned", "raw-python", "kcat")
@@ -166,8 +182,9 @@ class Bench:
         self.ep = Endpoints(src.bootstrap, dst.bootstrap, src.registry_url, dst.registry_url)
         self.rows: list[dict[str, Any]] = []
         self.current: Running | None = None
-        #: CPU time of both clusters' brokers and registries (set once they run)
+        #: CPU time of both clusters' brokers and registries (set once they run), and by role
         self.servers_cpu: PidsCpu | None = None
+        self.role_cpu: dict[str, PidsCpu] = {}
         self.kcat = shutil.which("kcat") or shutil.which("kafkacat")
         #: the Spark master mirrorflow runs on (a standalone cluster with --spark-workers)
         self.master = "local[2]"
@@ -186,6 +203,7 @@ class Bench:
 
     def save(self) -> None:
         report.add_ratios(self.rows)
+        self.doc["summary"] = report.summarize(self.rows)
         report.write_json(self.json_path, self.doc)
 
     # ------------------------------------------------------------------ setup
@@ -196,8 +214,14 @@ class Bench:
         local.up(self.env, self.spec, progress=lambda m: self.say(f"[dim]{m}"))
         self.doc["clusters_up_s"] = round(time.monotonic() - t0, 1)
         st = local.status(self.env)
-        servers = [p["pid"] for side in st.get("sides", {}).values()
+        sides = st.get("sides", {})
+        servers = [p["pid"] for side in sides.values()
                    for p in [*side.get("brokers", []), side.get("registry") or {}] if p.get("pid")]
+        # each side's brokers apart, and the registries: which server a contender's extra work lands on
+        roles = {f"{name}_brokers": [p["pid"] for p in side.get("brokers", []) if p.get("pid")]
+                 for name, side in sides.items()}
+        roles["registries"] = [side["registry"]["pid"] for side in sides.values()
+                               if (side.get("registry") or {}).get("pid")]
         if not self.args.no_warm:
             try:
                 self.warm_brokers()
@@ -205,6 +229,7 @@ class Bench:
                 self.doc["notes"].append(f"brokers not warmed: {type(exc).__name__}: {exc}")
                 self.say(f"[red]brokers not warmed: {type(exc).__name__}: {exc}")
         self.servers_cpu = PidsCpu(servers).start()
+        self.role_cpu = {role: PidsCpu(pids).start() for role, pids in roles.items() if pids}
         try:
             import pyspark
 
@@ -230,7 +255,7 @@ class Bench:
         self.doc["brokers_warm_s"] = round(time.monotonic() - t0, 1)
 
     def create_topic(self, bootstrap: str, topic: str, partitions: int) -> None:
-        create_topics(AdminClient({"bootstrap.servers": bootstrap}), [NewTopic(topic, partitions, 1)], timeout=30)
+        create_topics(AdminClient({"bootstrap.servers": bootstrap, "log_level": 3}), [NewTopic(topic, partitions, 1)], timeout=30)
 
     def register(self, topic: str) -> int:
         quiet_library_warnings()  # before the registry client's import, which prints one
@@ -310,6 +335,8 @@ class Bench:
         """Run one contender's measurement into ``row``; a failing contender is a result, not the end of
         the run. Records the load around it, prints the row and saves the results."""
         self.rows.append(row)
+        if not self.args.no_sync:
+            row["page_cache"] = settle_page_cache()
         load0 = os.getloadavg()[0]
         try:
             run(row)
@@ -320,13 +347,27 @@ class Bench:
             if self.current:
                 row["memory"] = self.finish(self.current)
         _note_load(row, load0, getattr(self, "_load_end", None))
+        if "page_cache" in row:
+            row["page_cache"]["unwritten_mb_end"] = unwritten_mb()  # what the measurement left to write
         self.say(_row_line(row))
         self.save()
 
     # ------------------------------------------------------------------ phase 1: drain
 
     def drain_phase(self, size: int, records: int) -> None:
-        topic = f"bench.s{size}"
+        for rnd in range(1, self.args.rounds + 1):
+            suffix = "" if rnd == 1 else f".r{rnd}"
+            topic = f"bench.s{size}{suffix}"
+            loaded = self.load(topic, size, records)
+            for pos, contender in enumerate(round_order(self.args.contenders, rnd), 1):
+                row: dict[str, Any] = {"phase": "throughput", "contender": contender, "size": size,
+                                       "records": records, "bytes": loaded.key_bytes + loaded.value_bytes,
+                                       "avg_value_bytes": round(loaded.value_bytes / records, 1),
+                                       "round": rnd, "position": pos}
+                tag = f"s{size}" + ("" if rnd == 1 else f"r{rnd}")
+                self.measure(row, lambda r, c=contender, s=topic, t=tag: self.drain_one(c, s, t, records, r))
+
+    def load(self, topic: str, size: int, records: int) -> Loaded:
         schema_id = self.source_topic(topic)
         with Progress(TextColumn("loading {task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=self.console, transient=True) as prog:
@@ -336,11 +377,7 @@ class Bench:
         mb = (loaded.key_bytes + loaded.value_bytes) / 1e6
         self.say(f"loaded {records:,} records ({mb:.1f} MB, {loaded.value_bytes / records:.0f} B values) "
                  f"into {topic} in {loaded.seconds:.1f}s")
-        for contender in self.args.contenders:
-            row: dict[str, Any] = {"phase": "throughput", "contender": contender, "size": size,
-                                   "records": records, "bytes": loaded.key_bytes + loaded.value_bytes,
-                                   "avg_value_bytes": round(loaded.value_bytes / records, 1)}
-            self.measure(row, lambda r, c=contender: self.drain_one(c, topic, f"s{size}", records, r))
+        return loaded
 
     def drain_one(self, contender: str, topic: str, tag: str, records: int, row: dict[str, Any]) -> None:
         run, dest = self.launch(contender, topic, tag, drain=True)
@@ -412,6 +449,9 @@ class Bench:
                 "servers_cores": None if servers_cpu is None else round(servers_cpu / window, 2),
                 "mirror_us_per_record": None if mirror_cpu is None else round(mirror_cpu / in_window * 1e6, 2),
                 "servers_us_per_record": None if servers_cpu is None else round(servers_cpu / in_window * 1e6, 2)}
+            for role, timeline in self.role_cpu.items():
+                used = timeline.cpu.between(seen.at_10, seen.at_90)
+                row["cpu_window"][f"{role}_us_per_record"] = None if used is None else round(used / in_window * 1e6, 2)
 
     # ------------------------------------------------------------------ phase 2: latency
 
@@ -492,8 +532,9 @@ class Bench:
     # ------------------------------------------------------------------ teardown
 
     def down(self) -> None:
-        if self.servers_cpu is not None:
-            self.servers_cpu.stop()
+        for timeline in [self.servers_cpu, *self.role_cpu.values()]:
+            if timeline is not None:
+                timeline.stop()
         if self.current is not None:
             self.say(f"stopping {self.current.name}")
             self.finish(self.current)
@@ -501,6 +542,17 @@ class Bench:
         stopped += local.down(self.env)
         self.say(f"clusters stopped ({len(stopped)} processes)")
         shutil.rmtree(self.out / "checkpoints", ignore_errors=True)
+
+
+def round_order(contenders: list[str], rnd: int) -> list[str]:
+    """The order of the contenders in round ``rnd`` (1-based): even rounds reverse the round before, and
+    every pair of rounds starts one place further on, so over two rounds each contender's mean position is
+    the same (the first drain after a load ran slower than the same drain later in the invocation)."""
+    if not contenders:
+        return []
+    shift = ((rnd - 1) // 2) % len(contenders)
+    order = contenders[shift:] + contenders[:shift]
+    return order[::-1] if rnd % 2 == 0 else order
 
 
 class Skip(Exception):

@@ -19,8 +19,9 @@ from bench.contenders import (
     mm2_remote_topic,
     parse_batches,
 )
-from bench.observe import percentile
-from bench.report import add_ratios
+from bench.observe import percentile, unwritten_mb
+from bench.report import add_ratios, summarize
+from bench.run import round_order
 from bench.workload import PARSED, make_value, measured_key, parse_measured_key
 from mirror_core.config import parse_config
 
@@ -213,3 +214,44 @@ def test_the_watcher_marks_when_10_and_90_percent_of_the_expected_records_arrive
     assert w.seen.at_10 is not None and w.seen.at_90 is None
     w.poll()
     assert w.seen.at_90 is not None and w.seen.count == 9
+
+
+def test_rounds_reverse_the_order_so_every_contender_has_the_same_mean_position():
+    cs = ["a", "b", "c", "d"]
+    assert round_order(cs, 1) == ["a", "b", "c", "d"]
+    assert round_order(cs, 2) == ["d", "c", "b", "a"]
+    assert round_order(cs, 3) == ["b", "c", "d", "a"]  # the next pair starts one place on
+    for rounds in (2, 4):
+        positions = {c: [round_order(cs, r).index(c) for r in range(1, rounds + 1)] for c in cs}
+        assert len({sum(p) for p in positions.values()}) == 1, positions
+    assert round_order([], 2) == []
+
+
+def test_ratios_compare_within_a_round_and_the_summary_takes_the_means_over_rounds():
+    def row(c: str, rnd: int, rate: int, status: str = "ok") -> dict:
+        return {"phase": "throughput", "contender": c, "size": 100, "round": rnd, "status": status,
+                "records_per_s_window": rate, "position": 1}
+
+    rows = [row("mirrorflow-eos", 1, 240), row("mm2-tuned", 1, 200), row("raw-python", 1, 300),
+            row("raw-python", 2, 100), row("mm2-tuned", 2, 100), row("mirrorflow-eos", 2, 160),
+            row("mirrorflow-eos", 3, 999, status="failed"), row("mm2-tuned", 3, 150)]
+    add_ratios(rows)
+    assert [r.get("x_mm2-tuned") for r in rows[:6]] == [1.2, 1.0, 1.5, 1.0, 1.0, 1.6]
+    summary = {s["contender"]: s for s in summarize(rows)}
+    eos = summary["mirrorflow-eos"]
+    assert (eos["rounds"], eos["ok"], eos["mean"], eos["min"], eos["max"]) == (3, 2, 200, 160, 240)
+    assert eos["x_mm2-tuned"] == 1.33  # 200 / mean(200, 100, 150)
+    assert eos["x_mm2-tuned_by_round"] == [1.2, 1.6, None]
+    assert eos["x_raw-python"] == 1.0
+
+
+def test_one_round_has_no_summary():
+    rows = [{"phase": "throughput", "contender": "mm2-tuned", "size": 100, "round": 1, "status": "ok",
+             "records_per_s_window": 5}]
+    assert summarize(rows) == []
+
+
+def test_unwritten_page_cache_is_dirty_plus_writeback_in_mb():
+    meminfo = "MemFree:  100 kB\nDirty:    2048 kB\nWriteback:  1024 kB\nWritebackTmp:  4096 kB\n"
+    assert unwritten_mb(meminfo) == 3.0
+    assert unwritten_mb("MemFree: 1 kB\n") is None
