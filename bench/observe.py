@@ -292,13 +292,14 @@ def unwritten_mb(meminfo: str | None = None) -> float | None:
 
 
 def settle_page_cache() -> dict[str, float | None]:
-    """Write the page cache's dirty data to disk before a measurement (``sync``), so that a contender does not
-    pay for the writeback of what the load (or the contender before it) wrote. On the machine these figures
-    come from, writing a file while the kernel's background writeback runs costs several times the CPU per
-    byte (1 GB written with ``dd``: 0.27 s of system time with little dirty data, 1.5-2.8 s once about 2.3 GB
-    were dirty), and a broker profile showed its page-cache copies taking ten times their usual share of the
-    broker's CPU for a stretch of one drain. Some dirty data stays (about 1 GB with a bench's brokers up):
-    the JSON keeps the figures before and after."""
+    """Write the page cache's dirty data to disk before a measurement (``sync``): the load's gigabyte (or what
+    the contender before wrote) is then not written back by the kernel's threads on the cores the next
+    contender runs on. It does not make the brokers' cost per record steady: on the machine these figures
+    come from (a VM), writing into memory that has been free for more than a few seconds costs about ten
+    times the system CPU per byte (``dd`` of 1 GB files: 0.30-0.34 s each right after 5 GB were deleted; 30 s
+    after the deletion 0.3 s for each of the first two and 2.24 s for the third), and brokers appending their logs pay that whenever their page
+    cache grows (see bench/README.md). Some dirty data stays through the sync (about 1 GB with a bench's
+    brokers up); the JSON keeps the figures before and after."""
     before = unwritten_mb()
     t0 = time.monotonic()
     os.sync()
