@@ -182,8 +182,7 @@ class Bench:
         self.ep = Endpoints(src.bootstrap, dst.bootstrap, src.registry_url, dst.registry_url)
         self.rows: list[dict[str, Any]] = []
         self.current: Running | None = None
-        #: CPU time of both clusters' brokers and registries (set once they run), and by role
-        self.servers_cpu: PidsCpu | None = None
+        #: CPU time of both clusters' brokers and of their registries, by role (set once they run)
         self.role_cpu: dict[str, PidsCpu] = {}
         self.kcat = shutil.which("kcat") or shutil.which("kafkacat")
         #: the Spark master mirrorflow runs on (a standalone cluster with --spark-workers)
@@ -215,8 +214,6 @@ class Bench:
         self.doc["clusters_up_s"] = round(time.monotonic() - t0, 1)
         st = local.status(self.env)
         sides = st.get("sides", {})
-        servers = [p["pid"] for side in sides.values()
-                   for p in [*side.get("brokers", []), side.get("registry") or {}] if p.get("pid")]
         # each side's brokers apart, and the registries: which server a contender's extra work lands on
         roles = {f"{name}_brokers": [p["pid"] for p in side.get("brokers", []) if p.get("pid")]
                  for name, side in sides.items()}
@@ -228,7 +225,6 @@ class Bench:
             except Exception as exc:  # noqa: BLE001 - the run goes on; its JSON says so
                 self.doc["notes"].append(f"brokers not warmed: {type(exc).__name__}: {exc}")
                 self.say(f"[red]brokers not warmed: {type(exc).__name__}: {exc}")
-        self.servers_cpu = PidsCpu(servers).start()
         self.role_cpu = {role: PidsCpu(pids).start() for role, pids in roles.items() if pids}
         try:
             import pyspark
@@ -358,7 +354,7 @@ class Bench:
         for rnd in range(1, self.args.rounds + 1):
             suffix = "" if rnd == 1 else f".r{rnd}"
             topic = f"bench.s{size}{suffix}"
-            loaded = self.load(topic, size, records)
+            loaded = self.load_topic(topic, size, records)
             for pos, contender in enumerate(round_order(self.args.contenders, rnd), 1):
                 row: dict[str, Any] = {"phase": "throughput", "contender": contender, "size": size,
                                        "records": records, "bytes": loaded.key_bytes + loaded.value_bytes,
@@ -367,7 +363,7 @@ class Bench:
                 tag = f"s{size}" + ("" if rnd == 1 else f"r{rnd}")
                 self.measure(row, lambda r, c=contender, s=topic, t=tag: self.drain_one(c, s, t, records, r))
 
-    def load(self, topic: str, size: int, records: int) -> Loaded:
+    def load_topic(self, topic: str, size: int, records: int) -> Loaded:
         schema_id = self.source_topic(topic)
         with Progress(TextColumn("loading {task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=self.console, transient=True) as prog:
@@ -442,15 +438,17 @@ class Bench:
             window = seen.at_90 - seen.at_10
             row.update(window_s=round(window, 2), records_per_s_window=round(0.8 * records / window))
             mirror_cpu = run.mem.cpu.between(seen.at_10, seen.at_90)
-            servers_cpu = None if self.servers_cpu is None else self.servers_cpu.cpu.between(seen.at_10, seen.at_90)
+            by_role = {role: t.cpu.between(seen.at_10, seen.at_90) for role, t in self.role_cpu.items()}
+            # all the servers: the sum of the roles (None when a role has no figure for the window)
+            known = [v for v in by_role.values() if v is not None]
+            servers_cpu = sum(known) if by_role and len(known) == len(by_role) else None
             in_window = 0.8 * records
             row["cpu_window"] = {
                 "mirror_cores": None if mirror_cpu is None else round(mirror_cpu / window, 2),
                 "servers_cores": None if servers_cpu is None else round(servers_cpu / window, 2),
                 "mirror_us_per_record": None if mirror_cpu is None else round(mirror_cpu / in_window * 1e6, 2),
                 "servers_us_per_record": None if servers_cpu is None else round(servers_cpu / in_window * 1e6, 2)}
-            for role, timeline in self.role_cpu.items():
-                used = timeline.cpu.between(seen.at_10, seen.at_90)
+            for role, used in by_role.items():
                 row["cpu_window"][f"{role}_us_per_record"] = None if used is None else round(used / in_window * 1e6, 2)
 
     # ------------------------------------------------------------------ phase 2: latency
@@ -532,9 +530,8 @@ class Bench:
     # ------------------------------------------------------------------ teardown
 
     def down(self) -> None:
-        for timeline in [self.servers_cpu, *self.role_cpu.values()]:
-            if timeline is not None:
-                timeline.stop()
+        for timeline in self.role_cpu.values():
+            timeline.stop()
         if self.current is not None:
             self.say(f"stopping {self.current.name}")
             self.finish(self.current)
