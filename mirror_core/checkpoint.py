@@ -224,7 +224,9 @@ def emit_checkpoints(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncSt
                              on_delivery=_note_failure(failed))
             current[(gid, dst_topic, part)] = cp
             rep.checkpoints += 1
-    if producer.flush(30):
+    with clients.fatal_unmasked():
+        unacked = producer.flush(30)
+    if unacked:
         raise KafkaOperationError(f"checkpoints to {group.checkpoints_topic} not acknowledged within 30 s")
     if failed:
         # the checkpoints (and the group offsets that would follow from them) are not written: say so
@@ -301,7 +303,9 @@ def emit_heartbeat(cfg: MirrorsConfig, group: GroupConfig) -> bool:
     p = clients.producer(src, **{"enable.idempotence": True, "acks": "all"})
     failed: list[str] = []
     p.produce(topic, key=hb.key_bytes(), value=hb.value_bytes(), partition=0, on_delivery=_note_failure(failed))
-    if p.flush(30):
+    with clients.fatal_unmasked():
+        unacked = p.flush(30)
+    if unacked:
         raise KafkaOperationError(f"heartbeat to {topic} on {group.source} not acknowledged within 30 s")
     if failed:
         raise KafkaOperationError(f"heartbeat to {topic} on {group.source} not written: {failed[0]}")

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from mirror_core.config import SECRET_KEY_RE, ClusterConfig
@@ -113,6 +113,39 @@ def check_transactional_access(alias: str, cluster: ClusterConfig, transactional
         pass  # not an access problem (e.g. a slow coordinator): the writers will say more
     finally:
         del p
+
+
+@contextmanager
+def fatal_unmasked() -> Iterator[None]:
+    """Around a producer call that serves delivery reports (``flush``, ``poll``, ``commit_transaction``,
+    ``abort_transaction``): a fatal error of the producer (fenced by a newer instance with its transactional
+    id, a record lost by a gapless one) comes out as the ``KafkaException`` it is.
+
+    confluent-kafka raises a fatal error by leaving it pending in its error callback and serving on: a
+    delivery callback of ours that runs after it in the same call fails at its first step with ``SystemError:
+    ... returned a result with an exception set``, caused by the fatal error, and that SystemError is what the
+    call raises. Callers handle a fence (a new producer, the chunk written again); a SystemError would fail
+    the task."""
+    try:
+        yield
+    except SystemError as exc:
+        cause = fatal_cause(exc)
+        if cause is None:
+            raise
+        raise cause from None
+
+
+def fatal_cause(exc: BaseException) -> KafkaException | None:
+    """The ``KafkaException`` a SystemError of a delivery callback was caused by (see :func:`fatal_unmasked`),
+    following the chain of causes (each callback served after it adds one), or None."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, KafkaException):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 def kafka_config(cluster: ClusterConfig, **extra: Any) -> ClientConfig:

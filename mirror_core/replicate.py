@@ -44,6 +44,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from mirror_core import native, wire
+from mirror_core.clients import fatal_unmasked
 from mirror_core.config import (
     WRITER_PRODUCERS_DEFAULT,
     WRITER_PRODUCERS_MAX,
@@ -524,7 +525,8 @@ def _producer(s: WriterSettings, partition: int, gapless: bool = False) -> tuple
         if _built_for_other(txid, s):
             _drop_producer(txid)  # another size limit (its batches would be rejected again) or partition count
         if txid not in _PRODUCERS:
-            p = Producer(s.producer_config | base | {"transactional.id": txid, "transaction.timeout.ms": 60000})
+            p = Producer(s.producer_config | base | {"transactional.id": txid, "transaction.timeout.ms": 60000,
+                                                     "logger": _PARTITION_TXN_LOG})
             # metadata first: librdkafka's coordinator lookup otherwise often races the swap of the
             # bootstrap connection for the broker's own and waits out a 500 ms retry timer
             p.list_topics(s.destination_topic, timeout=30)
@@ -549,6 +551,10 @@ def _producer(s: WriterSettings, partition: int, gapless: bool = False) -> tuple
 
 #: the gapless producers' librdkafka log: the fatal error of a record lost is expected (see _producer)
 _GAPLESS_LOG = LibrdkafkaLog(expected=("gap-less guarantee",))
+#: an exactly-once partition producer's librdkafka log: a fence by a newer producer with the partition's
+#: transactional id is expected (Spark's tasks move partitions between Python workers); the writer says
+#: so itself when it writes the chunk again (see PartitionWriter._write_transactional)
+_PARTITION_TXN_LOG = LibrdkafkaLog(expected=("old epoch", "fenced by a newer instance"))
 
 
 def _alo_key(s: WriterSettings, partition: int) -> str:
@@ -952,12 +958,14 @@ class PartitionWriter:
         if self.s.delivery == "exactly_once":
             producer.begin_transaction()
             self._emit_sync(producer, sync)
-            producer.commit_transaction(60)
+            with fatal_unmasked():
+                producer.commit_transaction(60)
             _POSITIONS[key] = Position(upstream_end, last_downstream + 1)
         else:
             self._emit_sync(producer, sync)
-            if producer.flush(60):
-                raise WriterError(f"{self.s.mirror}: offset sync not acknowledged within 60 s")
+            with fatal_unmasked():
+                if producer.flush(60):
+                    raise WriterError(f"{self.s.mirror}: offset sync not acknowledged within 60 s")
 
     def _emit_sync(self, producer: Producer, sync: OffsetSync) -> None:
         """An offset sync in MM2's format (all on the sync topic's partition 0), naming our destination in
@@ -1198,7 +1206,8 @@ class PartitionWriter:
                     acks, too_large = self._produce_all(producer, partition, todo, result, forced_dead, exact)
                 except _Unmapped:
                     # nothing of it may commit: write the chunk again with one callback per record
-                    producer.abort_transaction(30)
+                    with fatal_unmasked():
+                        producer.abort_transaction(30)
                     _reset_counts(result)
                     exact = True
                     continue
@@ -1219,7 +1228,8 @@ class PartitionWriter:
                 if too_large:
                     # the broker rejected whole batches: learn the topic's limit, then the records above
                     # it are dead-lettered up front and batches of small ones stay under it
-                    producer.abort_transaction(30)
+                    with fatal_unmasked():
+                        producer.abort_transaction(30)
                     if not self._learn_size_limit():
                         for off in too_large:
                             forced_dead[off] = DeadLetter("record_too_large",
@@ -1231,14 +1241,21 @@ class PartitionWriter:
                 for sync in syncs:
                     self._emit_sync(producer, sync)
                 t2 = time.monotonic()
-                producer.commit_transaction(60)
+                with fatal_unmasked():
+                    producer.commit_transaction(60)
                 result.commit_ms += (time.monotonic() - t2) * 1000
             except KafkaException as exc:
-                err = exc.args[0]
+                err = _fatal_reason(producer, exc.args[0])
                 _drop_producer(key)
                 # fenced (another Python worker took over this partition's transactional.id) or otherwise
                 # fatal: a fresh producer re-fences, re-reads the committed position and retries the chunk
                 fatal = err.fatal() or err.code() == KafkaError._FATAL
+                if fatal:
+                    why = ("fenced by a newer producer with the partition's transactional id: the partition moved to "
+                           "another Python worker and back, or another job writes this mirror"
+                           if err.code() in _FENCES else err.str())
+                    log.info("%s[%d]: writing the chunk again on a new producer; the one before stopped (%s)",
+                             self.s.source_topic, partition, why)
                 if err.code() in _TOPIC_GONE and self._destination_missing():
                     raise DestinationTopicError(destination_deleted(self.s)) from None
                 if fatal or err.txn_requires_abort() or err.retriable() or _is_too_large(err):
@@ -1377,7 +1394,8 @@ class PartitionWriter:
                 j, status, nbytes = native.produce(producer, topic, partition, values, keys, stamps, headers, i,
                                                    last, value_map, key_map, limit)
                 while status == native.QUEUE_FULL:
-                    producer.poll(0.1)
+                    with fatal_unmasked():
+                        producer.poll(0.1)
                     j, status, more = native.produce(producer, topic, partition, values, keys, stamps, headers, j,
                                                      last, value_map, key_map, limit)
                     nbytes += more
@@ -1413,7 +1431,8 @@ class PartitionWriter:
                     except BufferError:
                         if ordered:
                             sent.pop()
-                        producer.poll(0.1)
+                        with fatal_unmasked():
+                            producer.poll(0.1)
                         self._produce(producer, topic, partition, nk, nv, list(hs), stamps[i],
                                       on_delivery(offsets[i]))
                     except KafkaException as exc:
@@ -1492,7 +1511,8 @@ class PartitionWriter:
         until its messages time out, a minute): if not, :class:`DestinationTopicError` at once."""
         deadline = time.monotonic() + timeout
         while True:
-            remaining = int(producer.flush(min(5.0, max(0.0, deadline - time.monotonic()))))
+            with fatal_unmasked():
+                remaining = int(producer.flush(min(5.0, max(0.0, deadline - time.monotonic()))))
             if not remaining or time.monotonic() >= deadline:
                 return remaining
             if self._destination_missing():
@@ -1514,7 +1534,8 @@ class PartitionWriter:
                                  timestamp=ts, on_delivery=cb)
                 return
             except BufferError:
-                producer.poll(0.1)
+                with fatal_unmasked():
+                    producer.poll(0.1)
 
     def _dead_letter(self, producer: Producer, rec: SourceRecord, dl: DeadLetter, result: BatchResult,
                      failed: list[str]) -> None:
@@ -1571,16 +1592,18 @@ class PartitionWriter:
                 self._dead_letter(producer, chunk.record(self.s.source_topic, partition, i),
                                   DeadLetter("record_too_large", "rejected by broker"), result, failed)
                 result.mirrored -= 1
-            if producer.flush(60):
-                raise WriterError(f"{self.s.mirror}: dead letters not acknowledged within 60 s")
+            with fatal_unmasked():
+                if producer.flush(60):
+                    raise WriterError(f"{self.s.mirror}: dead letters not acknowledged within 60 s")
             self._check_dead_letters(failed)
         upstream_end = result.upstream_end or 0
         syncs, downstream = self._syncs(partition, chunk.offsets[0], acks, upstream_end, _POSITIONS.get(key))
         t1 = time.monotonic()
         for sync in syncs:
             self._emit_sync(producer, sync)
-        if producer.flush(60):
-            raise WriterError(f"{self.s.mirror}: offset syncs not acknowledged within 60 s")
+        with fatal_unmasked():
+            if producer.flush(60):
+                raise WriterError(f"{self.s.mirror}: offset syncs not acknowledged within 60 s")
         result.commit_ms += (time.monotonic() - t1) * 1000
         _POSITIONS[key] = Position(upstream_end, downstream)
         _note_latency(result, chunk.timestamps)
@@ -1607,19 +1630,19 @@ class PartitionWriter:
             return None
         try:
             return (*self._produce_all(producer, partition, chunk, result, {}, gapless=True), producer)
-        except (KafkaException, _Unmapped, SystemError) as exc:
-            # confluent-kafka raises the producer's fatal error from the call that served it, and a delivery
-            # callback it runs after that, with the error still pending, fails as a SystemError caused by it
-            cause = exc.__cause__ if isinstance(exc, SystemError) else exc
-            if isinstance(exc, SystemError) and not isinstance(cause, KafkaException):
-                raise
-            why = cause.args[0].str() if isinstance(cause, KafkaException) else "reports that do not prove its offsets"
+        except (KafkaException, _Unmapped) as exc:
+            # a fatal error (a record lost) comes out of the flush as itself (see clients.fatal_unmasked)
+            why = exc.args[0].str() if isinstance(exc, KafkaException) else "reports that do not prove its offsets"
             log.info("%s[%d]: a chunk written again with a report per record (%s)", self.s.source_topic, partition,
                      why)
-            if cause is not exc or isinstance(exc, KafkaException):
+            if isinstance(exc, KafkaException):
                 _drop_producer(key, keep_position=True)  # its fatal error leaves the producer unusable
             _reset_counts(result)
             return None
+
+
+#: a producer fenced by a newer instance with its transactional id (librdkafka's and the broker's codes)
+_FENCES = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
 
 
 class _Unmapped(Exception):  # noqa: N818  # internal signal, never leaves the writer
@@ -1681,11 +1704,25 @@ def _is_too_large(err: KafkaError) -> bool:
 def _abort_quietly(producer: Producer) -> bool:
     """Abort the open transaction; False (logged) when that failed and the producer must be dropped."""
     try:
-        producer.abort_transaction(30)
+        with fatal_unmasked():
+            producer.abort_transaction(30)
     except KafkaException as exc:
         log.warning("abort after a failed chunk: %s", exc.args[0].str())
         return False
     return True
+
+
+def _fatal_reason(producer: Producer, err: KafkaError) -> KafkaError:
+    """``err``, or, when it is a produce refused as ``_FATAL`` (which says only "Fatal error"), the producer's
+    fatal error itself (a fence, ...), raised by the next ``poll`` if it was not served yet."""
+    if err.code() != KafkaError._FATAL:
+        return err
+    try:
+        with fatal_unmasked():
+            producer.poll(0)
+    except KafkaException as exc:
+        return exc.args[0]  # type: ignore[no-any-return]
+    return err
 
 
 def _reset_counts(result: BatchResult) -> None:

@@ -1250,7 +1250,8 @@ class BatchWriter:
                     if st is not None:
                         staged.append((w, st))
                 t0 = time.monotonic()
-                remaining = int(producer.flush(60))
+                with clients.fatal_unmasked():
+                    remaining = int(producer.flush(60))
                 if remaining:
                     log.warning("%s: %d records not acknowledged within 60 s; writing the batch partition by "
                                 "partition", self.plan.group, remaining)
@@ -1268,10 +1269,13 @@ class BatchWriter:
                             "a record the destination rejected as too large, or reports not tied to records"
                             if isinstance(exc, _Unmapped) else exc.args[0].str())
                 t2 = time.monotonic()
+                with clients.fatal_unmasked():
+                    if transactional:
+                        producer.commit_transaction(60)
+                    remaining = 0 if transactional else int(producer.flush(60))
                 if transactional:
-                    producer.commit_transaction(60)
                     txn.took_turn()  # the next transaction need not wait for this one's markers
-                elif producer.flush(60):
+                elif remaining:
                     log.warning("%s: offset syncs not acknowledged within 60 s; writing the batch partition by "
                                 "partition", self.plan.group)
                     raise _Unmapped()

@@ -1,5 +1,6 @@
 """The partition writer's position on real brokers (issue 11 items 2 and 6): its own position when two
-mirrors read one source topic, and a lookup that sees past transactions open on the sync partition.
+mirrors read one source topic, a lookup that sees past transactions open on the sync partition, and a
+partition handed back by another Spark Python worker (its cached producer fenced).
 
 The writer is driven the way the Spark job drives it (:class:`mirror_core.stream.BatchWriter`), without
 Spark: a restart is a new process's view (producers and positions forgotten, the old producer fenced).
@@ -191,3 +192,54 @@ def test_item6_lookup_fails_clearly_when_a_transaction_never_ends(clusters, uniq
         foreign.abort_transaction(30)
     assert last_committed_sync({"bootstrap.servers": clusters.dst_bootstrap}, syncs, topic, 0,
                                destination=f"{topic}.live", settle_timeout=30) is None
+
+
+def process_state() -> tuple[dict, ...]:
+    """This process's cached producers and positions (what one Spark Python worker holds)."""
+    return tuple(dict(d) for d in (replicate._PRODUCERS, replicate._POSITIONS, replicate._PRODUCER_LIMITS,
+                                   replicate._PRODUCER_PARTITIONS))
+
+
+def switch_to(state: tuple[dict, ...]) -> None:
+    for d, saved in zip((replicate._PRODUCERS, replicate._POSITIONS, replicate._PRODUCER_LIMITS,
+                         replicate._PRODUCER_PARTITIONS), state, strict=True):
+        d.clear()
+        d.update(saved)
+
+
+@pytest.mark.parametrize("records", [3, 100, 5000])
+def test_a_partition_handed_back_by_another_worker_is_written_on_a_new_producer_exactly_once(clusters, unique,
+                                                                                              records, caplog):
+    """Spark runs a partition's task on whichever Python worker is free, so a partition moves between worker
+    processes: worker B's producer for it fences worker A's, and A finds its cached producer fenced when the
+    partition comes back to it. That fence may surface while A's records are flushed (confluent-kafka then
+    raises it through a delivery callback: a SystemError caused by it); the chunk must be written again on a
+    new producer from the committed position, not fail the task (a failed task fails the query)."""
+    topic = unique("handback")
+    syncs = f"{topic}.syncs.internal"
+    create(clusters.dst_bootstrap, syncs, f"{topic}.live")
+    cfg = two_groups(clusters, syncs, topic)
+    s = writer_settings(cfg, 0, topic)
+    replicate.release_producers()
+    feed(s, columns(0, records), records)  # worker A
+    worker_a = process_state()
+    replicate.release_producers()
+    feed(s, columns(records, 2 * records), 2 * records)  # worker B: its producer fences A's
+    worker_b = process_state()
+    switch_to(worker_a)  # the partition is back on A, whose producer and position are stale
+    caplog.set_level(logging.DEBUG, logger="librdkafka")
+    caplog.set_level(logging.INFO, logger="mirror_core.replicate")
+    try:
+        feed(s, columns(2 * records, 3 * records), 3 * records)
+    finally:
+        for p in worker_b[0].values():
+            p.flush(5)
+        replicate.release_producers()
+    got = keys(cfg, f"{topic}.live")
+    assert len(got) - len(set(got)) == 0, f"{len(got) - len(set(got))} duplicates"
+    assert got == list(range(3 * records))
+    # what the user reads: the writer's one line naming the fence, not librdkafka's three about it
+    ours = [r.getMessage() for r in caplog.records if r.name == "mirror_core.replicate" and r.levelno >= logging.INFO]
+    assert any("fenced by a newer producer with the partition's transactional id" in m for m in ours), ours
+    loud = [r.getMessage() for r in caplog.records if r.name == "librdkafka" and r.levelno > logging.DEBUG]
+    assert not [m for m in loud if "fenced" in m or "old epoch" in m], loud

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
-from mirror_core import native, replicate
+from mirror_core import clients, native, replicate
 from mirror_core.offsets import OffsetSync
 from mirror_core.replicate import Columns, SchemaIdTranslator, WriterSettings, ordered_acks
 
@@ -348,3 +348,33 @@ def test_at_least_once_prepare_starts_the_producer_its_chunks_go_through(monkeyp
     writer.advance(1, 12, 5)
     assert asked == [c_loop, c_loop]
     assert _syncs(gapless if c_loop else usual) == [OffsetSync("t", 1, 12, 6)]
+
+
+def _served_after_a_fatal_error(fatal: KafkaException, callbacks: int) -> None:
+    """What confluent-kafka's ``flush`` raises when a producer's fatal error is served among delivery reports:
+    its error callback leaves the error pending, and each delivery callback that runs after it fails at its
+    first step with a SystemError caused by what was pending (the error, or the SystemError before)."""
+    exc: BaseException = fatal
+    for _ in range(callbacks):
+        masked = SystemError("<method 'append' of 'list' objects> returned a result with an exception set")
+        masked.__cause__ = exc
+        exc = masked
+    raise exc
+
+
+@pytest.mark.parametrize("callbacks", [1, 3])
+def test_a_fatal_error_served_among_delivery_reports_comes_out_as_itself(callbacks: int) -> None:
+    """A fenced producer's flush must raise the fence (the writer then writes the chunk again on a new
+    producer), not the SystemError confluent-kafka's later callbacks turn it into (that fails the task)."""
+    fenced = KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True))
+    with pytest.raises(KafkaException) as got, clients.fatal_unmasked():
+        _served_after_a_fatal_error(fenced, callbacks)
+    assert got.value is fenced
+
+
+def test_a_system_error_of_another_cause_is_left_alone() -> None:
+    with pytest.raises(SystemError), clients.fatal_unmasked():
+        try:
+            raise ValueError("not a kafka error")
+        except ValueError as exc:
+            raise SystemError("something else") from exc
