@@ -74,6 +74,47 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def summarize_latency(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Latency over rounds (``--rounds``): per contender, the mean p50 and p99 of its runs that succeeded,
+    each round's p50 / p99 with its position, and the ratio of the mean p50 / p99 to the tuned MM2's. Empty
+    when every row is from one round."""
+    lat = [r for r in rows if r["phase"] == "latency"]
+    if not any((r.get("round") or 1) > 1 for r in lat):
+        return []
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for r in lat:
+        runs.setdefault(r["contender"], []).append(r)
+    out: list[dict[str, Any]] = []
+    for c, rs in runs.items():
+        ok = [r for r in rs if r.get("status") == "ok"]
+        s: dict[str, Any] = {"contender": c, "rounds": len(rs), "ok": len(ok), "positions": [r.get("position") for r in rs]}
+        for q in ("p50", "p99"):
+            mean = _mean([r.get(f"{q}_ms") for r in ok])
+            s[f"{q}_mean"] = None if mean is None else round(mean, 1)
+            s[f"{q}_by_round"] = [r.get(f"{q}_ms") if r.get("status") == "ok" else None for r in rs]
+        out.append(s)
+    tuned = next((s for s in out if s["contender"] == MM2_TUNED), None)
+    for s in out:
+        for q in ("p50", "p99"):
+            s[f"{q}_x_{MM2_TUNED}"] = _ratio(s[f"{q}_mean"], tuned[f"{q}_mean"] if tuned else None)
+    return out
+
+
+def latency_summary_table(summary: list[dict[str, Any]]) -> Table:
+    t = Table(title="Latency over rounds (mean of each contender's p50 and p99 over the rounds, the order reversed "
+                    "every other round; by round = round.position: p50 / p99)")
+    for col in ("contender", "rounds ok", "mean p50 ms", "mean p99 ms", "p50 x MM2 tuned", "p99 x MM2 tuned",
+                "by round"):
+        t.add_column(col, justify="left" if col in ("contender", "by round") else "right",
+                     no_wrap=col == "contender", min_width=20 if col == "contender" else None)
+    for s in summary:
+        by_round = "  ".join(f"{i}.{pos}: {_f(p50, '{:.1f}')} / {_f(p99, '{:.1f}')}" for i, (pos, p50, p99)
+                             in enumerate(zip(s["positions"], s["p50_by_round"], s["p99_by_round"], strict=True), 1))
+        t.add_row(s["contender"], f"{s['ok']}/{s['rounds']}", _f(s["p50_mean"], "{:.1f}"), _f(s["p99_mean"], "{:.1f}"),
+                  _f(s[f"p50_x_{MM2_TUNED}"], "{:.2f}"), _f(s[f"p99_x_{MM2_TUNED}"], "{:.2f}"), by_round)
+    return t
+
+
 def _mean(vals: list[Any]) -> float | None:
     vals = [v for v in vals if v is not None]
     return sum(vals) / len(vals) if vals else None
@@ -133,14 +174,16 @@ def throughput_table(rows: list[dict[str, Any]]) -> Table:
 
 def latency_table(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="Continuous replication latency (dst consume time - src produce call, fixed rate)")
-    for col in ("contender", "rate/s", "received", "p50 ms", "p99 ms", "max ms", "ready s", "peak RSS MB",
+    rounds = any((r.get("round") or 1) > 1 for r in rows if r["phase"] == "latency")
+    for col in ("contender", *(("round",) if rounds else ()), "rate/s", "received", "p50 ms", "p99 ms", "max ms", "ready s", "peak RSS MB",
                 "p50 x MM2", "p99 x MM2", "p99 x MM2 tuned", "p50 x raw", "load 1m", "status"):
         t.add_column(col, justify="left" if col in ("contender", "status") else "right",
                      no_wrap=col == "contender", min_width=20 if col == "contender" else None)
     for r in rows:
         if r["phase"] != "latency":
             continue
-        t.add_row(r["contender"], _f(r.get("rate")), f"{_f(r.get('received'))}/{_f(r.get('sent'))}",
+        t.add_row(r["contender"], *((f"{r.get('round')}.{r.get('position')}",) if rounds else ()), _f(r.get("rate")),
+                  f"{_f(r.get('received'))}/{_f(r.get('sent'))}",
                   _f(r.get("p50_ms"), "{:.1f}"), _f(r.get("p99_ms"), "{:.1f}"), _f(r.get("max_ms"), "{:.1f}"),
                   _f(r.get("ready_s"), "{:.1f}"), _f((r.get("memory") or {}).get("peak_rss_mb")),
                   _f(r.get(f"p50_x_{MM2}"), "{:.2f}"), _f(r.get(f"p99_x_{MM2}"), "{:.2f}"),
@@ -157,6 +200,9 @@ def print_tables(console: Console, rows: list[dict[str, Any]]) -> None:
             console.print(summary_table(summary))
     if any(r["phase"] == "latency" for r in rows):
         console.print(latency_table(rows))
+        summary = summarize_latency(rows)
+        if summary:
+            console.print(latency_summary_table(summary))
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:

@@ -87,7 +87,8 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-direct-pyread", "mirrorflow-eos-direct-pyread-bytes",
                      "mirrorflow-alo-direct-pyread-bytes", "mirrorflow-alo-direct-py-bytes",
                      "mirrorflow-eos-direct-small", "mirrorflow-eos-direct-small-bytes",
-                     "mirrorflow-eos-direct-again-bytes", "mirrorflow-alo-direct-again-bytes")
+                     "mirrorflow-eos-direct-again-bytes", "mirrorflow-alo-direct-again-bytes",
+                     "mirrorflow-eos-writer-overlap")
 #: the ``-small`` variants' ``spark.max_offsets_per_trigger`` (the direct path's default batch is 500,000 records)
 SMALL_BATCH_RECORDS = 125000
 #: the topic each broker is warmed on (see bench.workload.warm_broker)
@@ -99,7 +100,7 @@ LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos
 #: allowed in the latency phase too, not in its default set, for an A/B: Python's default collector thresholds;
 #: a running mirror's batches written while Spark goes on
 LATENCY_AB = ("mirrorflow-eos-direct-pygc", "mirrorflow-eos-direct-overlap", "mirrorflow-eos-chmod",
-              "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod")
+              "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod", "mirrorflow-eos-writer-overlap")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -132,8 +133,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-drain", action="store_true", help="skip the drain phase")
     ap.add_argument("--rounds", type=int, default=1,
                     help="drain every contender this many times per size, each round on freshly loaded data and "
-                         "in an order that balances positions (round 2 reverses round 1, ...); the summary table "
-                         "gives each contender's mean over the rounds")
+                         "in an order that balances positions (round 2 reverses round 1, ...), and measure each "
+                         "latency contender as many times the same way; the summary tables give each contender's "
+                         "mean over the rounds")
     ap.add_argument("--no-sync", action="store_true",
                     help="do not write the page cache to disk (sync) before each measurement")
     ap.add_argument("--no-warm", action="store_true",
@@ -203,6 +205,7 @@ class Bench:
     def save(self) -> None:
         report.add_ratios(self.rows)
         self.doc["summary"] = report.summarize(self.rows)
+        self.doc["latency_summary"] = report.summarize_latency(self.rows)
         report.write_json(self.json_path, self.doc)
 
     # ------------------------------------------------------------------ setup
@@ -454,15 +457,19 @@ class Bench:
     # ------------------------------------------------------------------ phase 2: latency
 
     def latency_phase(self) -> None:
-        for contender in self.args.latency_contenders:
-            row: dict[str, Any] = {"phase": "latency", "contender": contender, "rate": self.args.rate,
-                                   "seconds": self.args.seconds, "size": self.args.latency_size}
-            if contender.startswith("mirrorflow-"):
-                row["trigger"] = self.args.trigger
-            self.measure(row, lambda r, c=contender: self.latency_one(c, r))
+        for rnd in range(1, self.args.rounds + 1):
+            for pos, contender in enumerate(round_order(self.args.latency_contenders, rnd), 1):
+                row: dict[str, Any] = {"phase": "latency", "contender": contender, "rate": self.args.rate,
+                                       "seconds": self.args.seconds, "size": self.args.latency_size,
+                                       "round": rnd, "position": pos}
+                if contender.startswith("mirrorflow-"):
+                    row["trigger"] = self.args.trigger
+                self.measure(row, lambda r, c=contender, n=rnd: self.latency_one(c, r, n))
 
-    def latency_one(self, contender: str, row: dict[str, Any]) -> None:
-        topic = f"bench.lat.{contender}"
+    def latency_one(self, contender: str, row: dict[str, Any], rnd: int = 1) -> None:
+        """One latency measurement of ``contender`` on a topic (and, for mirrorflow, a group) of its own for the
+        round ``rnd``."""
+        topic = f"bench.lat.{contender}" + ("" if rnd == 1 else f".r{rnd}")
         if contender == "kcat" and self.kcat is None:
             raise Skip("kcat not installed")
         schema_id = self.source_topic(topic)
@@ -472,7 +479,7 @@ class Bench:
             run, dest = NoProcess(FLOOR), topic
             watcher = DstWatcher(self.ep.src_bootstrap, topic, latency=True)
         else:
-            run, dest = self.launch(contender, topic, "lat", drain=False)
+            run, dest = self.launch(contender, topic, "lat" if rnd == 1 else f"lat{rnd}", drain=False)
             watcher = DstWatcher(self.ep.dst_bootstrap, dest, latency=True)
         row.update(destination_topic=dest, log=str(run.log))
         total = int(self.args.rate * self.args.seconds)

@@ -20,7 +20,7 @@ from bench.contenders import (
     parse_batches,
 )
 from bench.observe import percentile, unwritten_mb
-from bench.report import add_ratios, summarize
+from bench.report import add_ratios, summarize, summarize_latency
 from bench.run import round_order
 from bench.workload import PARSED, make_value, measured_key, parse_measured_key
 from mirror_core.config import parse_config
@@ -249,6 +249,24 @@ def test_one_round_has_no_summary():
     rows = [{"phase": "throughput", "contender": "mm2-tuned", "size": 100, "round": 1, "status": "ok",
              "records_per_s_window": 5}]
     assert summarize(rows) == []
+
+
+def test_latency_over_rounds_is_the_mean_of_the_runs_that_succeeded_with_each_round_kept():
+    def lat(contender: str, rnd: int, pos: int, p50: float, p99: float, status: str = "ok") -> dict:
+        return {"phase": "latency", "contender": contender, "round": rnd, "position": pos, "status": status,
+                "p50_ms": p50, "p99_ms": p99}
+
+    rows = [lat("mm2-tuned", 1, 1, 20.0, 60.0), lat("mirrorflow-eos-direct", 1, 2, 200.0, 600.0),
+            lat("mirrorflow-eos-direct", 2, 1, 100.0, 300.0), lat("mm2-tuned", 2, 2, 30.0, 90.0, status="failed")]
+    add_ratios(rows)
+    assert rows[1]["p50_x_mm2-tuned"] == 10.0 and rows[2].get("p50_x_mm2-tuned") is None  # within a round only
+    by = {s["contender"]: s for s in summarize_latency(rows)}
+    eos, mm2 = by["mirrorflow-eos-direct"], by["mm2-tuned"]
+    assert (eos["p50_mean"], eos["p99_mean"], eos["positions"]) == (150.0, 450.0, [2, 1])
+    assert eos["p50_by_round"] == [200.0, 100.0]
+    assert (mm2["ok"], mm2["rounds"], mm2["p50_mean"], mm2["p50_by_round"]) == (1, 2, 20.0, [20.0, None])
+    assert eos["p50_x_mm2-tuned"] == 7.5 and eos["p99_x_mm2-tuned"] == 7.5
+    assert summarize_latency([lat("floor", 1, 1, 3.0, 9.0)]) == []
 
 
 def test_unwritten_page_cache_is_dirty_plus_writeback_in_mb():
