@@ -186,6 +186,7 @@ class Bench:
         self.current: Running | None = None
         #: CPU time of both clusters' brokers and of their registries, by role (set once they run)
         self.role_cpu: dict[str, PidsCpu] = {}
+        self.harness_cpu: PidsCpu | None = None
         self.kcat = shutil.which("kcat") or shutil.which("kafkacat")
         #: the Spark master mirrorflow runs on (a standalone cluster with --spark-workers)
         self.master = "local[2]"
@@ -229,6 +230,8 @@ class Bench:
                 self.doc["notes"].append(f"brokers not warmed: {type(exc).__name__}: {exc}")
                 self.say(f"[red]brokers not warmed: {type(exc).__name__}: {exc}")
         self.role_cpu = {role: PidsCpu(pids).start() for role, pids in roles.items() if pids}
+        # the harness's own process (its watcher, samplers, librdkafka threads): what it takes from the cores
+        self.harness_cpu = PidsCpu([os.getpid()]).start()
         try:
             import pyspark
 
@@ -453,6 +456,8 @@ class Bench:
                 "servers_us_per_record": None if servers_cpu is None else round(servers_cpu / in_window * 1e6, 2)}
             for role, used in by_role.items():
                 row["cpu_window"][f"{role}_us_per_record"] = None if used is None else round(used / in_window * 1e6, 2)
+            harness = self.harness_cpu.cpu.between(seen.at_10, seen.at_90) if self.harness_cpu else None
+            row["cpu_window"]["harness_cores"] = None if harness is None else round(harness / window, 2)
 
     # ------------------------------------------------------------------ phase 2: latency
 
@@ -537,7 +542,7 @@ class Bench:
     # ------------------------------------------------------------------ teardown
 
     def down(self) -> None:
-        for timeline in self.role_cpu.values():
+        for timeline in [*self.role_cpu.values(), *([self.harness_cpu] if self.harness_cpu else [])]:
             timeline.stop()
         if self.current is not None:
             self.say(f"stopping {self.current.name}")
