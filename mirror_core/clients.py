@@ -137,14 +137,16 @@ def fatal_unmasked() -> Iterator[None]:
 
 def fatal_cause(exc: BaseException) -> KafkaException | None:
     """The ``KafkaException`` a SystemError of a delivery callback was caused by (see :func:`fatal_unmasked`),
-    following the chain of causes (each callback served after it adds one), or None."""
+    following the chain of causes (each callback served after it adds one), or None. Only causes: Python
+    sets the pending error as the SystemError's ``__cause__``; an exception merely being handled when a
+    SystemError arose (its ``__context__``) did not cause it."""
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         if isinstance(cur, KafkaException):
             return cur
         seen.add(id(cur))
-        cur = cur.__cause__ or cur.__context__
+        cur = cur.__cause__
     return None
 
 

@@ -378,3 +378,9 @@ def test_a_system_error_of_another_cause_is_left_alone() -> None:
             raise ValueError("not a kafka error")
         except ValueError as exc:
             raise SystemError("something else") from exc
+    # raised while a fence was being handled, but not caused by it
+    with pytest.raises(SystemError), clients.fatal_unmasked():
+        try:
+            raise KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+        except KafkaException:
+            raise SystemError("something else")  # noqa: B904 - the point: no cause
