@@ -108,11 +108,28 @@ def job_tree(pid: int, workers: bool, timeout: float = 60.0) -> list[psutil.Proc
     procs: list[psutil.Process] = []
     while time.monotonic() < deadline:
         procs = process.alive(process.tree(pid))
-        names = [p.name() for p in procs]
+        names = [name(p) for p in procs]
         if "java" in names and (not workers or names.count("python") + names.count("python3") >= 3):
             return procs
         time.sleep(0.5)
     return procs
+
+
+def name(p: psutil.Process) -> str:
+    """A process's name; "" once it has ended (see :func:`command`)."""
+    try:
+        return p.name()
+    except psutil.NoSuchProcess:
+        return ""
+
+
+def command(p: psutil.Process) -> str:
+    """A process's command line; "" once it has ended (the tree holds short-lived children too, such as the
+    ``chmod`` Hadoop's local file system starts per checkpoint file when the job is launched by spark-submit)."""
+    try:
+        return " ".join(p.cmdline())
+    except psutil.NoSuchProcess:
+        return ""
 
 
 def ended_within(procs: list[psutil.Process], seconds: float) -> float:
@@ -122,7 +139,7 @@ def ended_within(procs: list[psutil.Process], seconds: float) -> float:
         if not process.alive(procs):
             return time.monotonic() - t0
         time.sleep(0.1)
-    left = [" ".join(p.cmdline())[:120] for p in process.alive(procs)]
+    left = [command(p)[:120] for p in process.alive(procs)]
     process.kill_all(procs)
     raise AssertionError(f"{len(left)} processes still running {seconds:.0f}s after the stop: {left}")
 
@@ -151,7 +168,7 @@ def test_sigterm_to_mirrorflow_run_ends_every_process_and_keeps_exactly_once(clu
     try:
         wait_until("records mirrored", lambda: mirrored(clusters.dst_bootstrap, f"{topic}.mirror"), proc=cli)
         procs = job_tree(cli.pid, workers=True)
-        assert len(procs) >= 4, [p.cmdline()[:3] for p in procs]  # CLI, driver, JVM, Python worker(s)
+        assert len(procs) >= 4, [command(p)[:80] for p in procs]  # CLI, driver, JVM, Python worker(s)
         assert secrets_dirs(tmp_path)
         assert producer.running()
         t0 = time.monotonic()
@@ -189,8 +206,8 @@ def test_the_job_ends_when_spark_submit_is_killed(clusters, unique, tmp_path):
         wait_until("records mirrored", lambda: mirrored(clusters.dst_bootstrap, f"{topic}.mirror"),
                    proc=submit)
         procs = job_tree(submit.pid, workers=False)
-        driver = [p for p in procs if "mirror_stream.py" in " ".join(p.cmdline()) and p.pid != submit.pid]
-        assert driver, [p.cmdline()[:3] for p in procs]
+        driver = [p for p in procs if "mirror_stream.py" in command(p) and p.pid != submit.pid]
+        assert driver, [command(p)[:80] for p in procs]
         t0 = time.monotonic()
         submit.kill()  # what on_kill does
         submit.wait(10)
