@@ -194,15 +194,17 @@ def test_item6_lookup_fails_clearly_when_a_transaction_never_ends(clusters, uniq
                                destination=f"{topic}.live", settle_timeout=30) is None
 
 
+#: what one Spark Python worker holds: this process's cached producers and positions
+_WORKER_STATE = (replicate._PRODUCERS, replicate._POSITIONS, replicate._PRODUCER_LIMITS,
+                 replicate._PRODUCER_PARTITIONS)
+
+
 def process_state() -> tuple[dict, ...]:
-    """This process's cached producers and positions (what one Spark Python worker holds)."""
-    return tuple(dict(d) for d in (replicate._PRODUCERS, replicate._POSITIONS, replicate._PRODUCER_LIMITS,
-                                   replicate._PRODUCER_PARTITIONS))
+    return tuple(dict(d) for d in _WORKER_STATE)
 
 
 def switch_to(state: tuple[dict, ...]) -> None:
-    for d, saved in zip((replicate._PRODUCERS, replicate._POSITIONS, replicate._PRODUCER_LIMITS,
-                         replicate._PRODUCER_PARTITIONS), state, strict=True):
+    for d, saved in zip(_WORKER_STATE, state, strict=True):
         d.clear()
         d.update(saved)
 
