@@ -28,6 +28,14 @@ from mirror_core.replicate import (
 from mirror_core.stream import heartbeat_selection
 
 
+@pytest.fixture(autouse=True)
+def destination_present(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fakes' destination topic is always there. After a failed chunk the writer asks the destination's
+    metadata whether the topic was deleted (tests/faults/test_destination_deleted.py, on real brokers); with
+    no cluster behind these settings that question would wait out its 15 s timeout and answer "no"."""
+    monkeypatch.setattr(replicate.PartitionWriter, "_destination_missing", lambda self: False)
+
+
 def settings(**over: object) -> WriterSettings:
     base = dict(
         group="g", mirror="g__t__t", source_alias="src", destination_alias="dst", source_topic="t",
