@@ -218,27 +218,33 @@ def session_members(sid: int) -> list[int]:
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds ``pid`` has used so far (from /proc/<pid>/stat), or None if it is gone."""
+def cpu_seconds(pid: int, system_only: bool = False) -> float | None:
+    """User + system CPU seconds ``pid`` has used so far (from /proc/<pid>/stat), or None if it is gone;
+    ``system_only``: the kernel's part alone (system calls, page faults, reclaim)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
     # after the command: state(0) ... utime(11) stime(12)
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    return (int(fields[12]) + (0 if system_only else int(fields[11]))) / _TICKS
+
+
+def system_seconds(pid: int) -> float | None:
+    return cpu_seconds(pid, system_only=True)
 
 
 class CpuTimeline:
     """CPU seconds used by a set of processes, sampled over time: what a stretch of a run cost in cores.
     A process's last sample is kept after it exits (what it used after that is lost: at most one interval)."""
 
-    def __init__(self) -> None:
+    def __init__(self, read: Callable[[int], float | None] = cpu_seconds) -> None:
+        self.read = read
         self.by_pid: dict[int, float] = {}
         self.series: list[tuple[float, float]] = []  # (time.time(), total CPU seconds)
 
     def add(self, pids: list[int]) -> None:
         for pid in pids:
-            used = cpu_seconds(pid)
+            used = self.read(pid)
             if used is not None:
                 self.by_pid[pid] = max(self.by_pid.get(pid, 0.0), used)
         self.series.append((time.time(), sum(self.by_pid.values())))
@@ -257,12 +263,14 @@ class CpuTimeline:
 
 
 class PidsCpu:
-    """A :class:`CpuTimeline` of fixed processes (the brokers and registries), sampled in the background."""
+    """A :class:`CpuTimeline` of fixed processes (the brokers and registries), sampled in the background, and
+    one of their system CPU alone (``system``)."""
 
     def __init__(self, pids: list[int], interval: float = 0.25):
         self.pids = pids
         self.interval = interval
         self.cpu = CpuTimeline()
+        self.system = CpuTimeline(system_seconds)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="cpu-servers", daemon=True)
 
@@ -273,6 +281,7 @@ class PidsCpu:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self.cpu.add(self.pids)
+            self.system.add(self.pids)
             self._stop.wait(self.interval)
 
     def stop(self) -> None:

@@ -18,6 +18,7 @@ import shutil
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "mean over the rounds")
     ap.add_argument("--no-sync", action="store_true",
                     help="do not write the page cache to disk (sync) before each measurement")
+    ap.add_argument("--warm-seconds", type=float, default=0.0,
+                    help="keep warming the brokers this long (at least the warm-up's transactions; values of the "
+                         "run's sizes by turns): a broker's CPU per record keeps falling for minutes after start")
     ap.add_argument("--no-warm", action="store_true",
                     help="skip warming the brokers (transactions written and read back) before the contenders")
     args = ap.parse_args(argv)
@@ -248,13 +252,25 @@ class Bench:
             self.doc["spark_master"] = {"url": cluster.master_url, "workers": self.args.spark_workers}
 
     def warm_brokers(self) -> None:
-        """Warm both clusters' brokers before any contender (see :func:`bench.workload.warm_broker`)."""
+        """Warm both clusters' brokers before any contender, both at once (see
+        :func:`bench.workload.warm_broker`): at least its transactions, and for ``--warm-seconds``, with
+        values of the run's drain sizes by turns."""
         t0 = time.monotonic()
-        for side, bootstrap in (("src", self.ep.src_bootstrap), ("dst", self.ep.dst_bootstrap)):
+        sides = (("src", self.ep.src_bootstrap), ("dst", self.ep.dst_bootstrap))
+        for _side, bootstrap in sides:
             self.create_topic(bootstrap, WARM_TOPIC, WARM_PARTITIONS)
-            n = warm_broker(bootstrap, WARM_TOPIC, WARM_PARTITIONS)
-            self.say(f"warmed the {side} broker: {WARM_TRANSACTIONS} transactions, {n:,} records read back")
-        self.doc["brokers_warm_s"] = round(time.monotonic() - t0, 1)
+        sizes = tuple(self.args.sizes)
+        with self.console.status(f"warming both brokers (at least {WARM_TRANSACTIONS} transactions"
+                                 + (f", {self.args.warm_seconds:.0f} s" if self.args.warm_seconds else "") + ")"):
+            with ThreadPoolExecutor(len(sides)) as pool:
+                futures = {side: pool.submit(warm_broker, bootstrap, WARM_TOPIC, WARM_PARTITIONS,
+                                             self.args.warm_seconds, sizes) for side, bootstrap in sides}
+                read = {side: f.result() for side, f in futures.items()}
+        took = time.monotonic() - t0
+        for side, n in read.items():
+            self.say(f"warmed the {side} broker in {took:.0f} s: {n:,} records written and read back")
+        self.doc["brokers_warm_s"] = round(took, 1)
+        self.doc["brokers_warm_records"] = read
 
     def create_topic(self, bootstrap: str, topic: str, partitions: int) -> None:
         create_topics(AdminClient({"bootstrap.servers": bootstrap, "log_level": 3}), [NewTopic(topic, partitions, 1)], timeout=30)
@@ -456,6 +472,10 @@ class Bench:
                 "servers_us_per_record": None if servers_cpu is None else round(servers_cpu / in_window * 1e6, 2)}
             for role, used in by_role.items():
                 row["cpu_window"][f"{role}_us_per_record"] = None if used is None else round(used / in_window * 1e6, 2)
+                # the kernel's part: on a VM, memory the brokers' page cache takes anew costs far more of it
+                system = self.role_cpu[role].system.between(seen.at_10, seen.at_90)
+                row["cpu_window"][f"{role}_system_us_per_record"] = (None if system is None
+                                                                      else round(system / in_window * 1e6, 2))
             harness = self.harness_cpu.cpu.between(seen.at_10, seen.at_90) if self.harness_cpu else None
             row["cpu_window"]["harness_cores"] = None if harness is None else round(harness / window, 2)
 

@@ -170,44 +170,55 @@ WARM_TRANSACTIONS = 300
 WARM_RECORDS_PER_PARTITION = 200
 
 
-def warm_broker(bootstrap: str, topic: str, partitions: int) -> int:
+def warm_broker(bootstrap: str, topic: str, partitions: int, seconds: float = 0.0,
+                sizes: tuple[int, ...] = (100,)) -> int:
     """Run a broker's write, transaction and read paths before anything is measured on it; returns the
     records written and read back.
 
     A freshly started broker runs its code interpreted until the JIT has compiled the hot paths. Without
     this, the first contender of a run to write transactions was slower, with more broker CPU per record,
     than the same contender later in the run (with it, still somewhat: see bench/README.md); brokers in
-    production are long warm. ``topic`` (``partitions``
-    of them, already created) gets :data:`WARM_TRANSACTIONS` small transactions, read back
-    ``read_committed`` with group offset commits. It also has the broker create its group-offset and
-    transaction-state topics (50 partitions each) here rather than under the first contender that needs
-    them."""
+    production are long warm. ``topic`` (``partitions`` of them, already created) gets at least
+    :data:`WARM_TRANSACTIONS` small transactions, and more until ``seconds`` have passed, their values of
+    each size of ``sizes`` by turns; they are read back ``read_committed`` with group offset commits as
+    they commit. It also has the broker create its group-offset and transaction-state topics (50
+    partitions each) here rather than under the first contender that needs them."""
     from confluent_kafka import Consumer, TopicPartition
 
     p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"bench-warm-{topic}", "linger.ms": 5,
                   "log_level": 3})
     p.init_transactions(60)
-    value = b"w" * 100
-    for _ in range(WARM_TRANSACTIONS):
-        p.begin_transaction()
-        for part in range(partitions):
-            for _ in range(WARM_RECORDS_PER_PARTITION):
-                _produce(p, topic, b"warm", value, part)
-        p.commit_transaction(60)
-    total = WARM_TRANSACTIONS * partitions * WARM_RECORDS_PER_PARTITION
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-warm-{topic}", "log_level": 3,
                   "isolation.level": "read_committed", "enable.auto.commit": False,
                   "fetch.queue.backoff.ms": 10})
     c.assign([TopicPartition(topic, part, 0) for part in range(partitions)])
+    values = [b"w" * size for size in sizes]
     read = 0
-    deadline = time.monotonic() + 120
-    while read < total and time.monotonic() < deadline:
-        msgs = c.consume(10000, 0.5)
+
+    def read_back(timeout: float) -> None:
+        nonlocal read
+        msgs = c.consume(10000, timeout)
         read += sum(1 for m in msgs if m.error() is None)
         if msgs:
             try:
                 c.commit(asynchronous=False)
             except Exception:  # noqa: BLE001 - nothing new to commit (only errors came back)
                 pass
+
+    deadline = time.monotonic() + seconds
+    written = 0
+    while written < WARM_TRANSACTIONS or time.monotonic() < deadline:
+        value = values[written % len(values)]
+        p.begin_transaction()
+        for part in range(partitions):
+            for _ in range(WARM_RECORDS_PER_PARTITION):
+                _produce(p, topic, b"warm", value, part)
+        p.commit_transaction(60)
+        written += 1
+        read_back(0)
+    total = written * partitions * WARM_RECORDS_PER_PARTITION
+    deadline = time.monotonic() + 120
+    while read < total and time.monotonic() < deadline:
+        read_back(0.5)
     c.close()
     return read

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import struct
 from datetime import datetime
@@ -19,7 +20,7 @@ from bench.contenders import (
     mm2_remote_topic,
     parse_batches,
 )
-from bench.observe import percentile, unwritten_mb
+from bench.observe import cpu_seconds, percentile, unwritten_mb
 from bench.report import add_ratios, summarize, summarize_latency
 from bench.run import round_order
 from bench.workload import PARSED, make_value, measured_key, parse_measured_key
@@ -273,3 +274,16 @@ def test_unwritten_page_cache_is_dirty_plus_writeback_in_mb():
     meminfo = "MemFree:  100 kB\nDirty:    2048 kB\nWriteback:  1024 kB\nWritebackTmp:  4096 kB\n"
     assert unwritten_mb(meminfo) == 3.0
     assert unwritten_mb("MemFree: 1 kB\n") is None
+
+
+def test_system_cpu_is_the_kernel_part_of_a_process_cpu() -> None:
+    """A window's system CPU (the kernel's part of a server's cost) is apart from its user CPU: pure
+    arithmetic raises the total, not the system part."""
+    pid = os.getpid()
+    total0, system0 = cpu_seconds(pid), cpu_seconds(pid, system_only=True)
+    assert total0 is not None and system0 is not None and system0 <= total0
+    sum(i * i for i in range(3_000_000))  # user-mode work only
+    total1, system1 = cpu_seconds(pid), cpu_seconds(pid, system_only=True)
+    assert total1 is not None and system1 is not None
+    assert total1 - total0 >= 0.1
+    assert system1 - system0 < (total1 - total0) / 2
