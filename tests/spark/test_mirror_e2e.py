@@ -329,13 +329,44 @@ def _stop_all(job, producer, stop_file):
         producer.kill()
 
 
-def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file, holder):
+def _written_against_spark(query_dir: Path) -> dict[tuple[str, int], tuple[int, int, int]]:
+    """What a killed job left in Spark's checkpoint and in the mirror's written log, read from the files
+    themselves: for each partition, ``(written up to, the end of the batch before Spark's newest recorded one,
+    the end of that newest one)``. Without ``spark.overlap_writes`` the first is never below the last (Spark
+    records a batch as done once written); with it, the newest batch's write may have been cut short, never
+    the one before it (one batch is written at a time). Empty before the first batch or written-log entry."""
+    commits = [int(f.name) for f in (query_dir / "commits").glob("[0-9]*")]
+    entries = sorted((int(f.name) for f in (query_dir / "mirrorflow-written").glob("[0-9]*")), reverse=True)
+    if not commits or not entries:
+        return {}
+
+    def ends(batch: int) -> dict[str, dict[str, int]]:
+        # an offset-log file: a version line, the batch's metadata, then each source's offsets as JSON
+        f = query_dir / "offsets" / str(batch)
+        return json.loads(f.read_text().splitlines()[-1]) if batch >= 0 else {}
+
+    newest, before = ends(max(commits)), ends(max(commits) - 1)
+    for n in entries:  # the newest entry the kill did not tear
+        try:
+            written = json.loads((query_dir / "mirrorflow-written" / str(n)).read_text())
+            break
+        except ValueError:
+            continue
+    else:
+        return {}
+    return {(t, int(p)): (written[t][p], before.get(t, {}).get(p, 0), end) for t, parts in newest.items()
+            for p, end in parts.items() if p in written.get(t, {})}
+
+
+def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file, holder, query_dir):
     """Start the streaming job and SIGKILL it while a transaction of it is open on the destination, until
     3 kills are proven mid-transaction; then stop the source producer. Starts ``holder`` after the 2nd.
-    Returns (records produced, attempts, {partition: first offset of the open transaction} per kill, seconds)."""
+    Returns (records produced, attempts, {partition: first offset of the open transaction} per kill, seconds,
+    and per counted kill :func:`_written_against_spark` of ``query_dir``, the query's checkpoint)."""
     hw_reader = _watermarks(clusters.dst_bootstrap, dst_topic, "read_uncommitted")
     lso_reader = _watermarks(clusters.dst_bootstrap, dst_topic, "read_committed")
     kills: list[dict[int, int]] = []
+    checkpoints: list[dict[tuple[str, int], tuple[int, int, int]]] = []
     attempts = 0
     job = None
     t0 = time.monotonic()
@@ -367,12 +398,13 @@ def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file,
                 open_now = {p: off for p, off in open_now.items() if again.get(p) == off}
             if open_now:
                 kills.append(open_now)
+                checkpoints.append(_written_against_spark(query_dir))
             if len(kills) == 2 and holder.ident is None:
                 holder.start()
         stop_file.touch()
         out, _ = producer.communicate(timeout=300)
         assert producer.returncode == 0
-        return int(out.strip()), attempts, kills, time.monotonic() - t0
+        return int(out.strip()), attempts, kills, time.monotonic() - t0, checkpoints
     finally:
         _stop_all(job, producer, stop_file)
         hw_reader.close()
@@ -395,8 +427,9 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     resume exactly. With ``read_path: direct`` the driver reads each batch's ranges itself: a replayed
     batch re-reads the same range from Spark's offset log; with ``overlap_writes`` (on here) a batch's write
     runs on after Spark recorded it, so a kill cuts writes short that no replay would redo, and the restart
-    must read them again from the written log. ``direct-per-writer``: each writer process
-    commits one transaction per batch for all its partitions (``transactions: per_writer``)."""
+    must read them again from the written log: at least one kill must have left such a batch (read from the
+    checkpoint's files after each kill), and without the overlap none may. ``direct-per-writer``: each writer
+    process commits one transaction per batch for all its partitions (``transactions: per_writer``)."""
     import threading
 
     topic = unique("eos")
@@ -413,15 +446,27 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     holder = threading.Thread(target=_hold_foreign_transactions, daemon=True,
                               args=(clusters.dst_bootstrap, f"{topic}.syncs.internal", unique("foreign"), stop_foreign))
     try:
-        total, attempts, mid_transaction_kills, kills_s = _kill_mid_transaction(
-            clusters, path, gname, dst_topic, producer, stop_file, holder)
+        total, attempts, mid_transaction_kills, kills_s, checkpoints = _kill_mid_transaction(
+            clusters, path, gname, dst_topic, producer, stop_file, holder, tmp_path / "ckpt" / gname)
         run_once(path, gname, timeout=600)  # the drain, with the foreign transaction still coming and going
     finally:
         stop_foreign.set()
         if holder.ident is not None:
             holder.join(60)
+    cut_short = [{tp: w for tp, w in c.items() if w[0] < w[2]} for c in checkpoints]
     print(f"{attempts} kill attempts, {len(mid_transaction_kills)} mid-transaction, {total} records, "
-          f"kills {kills_s:.0f} s", file=sys.stderr)
+          f"kills {kills_s:.0f} s; recorded by Spark but not written at each kill (written, batch before's "
+          f"end, batch end): {cut_short}", file=sys.stderr)
+    # one batch is written at a time: at a kill the written log lacks at most the batch being written
+    lagging = [{tp: w for tp, w in c.items() if w[0] < w[1]} for c in checkpoints]
+    assert not any(lagging), f"the written log was behind the batch before the one being written: {lagging}"
+    if read_path == "direct":
+        # overlap_writes: a kill landed in the write of a batch Spark had already recorded as done, which no
+        # replay of Spark's would redo; the restart had to read it again from the written log
+        assert any(cut_short), f"no kill landed in a write Spark had already recorded: {checkpoints}"
+    else:
+        # without the overlap Spark records a batch only once it is written
+        assert not any(cut_short), cut_short
     got = read_all(clusters.dst_bootstrap, dst_topic, timeout=180)
     keys = [int(m.key()) for ms in got.values() for m in ms]
     assert len(keys) == total, f"{len(keys)} records for {total} produced ({len(keys) - len(set(keys))} duplicates)"
