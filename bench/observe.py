@@ -218,35 +218,39 @@ def session_members(sid: int) -> list[int]:
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int, system_only: bool = False) -> float | None:
-    """User + system CPU seconds ``pid`` has used so far (from /proc/<pid>/stat), or None if it is gone;
-    ``system_only``: the kernel's part alone (system calls, page faults, reclaim)."""
+def cpu_times(pid: int) -> tuple[float, float] | None:
+    """User and system CPU seconds ``pid`` has used so far (from /proc/<pid>/stat), or None if it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
     # after the command: state(0) ... utime(11) stime(12)
-    return (int(fields[12]) + (0 if system_only else int(fields[11]))) / _TICKS
+    return int(fields[11]) / _TICKS, int(fields[12]) / _TICKS
 
 
-def system_seconds(pid: int) -> float | None:
-    return cpu_seconds(pid, system_only=True)
+def cpu_seconds(pid: int, system_only: bool = False) -> float | None:
+    """User + system CPU seconds ``pid`` has used so far, or None if it is gone; ``system_only``: the kernel's
+    part alone (system calls, page faults, reclaim)."""
+    times = cpu_times(pid)
+    return None if times is None else times[1] + (0.0 if system_only else times[0])
 
 
 class CpuTimeline:
     """CPU seconds used by a set of processes, sampled over time: what a stretch of a run cost in cores.
     A process's last sample is kept after it exits (what it used after that is lost: at most one interval)."""
 
-    def __init__(self, read: Callable[[int], float | None] = cpu_seconds) -> None:
-        self.read = read
+    def __init__(self) -> None:
         self.by_pid: dict[int, float] = {}
         self.series: list[tuple[float, float]] = []  # (time.time(), total CPU seconds)
 
     def add(self, pids: list[int]) -> None:
-        for pid in pids:
-            used = self.read(pid)
-            if used is not None:
-                self.by_pid[pid] = max(self.by_pid.get(pid, 0.0), used)
+        self.record({pid: cpu_seconds(pid) for pid in pids})
+
+    def record(self, used: dict[int, float | None]) -> None:
+        """One sample: CPU seconds so far per pid (None: gone)."""
+        for pid, seconds in used.items():
+            if seconds is not None:
+                self.by_pid[pid] = max(self.by_pid.get(pid, 0.0), seconds)
         self.series.append((time.time(), sum(self.by_pid.values())))
 
     def at(self, t: float) -> float | None:
@@ -270,7 +274,7 @@ class PidsCpu:
         self.pids = pids
         self.interval = interval
         self.cpu = CpuTimeline()
-        self.system = CpuTimeline(system_seconds)
+        self.system = CpuTimeline()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="cpu-servers", daemon=True)
 
@@ -280,8 +284,9 @@ class PidsCpu:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.cpu.add(self.pids)
-            self.system.add(self.pids)
+            times = {pid: cpu_times(pid) for pid in self.pids}  # one read of each process's stat a sample
+            self.cpu.record({pid: None if t is None else t[0] + t[1] for pid, t in times.items()})
+            self.system.record({pid: None if t is None else t[1] for pid, t in times.items()})
             self._stop.wait(self.interval)
 
     def stop(self) -> None:

@@ -330,31 +330,20 @@ def _stop_all(job, producer, stop_file):
 
 
 def _written_against_spark(query_dir: Path) -> dict[tuple[str, int], tuple[int, int, int]]:
-    """What a killed job left in Spark's checkpoint and in the mirror's written log, read from the files
-    themselves: for each partition, ``(written up to, the end of the batch before Spark's newest recorded one,
-    the end of that newest one)``. Without ``spark.overlap_writes`` the first is never below the last (Spark
-    records a batch as done once written); with it, the newest batch's write may have been cut short, never
-    the one before it (one batch is written at a time). Empty before the first batch or written-log entry."""
+    """What a killed job left in Spark's checkpoint and in the mirror's written log: for each partition,
+    ``(written up to, the end of the batch before Spark's newest recorded one, the end of that newest one)``.
+    Without ``spark.overlap_writes`` the first is never below the last (Spark records a batch as done once
+    written); with it, the newest batch's write may have been cut short, never the one before it (one batch
+    is written at a time). Empty before the first batch or written-log entry."""
+    from mirror_core.stream import LocalCheckpointFiles, WrittenLog, read_batch_end_offsets
+
     commits = [int(f.name) for f in (query_dir / "commits").glob("[0-9]*")]
-    entries = sorted((int(f.name) for f in (query_dir / "mirrorflow-written").glob("[0-9]*")), reverse=True)
-    if not commits or not entries:
+    written = WrittenLog(str(query_dir), LocalCheckpointFiles()).last()  # the newest entry the kill did not tear
+    if not commits or written is None:
         return {}
-
-    def ends(batch: int) -> dict[str, dict[str, int]]:
-        # an offset-log file: a version line, the batch's metadata, then each source's offsets as JSON
-        f = query_dir / "offsets" / str(batch)
-        return json.loads(f.read_text().splitlines()[-1]) if batch >= 0 else {}
-
-    newest, before = ends(max(commits)), ends(max(commits) - 1)
-    for n in entries:  # the newest entry the kill did not tear
-        try:
-            written = json.loads((query_dir / "mirrorflow-written" / str(n)).read_text())
-            break
-        except ValueError:
-            continue
-    else:
-        return {}
-    return {(t, int(p)): (written[t][p], before.get(t, {}).get(p, 0), end) for t, parts in newest.items()
+    newest = read_batch_end_offsets(str(query_dir), max(commits))
+    before = read_batch_end_offsets(str(query_dir), max(commits) - 1)
+    return {(t, p): (written[t][p], before.get(t, {}).get(p, 0), end) for t, parts in newest.items()
             for p, end in parts.items() if p in written.get(t, {})}
 
 
