@@ -249,7 +249,7 @@ class MirrorRuntime:
         self.placement_change_allowed: dict[str, bool] = {}
         #: the offset-log files read last (see :meth:`batch_ends`)
         self._offset_log: dict[int, dict[str, dict[int, int]]] = {}
-        #: the planned batches' start and end offsets, the newest three (see :meth:`writer_plan`)
+        #: the planned batch's start and end offsets (see :meth:`batch_starts`)
         self._starts: dict[int, tuple[dict[str, dict[int, int]], dict[str, dict[int, int]]]] = {}
         #: source topic -> its mirror's ``topics_mirroring.partition_count`` rule
         self.partition_rules: dict[str, Any] = {}
@@ -452,11 +452,7 @@ class MirrorRuntime:
             self.prepare()
         self.check_placement(batch_id)
         starts = self.batch_starts(batch_id)
-        # kept for the batch before too: with spark.overlap_writes batch N's write, and after_batch recording its
-        # ends in the written log, finish while Spark plans batch N+1
-        self._starts[batch_id] = (starts, ends)
-        for old in [b for b in self._starts if b < batch_id - 2]:
-            del self._starts[old]
+        self._starts = {batch_id: (starts, ends)}
         rewound = rewound_partitions(starts, ends, set(self.settings))
         if rewound:
             from mirror_core import metrics

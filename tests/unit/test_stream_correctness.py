@@ -184,34 +184,6 @@ def test_the_source_offset_commit_runs_beside_the_next_batch_and_in_batch_order(
     assert sorted(rt.checkpoint_files.names(rt.written_log().dir)) == ["0", "1"]
 
 
-def test_a_batch_written_while_spark_plans_the_next_is_recorded_in_the_written_log(tmp_path) -> None:
-    """``spark.overlap_writes``: batch 1's write, and ``after_batch`` which records its ends in the written log,
-    finish after Spark has planned batch 2. The log must still get batch 1's ends: a log that only ever had
-    the job's starting point would send every restart back there (exactly_once re-reads it all to skip it,
-    at_least_once writes it all again)."""
-    ck = tmp_path / "g" / "offsets"
-    ck.mkdir(parents=True)
-    meta = '{"batchWatermarkMs":0}'
-    for n, end in ((0, 4), (1, 10), (2, 15)):
-        (ck / str(n)).write_text(f'v1\n{meta}\n{{"t":{{"0":{end},"1":{end}}}}}')
-    rt = _runtime(tmp_path)
-    rt.settings = {"t": _settings(2, 2)}
-    rt.known_topics = {"t"}
-    rt.placement_change_allowed = {"t": False}
-    rt.consumer_groups = {"t": "cg"}
-    rt._commit_in_background = lambda commits: None  # type: ignore[method-assign]
-
-    def rows(start: int, end: int) -> list[dict]:
-        return [_row(p, end) | {"first_offset": start, "records_in": end - start} for p in (0, 1)]
-
-    rt.writer_plan(1)
-    rt.writer_plan(2)  # Spark planned batch 2 while batch 1 was still being written
-    rt.after_batch(1, rows(4, 10), 0.1)
-    assert rt.written_log().last() == {"t": {0: 10, 1: 10}}
-    rt.after_batch(2, rows(10, 15), 0.1)
-    assert rt.written_log().last() == {"t": {0: 15, 1: 15}}
-
-
 def test_a_batch_observes_a_bounded_spread_of_its_latency_samples(tmp_path) -> None:
     """1,000 partitions of 200 latency samples each must not cost a micro-batch 200,000 histogram
     observations: about LATENCY_SAMPLES of them, taken from every partition, and the batch's p50 from all."""
