@@ -502,6 +502,56 @@ def partition_lock(s: WriterSettings, partition: int) -> threading.RLock:
         return lock
 
 
+#: librdkafka's own default of ``message.timeout.ms``: how long a producer keeps trying to deliver a record
+#: (through leader changes and broker outages) before it reports the record failed
+LIBRDKAFKA_MESSAGE_TIMEOUT_S = 300.0
+#: exactly_once: a transaction's records must be acknowledged within its timeout (transaction.timeout.ms)
+TRANSACTION_ACK_WAIT_S = 60.0
+#: a writer waiting on acknowledgements says so this often (a destination outage shows in the job's log)
+ACK_WAIT_REPORT_S = 30.0
+
+
+def delivery_timeout(producer_config: Any) -> float:
+    """Seconds a producer of ``producer_config`` keeps trying to deliver a record before it reports it failed
+    (``message.timeout.ms``, or the Java client's name ``delivery.timeout.ms``; librdkafka's default 300 s;
+    0 means forever, taken here as the default)."""
+    for name in ("message.timeout.ms", "delivery.timeout.ms"):
+        if name in producer_config:
+            ms = int(producer_config[name])
+            return ms / 1000 if ms > 0 else LIBRDKAFKA_MESSAGE_TIMEOUT_S
+    return LIBRDKAFKA_MESSAGE_TIMEOUT_S
+
+
+def ack_wait(delivery: str, producer_config: Any) -> float:
+    """How long a writer waits for its records' acknowledgements before it gives up on them. at_least_once:
+    until the producer has delivered every record or reported it failed (its delivery timeout, plus a few
+    seconds for the report), so a destination outage shorter than that stalls the mirror without failing
+    it; exactly_once: the transaction's timeout, after which the broker aborts it anyway."""
+    if delivery == "exactly_once":
+        return TRANSACTION_ACK_WAIT_S
+    return delivery_timeout(producer_config) + 5.0
+
+
+def flush_within(producer: Producer, timeout: float, who: str, check: Callable[[], None] | None = None) -> int:
+    """``producer.flush`` up to ``timeout`` seconds, 5 at a time; between them ``check()`` (which may raise),
+    and a wait longer than :data:`ACK_WAIT_REPORT_S` is logged once per that many seconds, so a destination
+    outage shows in the job's log while the writer rides it out. Returns the records still unacknowledged."""
+    t0 = reported = time.monotonic()
+    deadline = t0 + timeout
+    while True:
+        with fatal_unmasked():
+            remaining = int(producer.flush(min(5.0, max(0.0, deadline - time.monotonic()))))
+        now = time.monotonic()
+        if not remaining or now >= deadline:
+            return remaining
+        if check is not None:
+            check()
+        if now - reported >= ACK_WAIT_REPORT_S:
+            reported = now
+            log.warning("%s: %d records have waited %.0f s for the destination to acknowledge them (is it "
+                        "reachable?); waiting up to %.0f s", who, remaining, now - t0, timeout)
+
+
 def _base_config(limit: int | None) -> dict[str, Any]:
     """The writer producers' settings over the destination's config, for a destination size limit ``limit``."""
     base: dict[str, Any] = {"enable.idempotence": True, "acks": "all", "linger.ms": 5, "log_level": 3,
@@ -963,9 +1013,8 @@ class PartitionWriter:
             _POSITIONS[key] = Position(upstream_end, last_downstream + 1)
         else:
             self._emit_sync(producer, sync)
-            with fatal_unmasked():
-                if producer.flush(60):
-                    raise WriterError(f"{self.s.mirror}: offset sync not acknowledged within 60 s")
+            if self._flush(producer, self._ack_wait()):
+                raise WriterError(f"{self.s.mirror}: offset sync not acknowledged within {self._ack_wait():.0f} s")
 
     def _emit_sync(self, producer: Producer, sync: OffsetSync) -> None:
         """An offset sync in MM2's format (all on the sync topic's partition 0), naming our destination in
@@ -1323,10 +1372,10 @@ class PartitionWriter:
         :meth:`_produce_records`)."""
         t0 = time.monotonic()
         sent = self._produce_records(producer, partition, cols, result, forced_dead, exact, gapless=gapless)
-        remaining = self._flush(producer, 60)
+        remaining = self._flush(producer, self._ack_wait())
         result.produce_ms += (time.monotonic() - t0) * 1000
         if remaining:
-            raise WriterError(f"{self.s.mirror}: {remaining} records not acknowledged within 60 s")
+            raise WriterError(f"{self.s.mirror}: {remaining} records not acknowledged within {self._ack_wait():.0f} s")
         return self._settle(producer, sent)
 
     def _produce_records(self, producer: Producer, partition: int, cols: Columns, result: BatchResult,
@@ -1505,18 +1554,18 @@ class PartitionWriter:
         acks = sorted(sent.acks)
         return [(u, d) for u, d in acks if d is not None], too_large
 
+    def _ack_wait(self) -> float:
+        return ack_wait(self.s.delivery, self.s.producer_config)
+
     def _flush(self, producer: Producer, timeout: float) -> int:
-        """``producer.flush`` up to ``timeout``; records still unacknowledged after each few seconds make it
-        ask whether the destination topic is still there (a producer retries a deleted topic's partitions
-        until its messages time out, a minute): if not, :class:`DestinationTopicError` at once."""
-        deadline = time.monotonic() + timeout
-        while True:
-            with fatal_unmasked():
-                remaining = int(producer.flush(min(5.0, max(0.0, deadline - time.monotonic()))))
-            if not remaining or time.monotonic() >= deadline:
-                return remaining
-            if self._destination_missing():
-                raise DestinationTopicError(destination_deleted(self.s))
+        """:func:`flush_within` ``timeout``; records still unacknowledged after each few seconds make it ask
+        whether the destination topic is still there (a producer retries a deleted topic's partitions until
+        its messages time out): if not, :class:`DestinationTopicError` at once."""
+        return flush_within(producer, timeout, self.s.mirror, self._raise_if_destination_missing)
+
+    def _raise_if_destination_missing(self) -> None:
+        if self._destination_missing():
+            raise DestinationTopicError(destination_deleted(self.s))
 
     def _check_dead_letters(self, failed: list[str]) -> None:
         """A record whose dead letter was not delivered is neither mirrored nor set aside: the chunk fails
@@ -1592,18 +1641,16 @@ class PartitionWriter:
                 self._dead_letter(producer, chunk.record(self.s.source_topic, partition, i),
                                   DeadLetter("record_too_large", "rejected by broker"), result, failed)
                 result.mirrored -= 1
-            with fatal_unmasked():
-                if producer.flush(60):
-                    raise WriterError(f"{self.s.mirror}: dead letters not acknowledged within 60 s")
+            if self._flush(producer, self._ack_wait()):
+                raise WriterError(f"{self.s.mirror}: dead letters not acknowledged within {self._ack_wait():.0f} s")
             self._check_dead_letters(failed)
         upstream_end = result.upstream_end or 0
         syncs, downstream = self._syncs(partition, chunk.offsets[0], acks, upstream_end, _POSITIONS.get(key))
         t1 = time.monotonic()
         for sync in syncs:
             self._emit_sync(producer, sync)
-        with fatal_unmasked():
-            if producer.flush(60):
-                raise WriterError(f"{self.s.mirror}: offset syncs not acknowledged within 60 s")
+        if self._flush(producer, self._ack_wait()):
+            raise WriterError(f"{self.s.mirror}: offset syncs not acknowledged within {self._ack_wait():.0f} s")
         result.commit_ms += (time.monotonic() - t1) * 1000
         _POSITIONS[key] = Position(upstream_end, downstream)
         _note_latency(result, chunk.timestamps)

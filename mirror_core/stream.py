@@ -50,7 +50,9 @@ from mirror_core.replicate import (
     _abort_quietly,
     _RunsUnproven,
     _Unmapped,
+    ack_wait,
     destination_deleted,
+    flush_within,
     last_committed_sync,
     quiet_gc,
 )
@@ -1231,6 +1233,9 @@ class BatchWriter:
             w.resolve_ids(cols)  # a registry outage is waited out before the transaction opens
             todo.append((w, part, cols, upstream_end))
         producer = txn.producer()
+        # at_least_once: until the producer delivers or fails every record (a destination outage is ridden out)
+        config = todo[0][0].s.producer_config if todo else {}
+        wait = ack_wait("exactly_once" if transactional else "at_least_once", config)
         results: list[BatchResult] = []
         staged = []
         #: at-least-once partitions to write partition by partition (their records could not be settled), and why
@@ -1250,11 +1255,10 @@ class BatchWriter:
                     if st is not None:
                         staged.append((w, st))
                 t0 = time.monotonic()
-                with clients.fatal_unmasked():
-                    remaining = int(producer.flush(60))
+                remaining = flush_within(producer, wait, self.plan.group)
                 if remaining:
-                    log.warning("%s: %d records not acknowledged within 60 s; writing the batch partition by "
-                                "partition", self.plan.group, remaining)
+                    log.warning("%s: %d records not acknowledged within %.0f s; writing the batch partition by "
+                                "partition", self.plan.group, remaining, wait)
                     raise _Unmapped()
                 t1 = time.monotonic()
                 for w, st in staged:
@@ -1272,12 +1276,12 @@ class BatchWriter:
                 with clients.fatal_unmasked():
                     if transactional:
                         producer.commit_transaction(60)
-                    remaining = 0 if transactional else int(producer.flush(60))
+                    remaining = 0 if transactional else flush_within(producer, wait, self.plan.group)
                 if transactional:
                     txn.took_turn()  # the next transaction need not wait for this one's markers
                 elif remaining:
-                    log.warning("%s: offset syncs not acknowledged within 60 s; writing the batch partition by "
-                                "partition", self.plan.group)
+                    log.warning("%s: offset syncs not acknowledged within %.0f s; writing the batch partition by "
+                                "partition", self.plan.group, wait)
                     raise _Unmapped()
                 t3 = time.monotonic()
                 commit_ms = (t3 - t0) * 1000

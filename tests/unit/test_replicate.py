@@ -1219,3 +1219,78 @@ def test_a_reading_process_collects_garbage_rarely_unless_turned_off(setting, qu
                           "print(gc.get_threshold()[0], gc.get_freeze_count() > 0)"],
                          env=env, capture_output=True, text=True, check=True).stdout.split()
     assert out == ([str(GC_THRESHOLD), "True"] if quiet else ["700", "False"])
+
+
+# --------------------------------------------------------------------------- waiting for acknowledgements
+
+
+class _Clock:
+    """time.monotonic for the writer: advanced by the fake producers' flushes, never by the test's own time."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _OutageProducer(_AckingProducer):
+    """An idempotent producer whose destination is away until ``back_at`` (on ``clock``): a flush before then
+    acknowledges nothing and takes its whole timeout, as librdkafka's does while it retries."""
+
+    def __init__(self, clock: _Clock, back_at: float) -> None:
+        super().__init__()
+        self.clock = clock
+        self.back_at = back_at
+
+    def flush(self, timeout: float) -> int:
+        if self.clock.now + timeout < self.back_at:
+            self.clock.now += timeout
+            return len(self._cbs)
+        self.clock.now = max(self.clock.now, self.back_at)
+        return super().flush(timeout)
+
+
+def test_delivery_timeout_and_ack_wait_follow_the_producer_config() -> None:
+    assert replicate.delivery_timeout({}) == 300.0  # librdkafka's default message.timeout.ms
+    assert replicate.delivery_timeout({"message.timeout.ms": "120000"}) == 120.0
+    assert replicate.delivery_timeout({"delivery.timeout.ms": 90000}) == 90.0  # the Java client's name
+    assert replicate.delivery_timeout({"message.timeout.ms": 0}) == 300.0  # 0 is "forever" to librdkafka
+    assert replicate.ack_wait("at_least_once", {"message.timeout.ms": 120000}) == 125.0
+    assert replicate.ack_wait("exactly_once", {"message.timeout.ms": 120000}) == 60.0  # the transaction's limit
+
+
+def test_at_least_once_rides_out_a_destination_outage_longer_than_a_minute(monkeypatch, caplog) -> None:
+    """The destination answers nothing for 95 s: the writer keeps waiting for the producer (which retries
+    until its message.timeout.ms), says so in the log every 30 s, and the chunk is written once it is back;
+    it used to fail the chunk after a fixed 60 s although the producer had not given up on a record."""
+    clock = _Clock()
+    fake = _OutageProducer(clock, back_at=clock.now + 95)
+    monkeypatch.setattr(replicate.time, "monotonic", clock)
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "alo"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    writer = replicate.PartitionWriter(settings(delivery="at_least_once", value_serde="bytes"), ids({}),
+                                       lambda t, p: None, downstream_end=lambda t, p: 0)
+    with caplog.at_level("WARNING", logger="mirror_core.replicate"):
+        r = writer.write(1, [rec(b"v", offset=o) for o in (0, 1, 2)], upstream_end=3)
+    assert (r.mirrored, r.last_downstream) == (3, 2)
+    waits = [m for m in caplog.messages if "waited" in m]
+    assert len(waits) == 3 and "3 records have waited 30 s" in waits[0] and "up to 305 s" in waits[0], waits
+    syncs = [OffsetSync.from_record(k, v) for t, _, k, v, _, _ in fake.full if t == "syncs"]
+    assert syncs[-1] == OffsetSync("t", 1, 3, 3)
+
+
+def test_at_least_once_gives_up_when_the_producer_would_have(monkeypatch) -> None:
+    """Past the producer's own delivery timeout (plus a few seconds for its reports) the chunk fails, with a
+    line that says how long it waited; no offset sync moves past records not acknowledged."""
+    clock = _Clock()
+    fake = _OutageProducer(clock, back_at=clock.now + 10_000)
+    monkeypatch.setattr(replicate.time, "monotonic", clock)
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "alo"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    s = settings(delivery="at_least_once", value_serde="bytes", producer_config={"message.timeout.ms": 45000})
+    writer = replicate.PartitionWriter(s, ids({}), lambda t, p: None, downstream_end=lambda t, p: 0)
+    with pytest.raises(replicate.WriterError, match=r"2 records not acknowledged within 50 s"):
+        writer.write(1, [rec(b"v", offset=o) for o in (0, 1)], upstream_end=2)
+    assert clock.now - 1000.0 == pytest.approx(50.0)
+    assert not [f for f in fake.full if f[0] == "syncs"]
