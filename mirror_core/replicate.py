@@ -991,8 +991,7 @@ class PartitionWriter:
 
     def _gapless(self) -> bool:
         """at_least_once chunks of this writer go through the C loop on the gapless producer (see
-        :meth:`_write_at_least_once_in_c`; a chunk of fewer than 3 records, or one the loop hands back, does
-        not)."""
+        :meth:`_write_at_least_once_in_c`; one the loop hands back goes on the usual producer)."""
         return (self.s.delivery != "exactly_once" and self.fast.enabled and self.fast.provenance is None
                 and native.available())
 
@@ -1664,11 +1663,13 @@ class PartitionWriter:
         it loses (a fatal error) and every record produced after it, the chunk's last among them, is reported
         failed. Offsets then follow from the reports around each run, as on the exactly-once path. Returns
         the acknowledgements as :meth:`_produce_all` does and the producer, or None when the chunk was not
-        written so (a record reported failed, reports that do not prove the runs' offsets, or a chunk too
-        small to gain): the caller then writes it the Python way, with a report per record; what landed is
-        written twice, as at-least-once allows."""
+        written so (a record reported failed, reports that do not prove the runs' offsets): the caller then
+        writes it the Python way on the usual producer, with a report per record; what landed is written
+        twice, as at-least-once allows. A chunk of fewer than 3 records has no run between its first and last:
+        it goes with a report per record, on this producer too, so a partition of a slow stream (chunks of a
+        record or two) keeps one producer, not two."""
         # what the C loop needs (see _produce_records): records that keep their partition, no provenance header
-        if len(chunk) < 3 or not self._gapless():
+        if not self._gapless():
             return None
         t0 = time.monotonic()
         producer, key = _producer(self.s, partition, gapless=True)

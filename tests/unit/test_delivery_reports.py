@@ -384,3 +384,19 @@ def test_a_system_error_of_another_cause_is_left_alone() -> None:
             raise KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
         except KafkaException:
             raise SystemError("something else")  # noqa: B904 - the point: no cause
+
+
+def test_at_least_once_small_chunks_go_on_the_gapless_producer_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of one and two records (a slow stream's) have no run for the C loop: they go with a report per
+    record on the same gapless producer as the partition's larger chunks and its offset syncs, so the
+    partition keeps one producer; the usual producer is not used."""
+    usual, gapless = _Broker(), _Gapless()
+    took = _c_loop(monkeypatch, gapless)
+    writer = _alo_writer(monkeypatch, usual, gapless)
+    r1 = writer.write(1, _cols([3]), upstream_end=4)
+    r2 = writer.write(1, _cols([4, 6]), upstream_end=7)
+    assert took == [] and r1.native_records == r2.native_records == 0
+    assert (r1.mirrored, r2.mirrored, r2.last_downstream) == (1, 2, 2)
+    assert usual.log == {} and usual.callbacks == []
+    assert gapless.log[("t", 1)] == [b"v3", b"v4", b"v6"] and all(cb is not None for cb in gapless.callbacks)
+    assert OffsetSync("t", 1, 7, 3) in _syncs(gapless)
