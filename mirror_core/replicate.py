@@ -83,6 +83,10 @@ class WriterError(MirrorError):
     """The writer could not complete a chunk (the task fails and Spark retries it)."""
 
 
+class NotAcknowledged(WriterError):
+    """Records of a chunk were neither acknowledged nor reported failed within the writer's wait."""
+
+
 class DestinationTopicError(WriterError):
     """A mirror's destination topic was deleted (or deleted and re-created) while it mirrored: writing on
     would lose records or scatter them over a topic with other offsets, so the mirror stops."""
@@ -1226,10 +1230,19 @@ class PartitionWriter:
     def _write_transactional(self, partition: int, chunk: Columns, result: BatchResult) -> None:
         forced_dead: dict[int, DeadLetter] = {}
         exact = False
-        for _attempt in range(4):  # 3 attempts, and one more after a fall back to exact delivery reports
+        outage = _Outage(self.s, partition)
+        attempt = 0
+        while attempt < 4:  # 3 attempts, and one more after a fall back to exact delivery reports
+            attempt += 1
             t0 = time.monotonic()
-            producer, key = _producer(self.s, partition)
-            position = self._position(key, partition)
+            try:
+                producer, key = _producer(self.s, partition)
+                position = self._position(key, partition)
+            except KafkaException as exc:
+                if not (_unanswered(exc.args[0]) and outage.wait(exc.args[0].str())):
+                    raise
+                attempt -= 1  # a destination that does not answer is waited out, not counted
+                continue
             start = 0 if position is None else bisect.bisect_left(chunk.offsets, position.upstream)
             if start and position is not None and self._beyond_source_end(key, partition, position):
                 position = _POSITIONS[key] = Position(0)  # the topic was re-created: its records are new
@@ -1261,6 +1274,16 @@ class PartitionWriter:
                     continue
                 except KafkaException:
                     raise  # handled below: the producer is dropped and its successor fences the transaction
+                except NotAcknowledged as exc:
+                    # the destination did not answer within the transaction's time: the transaction is lost
+                    # (an abort would wait for the destination too); the producer is dropped, and its
+                    # successor, made once the destination answers, fences it and writes the chunk again
+                    _drop_producer(key)
+                    if not outage.wait(str(exc)):
+                        raise
+                    _reset_counts(result)
+                    attempt -= 1
+                    continue
                 except DestinationTopicError:
                     # records wait for partitions that are gone: an abort would wait for them; the producer is
                     # dropped instead (its transaction is fenced at the next start, or times out)
@@ -1306,6 +1329,11 @@ class PartitionWriter:
                              self.s.source_topic, partition, why)
                 if err.code() in _TOPIC_GONE and self._destination_missing():
                     raise DestinationTopicError(destination_deleted(self.s)) from None
+                if _unanswered(err) and outage.wait(err.str()):
+                    exact = exact or bool(result.native_records)
+                    _reset_counts(result)
+                    attempt -= 1  # waited out, not counted (see above)
+                    continue
                 if fatal or err.txn_requires_abort() or err.retriable() or _is_too_large(err):
                     if result.native_records:
                         exact = True  # what failed may be a record without a report: the retry reports each
@@ -1374,7 +1402,8 @@ class PartitionWriter:
         remaining = self._flush(producer, self._ack_wait())
         result.produce_ms += (time.monotonic() - t0) * 1000
         if remaining:
-            raise WriterError(f"{self.s.mirror}: {remaining} records not acknowledged within {self._ack_wait():.0f} s")
+            raise NotAcknowledged(f"{self.s.mirror}: {remaining} records not acknowledged within "
+                                  f"{self._ack_wait():.0f} s")
         return self._settle(producer, sent)
 
     def _produce_records(self, producer: Producer, partition: int, cols: Columns, result: BatchResult,
@@ -1758,6 +1787,36 @@ def _abort_quietly(producer: Producer) -> bool:
         log.warning("abort after a failed chunk: %s", exc.args[0].str())
         return False
     return True
+
+
+def _unanswered(err: KafkaError) -> bool:
+    """A client error that means the destination did not answer in time (rather than refused)."""
+    return err.code() in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT,
+                          KafkaError._ALL_BROKERS_DOWN, KafkaError.REQUEST_TIMED_OUT)
+
+
+class _Outage:
+    """An exactly_once writer's wait for a destination that does not answer: the transaction's 60 s are
+    not the limit; the chunk is tried again on a new producer for as long as an at_least_once producer
+    would keep trying (its delivery timeout, from the first such failure), with a line each time."""
+
+    def __init__(self, s: WriterSettings, partition: int) -> None:
+        self.s, self.partition = s, partition
+        self.since: float | None = None
+
+    def wait(self, why: str) -> bool:
+        """True to try again (after a short pause), False once the wait is over."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        limit = delivery_timeout(self.s.producer_config)
+        if now - self.since >= limit:
+            return False
+        log.warning("%s[%d]: the destination did not answer (%s); the chunk is written again on a new producer "
+                    "once it does (waited %.0f s of up to %.0f s)", self.s.source_topic, self.partition,
+                    why.splitlines()[0][:200], now - self.since, limit)
+        time.sleep(1.0)
+        return True
 
 
 def _fatal_reason(producer: Producer, err: KafkaError) -> KafkaError:

@@ -1294,3 +1294,74 @@ def test_at_least_once_gives_up_when_the_producer_would_have(monkeypatch) -> Non
         writer.write(1, [rec(b"v", offset=o) for o in (0, 1)], upstream_end=2)
     assert clock.now - 1000.0 == pytest.approx(50.0)
     assert not [f for f in fake.full if f[0] == "syncs"]
+
+
+class _DownProducer(_FakeProducer):
+    """A transactional producer whose destination is away until ``back_at``: a flush before then acknowledges
+    nothing and takes its whole timeout; a commit then raises as librdkafka's would."""
+
+    def __init__(self, clock: _Clock, back_at: float) -> None:
+        super().__init__()
+        self.clock, self.back_at = clock, back_at
+
+    def flush(self, timeout: float) -> int:
+        if self.clock.now + timeout < self.back_at:
+            self.clock.now += timeout
+            return len(self._cbs)
+        self.clock.now = max(self.clock.now, self.back_at)
+        return super().flush(timeout)
+
+
+def _outage_writer(monkeypatch, clock: _Clock, back_at: float, **over: object):
+    """An exactly_once writer whose first producer meets an outage until ``back_at``; making a new producer
+    fails (after 30 s, as a metadata request would) until then. Returns the writer and the producers made."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    made: list[_FakeProducer] = []
+
+    def producer(_s, p, **_k):
+        if made and clock.now < back_at:
+            clock.now += 30
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: Broker transport failure"))
+        if not made or replicate._PRODUCERS.get("txid") is None:
+            made.append(_DownProducer(clock, back_at))
+            replicate._PRODUCERS["txid"] = made[-1]
+        return made[-1], "txid"
+
+    monkeypatch.setattr(replicate.time, "monotonic", clock)
+    monkeypatch.setattr(replicate.time, "sleep", lambda s: setattr(clock, "now", clock.now + s))
+    monkeypatch.setattr(replicate, "_producer", producer)
+    monkeypatch.setattr(replicate, "_PRODUCERS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    writer = replicate.PartitionWriter(settings(value_serde="bytes", **over), ids({}), lambda t, p: None,
+                                       downstream_end=lambda t, p: 0)
+    return writer, made
+
+
+def test_exactly_once_rides_out_a_destination_outage_longer_than_its_transaction(monkeypatch, caplog) -> None:
+    """The destination is away for 150 s, longer than the transaction's 60 s: the transaction is given up,
+    the producer dropped, new producers are tried (each try logged) until the destination answers, and the
+    chunk is committed once, by the new producer, from the position read again; nothing of the lost
+    transaction commits."""
+    clock = _Clock()
+    writer, made = _outage_writer(monkeypatch, clock, back_at=clock.now + 150)
+    with caplog.at_level("WARNING", logger="mirror_core.replicate"):
+        r = writer.write(1, [rec(b"v", key=str(o).encode(), offset=o) for o in (0, 1, 2)], upstream_end=3)
+    assert len(made) == 2 and made[0].committed == []
+    (txn,) = made[1].committed
+    assert [k for t, k, _ in txn if t == "t"] == [b"0", b"1", b"2"]
+    assert (r.mirrored, r.last_downstream) == (3, 2)
+    tries = [m for m in caplog.messages if "did not answer" in m]
+    assert len(tries) >= 3 and "not acknowledged within 60 s" in tries[0] and "up to 300 s" in tries[0], tries
+
+
+def test_exactly_once_gives_up_on_an_outage_after_the_producers_delivery_timeout(monkeypatch) -> None:
+    clock = _Clock()
+    writer, made = _outage_writer(monkeypatch, clock, back_at=clock.now + 10_000,
+                                  producer_config={"message.timeout.ms": 100_000})
+    from confluent_kafka import KafkaException
+
+    with pytest.raises(KafkaException, match="transport failure"):
+        writer.write(1, [rec(b"v", offset=o) for o in (0, 1)], upstream_end=2)
+    assert 100 <= clock.now - 1000.0 <= 100 + 60 + 31
+    assert all(p.committed == [] for p in made)
