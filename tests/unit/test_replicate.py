@@ -1234,9 +1234,9 @@ class _Clock:
         return self.now
 
 
-class _OutageProducer(_AckingProducer):
-    """An idempotent producer whose destination is away until ``back_at`` (on ``clock``): a flush before then
-    acknowledges nothing and takes its whole timeout, as librdkafka's does while it retries."""
+class _Away:
+    """A fake producer's destination, away until ``back_at`` (on ``clock``): a flush before then acknowledges
+    nothing and takes its whole timeout, as librdkafka's does while it retries."""
 
     def __init__(self, clock: _Clock, back_at: float) -> None:
         super().__init__()
@@ -1246,9 +1246,13 @@ class _OutageProducer(_AckingProducer):
     def flush(self, timeout: float) -> int:
         if self.clock.now + timeout < self.back_at:
             self.clock.now += timeout
-            return len(self._cbs)
+            return len(self._cbs)  # type: ignore[attr-defined]
         self.clock.now = max(self.clock.now, self.back_at)
-        return super().flush(timeout)
+        return super().flush(timeout)  # type: ignore[misc]
+
+
+class _OutageProducer(_Away, _AckingProducer):
+    """An idempotent producer whose destination is away until ``back_at``."""
 
 
 def test_delivery_timeout_and_ack_wait_follow_the_producer_config() -> None:
@@ -1296,20 +1300,8 @@ def test_at_least_once_gives_up_when_the_producer_would_have(monkeypatch) -> Non
     assert not [f for f in fake.full if f[0] == "syncs"]
 
 
-class _DownProducer(_FakeProducer):
-    """A transactional producer whose destination is away until ``back_at``: a flush before then acknowledges
-    nothing and takes its whole timeout; a commit then raises as librdkafka's would."""
-
-    def __init__(self, clock: _Clock, back_at: float) -> None:
-        super().__init__()
-        self.clock, self.back_at = clock, back_at
-
-    def flush(self, timeout: float) -> int:
-        if self.clock.now + timeout < self.back_at:
-            self.clock.now += timeout
-            return len(self._cbs)
-        self.clock.now = max(self.clock.now, self.back_at)
-        return super().flush(timeout)
+class _DownProducer(_Away, _FakeProducer):
+    """A transactional producer whose destination is away until ``back_at``."""
 
 
 def _outage_writer(monkeypatch, clock: _Clock, back_at: float, **over: object):
