@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from mirror_core.config import SECRET_KEY_RE, ClusterConfig
@@ -148,6 +148,17 @@ def fatal_cause(exc: BaseException) -> KafkaException | None:
         seen.add(id(cur))
         cur = cur.__cause__
     return None
+
+
+#: client error codes that mean the cluster did not answer in time, rather than refused
+_NO_ANSWER = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT,
+                        KafkaError._ALL_BROKERS_DOWN, KafkaError.REQUEST_TIMED_OUT})
+
+
+def no_answer(err: KafkaError) -> bool:
+    """The cluster did not answer in time (a broken connection, no broker up, a request or a record timed
+    out), rather than refused what was asked."""
+    return err.code() in _NO_ANSWER
 
 
 def kafka_config(cluster: ClusterConfig, **extra: Any) -> ClientConfig:

@@ -44,7 +44,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from mirror_core import native, wire
-from mirror_core.clients import fatal_unmasked
+from mirror_core.clients import fatal_unmasked, no_answer
 from mirror_core.config import (
     WRITER_PRODUCERS_DEFAULT,
     WRITER_PRODUCERS_MAX,
@@ -1239,7 +1239,7 @@ class PartitionWriter:
                 producer, key = _producer(self.s, partition)
                 position = self._position(key, partition)
             except KafkaException as exc:
-                if not (_unanswered(exc.args[0]) and outage.wait(exc.args[0].str())):
+                if not (no_answer(exc.args[0]) and outage.wait(exc.args[0].str())):
                     raise
                 attempt -= 1  # a destination that does not answer is waited out, not counted
                 continue
@@ -1329,7 +1329,7 @@ class PartitionWriter:
                              self.s.source_topic, partition, why)
                 if err.code() in _TOPIC_GONE and self._destination_missing():
                     raise DestinationTopicError(destination_deleted(self.s)) from None
-                if _unanswered(err) and outage.wait(err.str()):
+                if no_answer(err) and outage.wait(err.str()):
                     exact = exact or bool(result.native_records)
                     _reset_counts(result)
                     attempt -= 1  # waited out, not counted (see above)
@@ -1787,12 +1787,6 @@ def _abort_quietly(producer: Producer) -> bool:
         log.warning("abort after a failed chunk: %s", exc.args[0].str())
         return False
     return True
-
-
-def _unanswered(err: KafkaError) -> bool:
-    """A client error that means the destination did not answer in time (rather than refused)."""
-    return err.code() in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT,
-                          KafkaError._ALL_BROKERS_DOWN, KafkaError.REQUEST_TIMED_OUT)
 
 
 class _Outage:

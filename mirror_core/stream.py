@@ -931,11 +931,9 @@ DESTINATION_RETRY_PAUSE = 2.0
 
 
 def _unreachable(err: Any) -> bool:
-    """A client error that means the cluster did not answer (rather than refused)."""
-    from confluent_kafka import KafkaError
-
-    return bool(err.retriable()) or err.code() in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT,
-                                                   KafkaError._ALL_BROKERS_DOWN, KafkaError.REQUEST_TIMED_OUT)
+    """A client error that means the cluster did not answer, or may answer if asked again (rather than
+    refused)."""
+    return bool(err.retriable()) or clients.no_answer(err)
 
 
 def destination_topic_ids(admin: Any, topics: list[str], timeout: float = 30.0) -> dict[str, str | None]:
