@@ -707,7 +707,9 @@ class WriterTransaction:
     count changed.
 
     With ``delivery="at_least_once"``: the one idempotent producer the process's at-least-once partitions
-    share, flushed once per write of all of them (and no transaction)."""
+    share, flushed once per write of all of them (and no transaction). It has ``enable.gapless.guarantee``,
+    so runs of records can go through the C loop without reports, as on a partition's gapless producer: a
+    record it loses stops it (see :meth:`stream.BatchWriter.write_shared`)."""
 
     def __init__(self, settings: Iterable[WriterSettings], slot: int, slots_used: int,
                  delivery: str = "exactly_once", producers: int = WRITER_PRODUCERS_DEFAULT):
@@ -735,8 +737,8 @@ class WriterTransaction:
         """Runs of records may go through the C loop without reports (:mod:`mirror_core.native`): until
         another producer's commit markers landed among such a run (with several producers by turns the broker
         writes the last transaction's markers while the next one's records go out); then never again in this
-        process (:meth:`report_each`)."""
-        return self.transactional and self.txids[0] not in _REPORT_EACH
+        process (:meth:`report_each`). The at-least-once producer is gapless: its runs too."""
+        return self.txids[0] not in _REPORT_EACH
 
     def report_each(self) -> None:
         _REPORT_EACH.add(self.txids[0])
@@ -791,7 +793,9 @@ class WriterTransaction:
             _drop_producer(key)
         if key not in _PRODUCERS:
             if not self.transactional:
-                p = Producer(self.producer_config | _base_config(self.limit))
+                # gapless: runs go without reports (see the class); the writer says itself when it loses a record
+                p = Producer(self.producer_config | _base_config(self.limit)
+                             | {"enable.gapless.guarantee": True, "logger": _GAPLESS_LOG})
             else:
                 p = Producer(self.producer_config | _base_config(self.limit)
                              | {"transactional.id": key, "transaction.timeout.ms": 60000})
@@ -1156,8 +1160,9 @@ class PartitionWriter:
         result = BatchResult(self.s.source_topic, partition, records_in=len(cols), first_offset=cols.offsets[0],
                              last_offset=cols.offsets[-1], upstream_end=upstream_end)
         if not exactly:
-            # at-least-once writes every record of the batch again on a replay, as its per-partition writer does
-            sent = self._produce_records(producer, partition, cols, result, {})
+            # at-least-once writes every record of the batch again on a replay, as its per-partition writer does;
+            # the shared producer is gapless (see WriterTransaction), so runs may go through the C loop
+            sent = self._produce_records(producer, partition, cols, result, {}, in_c=in_c, gapless=True)
             result.produce_ms += (time.monotonic() - t0) * 1000
             return result, Staged(partition, cols, upstream_end, _POSITIONS.get(self._shared_key(partition)),
                                   result, sent)

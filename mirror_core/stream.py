@@ -45,6 +45,7 @@ from mirror_core.replicate import (
     PartitionWriter,
     SchemaIdTranslator,
     SourceRecord,
+    WriterError,
     WriterSettings,
     WriterTransaction,
     _abort_quietly,
@@ -1196,6 +1197,26 @@ class BatchWriter:
             with self._lock:
                 _merge(self.results, r)
 
+    def _after_a_lost_record(self, txn: WriterTransaction, producer: Any, lost: Any, wait: float) -> Any:
+        """at_least_once, ``transactions: per_writer``: the shared gapless producer lost a record (``lost``, its
+        fatal error, raised by the flush) and stopped, which fails every record it still held. Takes the
+        delivery reports still due, so each partition's show whether all its records landed, then replaces
+        the producer; returns the new one (for the offset syncs of the partitions that keep their records)."""
+        from confluent_kafka import KafkaException
+
+        log.info("%s: the writer's shared producer lost a record (%s); what did not land is written again "
+                 "partition by partition", self.plan.group, lost.args[0].str())
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                with clients.fatal_unmasked():
+                    if not producer.flush(min(5.0, max(0.0, deadline - time.monotonic()))):
+                        break
+            except KafkaException:
+                continue  # the fatal error again: the reports after it are still due
+        txn.drop()
+        return txn.producer()
+
     def prepare_shared(self, topic: str, part: int) -> None:
         """``transactions: per_writer``: fence the partition's own transactional id and read its position."""
         s = self.plan.settings.get(topic)
@@ -1220,7 +1241,11 @@ class BatchWriter:
         partitions. Once every record is acknowledged or rejected, only the partitions whose records cannot
         be settled (one too large, reports not tied to records) are handed back; the others' syncs go out as
         usual. What went out of a partition handed back is written again by the per-partition writer
-        (at-least-once)."""
+        (at-least-once). The shared producer is gapless (runs of records go without reports): a record it
+        loses (rejected, timed out) stops it with a fatal error, which fails every record produced after it
+        whatever its partition; the reports still due are taken, the producer replaced, and the partitions
+        whose records all landed keep them (their syncs go out on the new producer); the others are handed
+        back."""
         from confluent_kafka import KafkaException
 
         transactional = txn.transactional
@@ -1253,7 +1278,14 @@ class BatchWriter:
                     if st is not None:
                         staged.append((w, st))
                 t0 = time.monotonic()
-                remaining = flush_within(producer, wait, self.plan.group)
+                lost: KafkaException | None = None
+                try:
+                    remaining = flush_within(producer, wait, self.plan.group)
+                except KafkaException as exc:
+                    if transactional or not exc.args[0].fatal():
+                        raise
+                    lost, remaining = exc, 0
+                    producer = self._after_a_lost_record(txn, producer, exc, wait)
                 if remaining:
                     log.warning("%s: %d records not acknowledged within %.0f s; writing the batch partition by "
                                 "partition", self.plan.group, remaining, wait)
@@ -1262,12 +1294,17 @@ class BatchWriter:
                 for w, st in staged:
                     try:
                         w.settle_staged(producer, st)
-                    except (_Unmapped, KafkaException) as exc:
+                    except (_Unmapped, KafkaException, WriterError) as exc:
                         # at least once, every record was acknowledged or rejected (flushed): the other partitions'
-                        # syncs can still go out, and nothing of this one is left queued to land after its rewrite
-                        if transactional or (isinstance(exc, KafkaException) and exc.args[0].fatal()):
+                        # syncs can still go out, and nothing of this one is left queued to land after its rewrite.
+                        # After a lost record, whatever this partition's records or dead letters met (the stop
+                        # failed them) is the per-partition writer's to meet again, or not
+                        if lost is None and (transactional or isinstance(exc, WriterError) or (
+                                isinstance(exc, KafkaException) and exc.args[0].fatal())):
                             raise
                         left[(w.s.source_topic, st.partition)] = (
+                            f"not all its records landed: the shared producer lost a record ({lost.args[0].str()})"
+                            if lost is not None else
                             "a record the destination rejected as too large, or reports not tied to records"
                             if isinstance(exc, _Unmapped) else exc.args[0].str())
                 t2 = time.monotonic()

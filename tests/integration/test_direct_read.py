@@ -359,6 +359,90 @@ def test_per_writer_falls_back_to_partition_transactions_without_losing_or_doubl
         rt.close()
 
 
+def test_per_writer_at_least_once_a_record_lost_by_the_shared_producer_is_written_again_partition_by_partition(
+        clusters, unique, tmp_path, caplog):
+    """``transactions: per_writer``, at_least_once: the writer's shared producer is gapless, so its runs of
+    records go through the C loop without delivery reports. The destination rejects a record inside such a
+    run as too large (the topic's limit was lowered after the start): the producer stops (a fatal error, the
+    records after the loss fail with it), the reports still due are taken, and what did not land is written
+    again partition by partition, which learns the limit and dead-letters the record once. Every other
+    record is on the destination, each record's last copy in order (at-least-once may write some twice), the
+    offset syncs end where the batch ends, and the next batch goes out on a new shared producer."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    from mirror_core import native, replicate
+    from mirror_core.replicate import last_committed_sync
+
+    topic = unique("dpwalo")
+    create_topic(clusters.src_bootstrap, topic, 2)
+    p = Producer({"bootstrap.servers": clusters.src_bootstrap})
+    want0 = [f"a{i}".encode() for i in range(20)] + [f"b{i}".encode() for i in range(20)]
+    for k in want0[:20]:
+        p.produce(topic, key=k, value=b"x", partition=0)
+    p.produce(topic, key=b"huge", value=b"y" * 10_000, partition=0)
+    for k in want0[20:]:
+        p.produce(topic, key=k, value=b"x", partition=0)
+    want1 = [f"c{i}".encode() for i in range(30)]
+    for k in want1:
+        p.produce(topic, key=k, value=b"x", partition=1)
+    more1 = [f"d{i}".encode() for i in range(10)]
+    for k in more1:
+        p.produce(topic, key=k, value=b"x", partition=1)
+    assert p.flush(30) == 0
+    name = unique("dpwalo").replace("-", "")
+    cfg, g = one_group(clusters, name, topic, tmp_path, "at_least_once", processes=1, transactions="per_writer")
+    rt = MirrorRuntime(cfg, g)
+    rt.prepare()
+    dst_admin = AdminClient({"bootstrap.servers": clusters.dst_bootstrap})
+    res = ConfigResource(ResourceType.TOPIC, f"{topic}.m", incremental_configs=[
+        ConfigEntry("max.message.bytes", "2000", incremental_operation=AlterConfigOpType.SET)])
+    dst_admin.incremental_alter_configs([res])[res].result(30)
+    runs: list[tuple[int, int, int]] = []
+    producers: list[object] = []  # the producer of each C run
+    produce = native.produce
+
+    def spy(producer, topic_, partition, values, keys, stamps, headers, start, stop, *rest):
+        out = produce(producer, topic_, partition, values, keys, stamps, headers, start, stop, *rest)
+        runs.append((partition, start, out[0]))
+        producers.append(producer)
+        return out
+
+    try:
+        write_initial_offsets(rt, {topic: {0: 0, 1: 0}})
+        write_offset_log(rt, 0, {topic: {0: 41, 1: 30}})
+        write_offset_log(rt, 1, {topic: {0: 41, 1: 40}})
+        with caplog.at_level(logging.INFO, logger="mirror_core.stream"), pytest.MonkeyPatch.context() as mp:
+            mp.setattr(native, "produce", spy)
+            summary = rt.after_batch(0, rt.write_direct(rt.writer_plan(0), 0), 1.0)
+        assert any(p_ == 0 and start <= 20 < reached for p_, start, reached in runs)  # the large one: no report
+        shared = f"mirrorflow.{name}:src::writer-0:alo"
+        stopped = producers[0]
+        assert replicate._PRODUCERS[shared] is not stopped  # replaced
+        assert any("the writer's shared producer lost a record" in r.getMessage() for r in caplog.records)
+        assert summary["mirrored"] == 70 and summary["dead_lettered"] == 1
+        got = read_dst(clusters.dst_bootstrap, f"{topic}.m", 2)
+        for want, have in ((want0, got[0]), (want1, got[1])):
+            assert set(have) == set(want)
+            last = {k: i for i, k in enumerate(have)}
+            assert sorted(want, key=last.__getitem__) == want  # each record's last copy in order
+        assert read_dst(clusters.dst_bootstrap, f"{name}.dlq", 1)[0] == [b"huge"]
+        for p_, end in ((0, 41), (1, 30)):
+            sync = last_committed_sync({"bootstrap.servers": clusters.dst_bootstrap}, f"{name}.syncs.internal",
+                                       topic, p_, destination=f"{topic}.m")
+            assert sync is not None and sync.upstream_offset == end
+
+        runs.clear()
+        producers.clear()
+        with pytest.MonkeyPatch.context() as mp:  # the next batch: on the new shared producer, its run in C again
+            mp.setattr(native, "produce", spy)
+            summary = rt.after_batch(1, rt.write_direct(rt.writer_plan(1), 1), 1.0)
+        assert summary["mirrored"] == 10 and [p_ for p_, *_ in runs] == [1]
+        assert producers == [replicate._PRODUCERS[shared]]
+        assert read_dst(clusters.dst_bootstrap, f"{topic}.m", 2)[1][-10:] == more1
+    finally:
+        rt.close()
+
+
 def test_a_writer_process_failure_is_raised_in_the_driver_once_the_others_are_done(clusters, unique, tmp_path):
     """A failure inside one writer process reaches the driver as the same error type and text (so the job's
     one-line failure names it), after every process has finished its share: nothing is left mid-write. The

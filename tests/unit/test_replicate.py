@@ -1138,6 +1138,80 @@ def test_per_writer_at_least_once_writes_again_only_the_partition_it_could_not_s
     assert sorted((r["partition"], r["mirrored"]) for r in rows) == [(0, 10), (1, 10)]
 
 
+def test_per_writer_at_least_once_a_record_lost_by_the_shared_producer_hands_back_only_what_did_not_land(
+        monkeypatch, caplog) -> None:
+    """``transactions: per_writer``, at_least_once: the shared producer is gapless. It loses a record of
+    partition 1 (the destination rejects it) and stops: its flush raises the fatal error, and every record
+    produced after the loss is reported failed. The reports still due are taken; partition 0, whose records
+    all landed before the loss, keeps them and its offset syncs go out on a new shared producer; only
+    partition 1 is written again partition by partition."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from mirror_core import direct
+    from mirror_core.direct import Range
+    from mirror_core.replicate import Columns
+    from mirror_core.stream import BatchWriter, WriterPlan
+
+    s = settings(delivery="at_least_once", value_serde="bytes", source_partitions=2, destination_partitions=2)
+    _store, _commits, per_partition = _per_writer_fakes(monkeypatch)
+    fake_producer = replicate.Producer
+    made: list[_FakeProducer] = []
+    stop = KafkaError(KafkaError._GAPLESS_GUARANTEE, "unable to satisfy gap-less guarantee", fatal=True)
+
+    class Gapless(fake_producer):  # type: ignore[misc, valid-type]
+        lost_at: int | None = None  # reports before this one are served before the fatal error
+        raised = False
+
+        def produce(self, topic, value=None, key=None, partition=0, on_delivery=None, **kw):
+            if self.lost_at is None and value is not None and len(value) > 1000:
+                self.lost_at = len(self._cbs)
+            if self.lost_at is None:
+                super().produce(topic, value=value, key=key, partition=partition, on_delivery=on_delivery, **kw)
+            elif on_delivery is not None:  # failed by the stop
+                self._cbs.append((lambda _err, msg, cb=on_delivery: cb(KafkaError(KafkaError._FATAL), msg),
+                                  _Msg(None)))
+
+        def flush(self, timeout: float) -> int:
+            if self.lost_at is not None and not self.raised:
+                self.raised = True
+                for cb, msg in self._cbs[:self.lost_at]:
+                    cb(None, msg)
+                self._cbs = self._cbs[self.lost_at:]
+                raise KafkaException(stop)
+            return super().flush(timeout)
+
+    monkeypatch.setattr(replicate, "Producer", lambda *a: made.append(Gapless(*a)) or made[-1])
+    writer = replicate.PartitionWriter(s, ids({}), lambda t, p: None, downstream_end=lambda t, p: 0,
+                                       destination_high=lambda t, p: 999)
+    monkeypatch.setattr(BatchWriter, "_writer", lambda self, topic, _s: self._writers.setdefault(topic, writer))
+
+    def cols(big: int | None = None) -> Columns:
+        return Columns(list(range(10)), [b"k%d" % o for o in range(10)],
+                       [b"x" * 2000 if o == big else b"v" for o in range(10)], [1_700_000_000_000] * 10)
+
+    class Reader:
+        def read(self, rs: list[Range], deliver) -> float:
+            deliver(rs[0], cols())
+            deliver(rs[1], cols(big=4))
+            deliver(rs[0], None)
+            deliver(rs[1], None)
+            return 0.0
+
+    plan = WriterPlan({"t": s}, {}, {"t": {0: 10, 1: 10}}, {}, None, group="g", transactions="per_writer")
+    with caplog.at_level("INFO", logger="mirror_core.stream"):
+        rows = direct.write_ranges_per_writer(plan, [Range("t", 0, 0, 10), Range("t", 1, 0, 10)], Reader(), 0, 1)
+    assert len(made) == 2  # the stopped producer was replaced
+    assert [p for t, p, *_ in made[0].full if t == "t"] == [0] * 10 + [1] * 4  # partition 1 lost from its 5th
+    assert [t for t, *_ in made[0].full] == ["t"] * 14  # no offset sync on the stopped producer
+    synced = [OffsetSync.from_record(k, v) for t, _p, k, v, _h, _ts in made[1].full if t == "syncs"]
+    assert {x.partition for x in synced} == {0} and max(x.upstream_offset for x in synced) == 10
+    again = [(p, k) for t, p, k, *_ in per_partition.full if t == "t"]
+    assert again == [(1, b"k%d" % o) for o in range(10)]  # partition 1 only, from its start
+    assert "the writer's shared producer lost a record (unable to satisfy gap-less guarantee)" in caplog.text
+    assert "1 of 2 partitions could not be settled" in caplog.text
+    assert sorted((r["partition"], r["mirrored"]) for r in rows) == [(0, 10), (1, 10)]
+
+
 def test_per_writer_at_least_once_partitions_share_one_producer_without_transactions(monkeypatch) -> None:
     """``transactions: per_writer`` with an at_least_once mirror: a writer's partitions go through one
     idempotent producer of the writer, with no transaction and no producer per partition (1,000 producers
