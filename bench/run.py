@@ -89,7 +89,8 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-alo-direct-pyread-bytes", "mirrorflow-alo-direct-py-bytes",
                      "mirrorflow-eos-direct-small", "mirrorflow-eos-direct-small-bytes",
                      "mirrorflow-eos-direct-again-bytes", "mirrorflow-alo-direct-again-bytes",
-                     "mirrorflow-eos-writer-overlap")
+                     "mirrorflow-eos-writer-overlap", "mirrorflow-alo-writer-py-bytes",
+                     "mirrorflow-alo-writer-pyread-bytes")
 #: the ``-small`` variants' ``spark.max_offsets_per_trigger`` (the direct path's default batch is 500,000 records)
 SMALL_BATCH_RECORDS = 125000
 #: the topic each broker is warmed on (see bench.workload.warm_broker)
