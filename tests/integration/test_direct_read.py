@@ -313,15 +313,9 @@ def test_records_deleted_before_the_read_are_skipped_and_reported(clusters, uniq
         rt.close()
 
 
-def test_per_writer_falls_back_to_partition_transactions_without_losing_or_doubling(clusters, unique, tmp_path,
-                                                                                      caplog):
-    """``transactions: per_writer``: the destination rejects a record as too large that the writer did not
-    know to be (the topic's limit was lowered after the start). The one transaction holding both partitions
-    is aborted and the batch written partition by partition, which learns the limit and dead-letters the
-    record: every other record arrives once, in order, and a replay of the batch adds nothing."""
-    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
-
-    topic = unique("dpw")
+def huge_record_topic(clusters, topic: str) -> tuple[list[bytes], list[bytes]]:
+    """Source ``topic`` of 2 partitions: 41 records in partition 0 (keys a0-a19, a 10 KB one keyed ``huge``, then
+    b0-b19), 30 in partition 1 (c0-c29). Returns the keys each partition should arrive with (not ``huge``)."""
     create_topic(clusters.src_bootstrap, topic, 2)
     p = Producer({"bootstrap.servers": clusters.src_bootstrap})
     want0 = [f"a{i}".encode() for i in range(20)] + [f"b{i}".encode() for i in range(20)]
@@ -334,14 +328,32 @@ def test_per_writer_falls_back_to_partition_transactions_without_losing_or_doubl
     for k in want1:
         p.produce(topic, key=k, value=b"x", partition=1)
     assert p.flush(30) == 0
+    return want0, want1
+
+
+def lower_destination_limit(clusters, topic: str, limit: int = 2000) -> None:
+    """The destination topic's ``max.message.bytes``, lowered after the mirror learnt it."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    res = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry("max.message.bytes", str(limit), incremental_operation=AlterConfigOpType.SET)])
+    admin = AdminClient({"bootstrap.servers": clusters.dst_bootstrap})  # held until the answer is in
+    admin.incremental_alter_configs([res])[res].result(30)
+
+
+def test_per_writer_falls_back_to_partition_transactions_without_losing_or_doubling(clusters, unique, tmp_path,
+                                                                                      caplog):
+    """``transactions: per_writer``: the destination rejects a record as too large that the writer did not
+    know to be (the topic's limit was lowered after the start). The one transaction holding both partitions
+    is aborted and the batch written partition by partition, which learns the limit and dead-letters the
+    record: every other record arrives once, in order, and a replay of the batch adds nothing."""
+    topic = unique("dpw")
+    want0, want1 = huge_record_topic(clusters, topic)
     name = unique("dpw").replace("-", "")
     cfg, g = one_group(clusters, name, topic, tmp_path, processes=1, transactions="per_writer")
     rt = MirrorRuntime(cfg, g)
     rt.prepare()
-    dst_admin = AdminClient({"bootstrap.servers": clusters.dst_bootstrap})
-    res = ConfigResource(ResourceType.TOPIC, f"{topic}.m", incremental_configs=[
-        ConfigEntry("max.message.bytes", "2000", incremental_operation=AlterConfigOpType.SET)])
-    dst_admin.incremental_alter_configs([res])[res].result(30)
+    lower_destination_limit(clusters, f"{topic}.m")
     try:
         write_initial_offsets(rt, {topic: {0: 0, 1: 0}})
         write_offset_log(rt, 0, {topic: {0: 41, 1: 30}})
@@ -368,24 +380,13 @@ def test_per_writer_at_least_once_a_record_lost_by_the_shared_producer_is_writte
     again partition by partition, which learns the limit and dead-letters the record once. Every other
     record is on the destination, each record's last copy in order (at-least-once may write some twice), the
     offset syncs end where the batch ends, and the next batch goes out on a new shared producer."""
-    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
-
     from mirror_core import native, replicate
     from mirror_core.replicate import last_committed_sync
 
     topic = unique("dpwalo")
-    create_topic(clusters.src_bootstrap, topic, 2)
+    want0, want1 = huge_record_topic(clusters, topic)
     p = Producer({"bootstrap.servers": clusters.src_bootstrap})
-    want0 = [f"a{i}".encode() for i in range(20)] + [f"b{i}".encode() for i in range(20)]
-    for k in want0[:20]:
-        p.produce(topic, key=k, value=b"x", partition=0)
-    p.produce(topic, key=b"huge", value=b"y" * 10_000, partition=0)
-    for k in want0[20:]:
-        p.produce(topic, key=k, value=b"x", partition=0)
-    want1 = [f"c{i}".encode() for i in range(30)]
-    for k in want1:
-        p.produce(topic, key=k, value=b"x", partition=1)
-    more1 = [f"d{i}".encode() for i in range(10)]
+    more1 = [f"d{i}".encode() for i in range(10)]  # the next batch's
     for k in more1:
         p.produce(topic, key=k, value=b"x", partition=1)
     assert p.flush(30) == 0
@@ -393,10 +394,7 @@ def test_per_writer_at_least_once_a_record_lost_by_the_shared_producer_is_writte
     cfg, g = one_group(clusters, name, topic, tmp_path, "at_least_once", processes=1, transactions="per_writer")
     rt = MirrorRuntime(cfg, g)
     rt.prepare()
-    dst_admin = AdminClient({"bootstrap.servers": clusters.dst_bootstrap})
-    res = ConfigResource(ResourceType.TOPIC, f"{topic}.m", incremental_configs=[
-        ConfigEntry("max.message.bytes", "2000", incremental_operation=AlterConfigOpType.SET)])
-    dst_admin.incremental_alter_configs([res])[res].result(30)
+    lower_destination_limit(clusters, f"{topic}.m")
     runs: list[tuple[int, int, int]] = []
     producers: list[object] = []  # the producer of each C run
     produce = native.produce

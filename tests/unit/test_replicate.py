@@ -1080,6 +1080,35 @@ def test_per_writer_fences_every_writer_id_its_job_does_not_use(monkeypatch) -> 
     assert len(fenced) == len(every) - 4
 
 
+def _shared_write_with_a_large_record(monkeypatch, s, big_partition: int):
+    """``transactions: per_writer`` through ``direct.write_ranges_per_writer`` (with the test's fake writer
+    producers): partitions 0 and 1 of topic "t", ten records each, the fifth of ``big_partition`` 2,000
+    bytes. Returns the batch's rows."""
+    from mirror_core import direct
+    from mirror_core.direct import Range
+    from mirror_core.replicate import Columns
+    from mirror_core.stream import BatchWriter, WriterPlan
+
+    writer = replicate.PartitionWriter(s, ids({}), lambda t, p: None, downstream_end=lambda t, p: 0,
+                                       destination_high=lambda t, p: 999)
+    monkeypatch.setattr(BatchWriter, "_writer", lambda self, topic, _s: self._writers.setdefault(topic, writer))
+
+    def cols(big: bool) -> Columns:
+        return Columns(list(range(10)), [b"k%d" % o for o in range(10)],
+                       [b"x" * 2000 if big and o == 4 else b"v" for o in range(10)], [1_700_000_000_000] * 10)
+
+    class Reader:
+        def read(self, rs: list[Range], deliver) -> float:
+            deliver(rs[0], cols(big_partition == 0))
+            deliver(rs[1], cols(big_partition == 1))
+            deliver(rs[0], None)
+            deliver(rs[1], None)
+            return 0.0
+
+    plan = WriterPlan({"t": s}, {}, {"t": {0: 10, 1: 10}}, {}, None, group="g", transactions="per_writer")
+    return direct.write_ranges_per_writer(plan, [Range("t", 0, 0, 10), Range("t", 1, 0, 10)], Reader(), 0, 1)
+
+
 def test_per_writer_at_least_once_writes_again_only_the_partition_it_could_not_settle(monkeypatch, caplog) -> None:
     """``transactions: per_writer``, at_least_once: the destination rejects one record of partition 0 as too
     large in the writer's shared write. Only partition 0 is written again partition by partition (where the
@@ -1087,10 +1116,6 @@ def test_per_writer_at_least_once_writes_again_only_the_partition_it_could_not_s
     write, keep their offset syncs and are not written a second time."""
     from confluent_kafka import KafkaError
 
-    from mirror_core import direct
-    from mirror_core.direct import Range
-    from mirror_core.replicate import Columns
-    from mirror_core.stream import BatchWriter, WriterPlan
 
     s = settings(delivery="at_least_once", value_serde="bytes", source_partitions=2, destination_partitions=2)
     _store, _commits, per_partition = _per_writer_fakes(monkeypatch)
@@ -1108,25 +1133,8 @@ def test_per_writer_at_least_once_writes_again_only_the_partition_it_could_not_s
             self._cbs = []
 
     monkeypatch.setattr(replicate, "Producer", lambda *a: made.append(Rejecting(*a)) or made[-1])
-    writer = replicate.PartitionWriter(s, ids({}), lambda t, p: None, downstream_end=lambda t, p: 0,
-                                       destination_high=lambda t, p: 999)
-    monkeypatch.setattr(BatchWriter, "_writer", lambda self, topic, _s: self._writers.setdefault(topic, writer))
-
-    def cols(big: int | None = None) -> Columns:
-        return Columns(list(range(10)), [b"k%d" % o for o in range(10)],
-                       [b"x" * 2000 if o == big else b"v" for o in range(10)], [1_700_000_000_000] * 10)
-
-    class Reader:
-        def read(self, rs: list[Range], deliver) -> float:
-            deliver(rs[0], cols(big=4))
-            deliver(rs[1], cols())
-            deliver(rs[0], None)
-            deliver(rs[1], None)
-            return 0.0
-
-    plan = WriterPlan({"t": s}, {}, {"t": {0: 10, 1: 10}}, {}, None, group="g", transactions="per_writer")
     with caplog.at_level("INFO", logger="mirror_core.stream"):
-        rows = direct.write_ranges_per_writer(plan, [Range("t", 0, 0, 10), Range("t", 1, 0, 10)], Reader(), 0, 1)
+        rows = _shared_write_with_a_large_record(monkeypatch, s, big_partition=0)
     shared = made[0].full
     assert len(made) == 1 and [p for t, p, *_ in shared if t == "t"] == [0] * 10 + [1] * 10
     assert {OffsetSync.from_record(k, v).partition for t, _p, k, v, _h, _ts in shared if t == "syncs"} == {1}
@@ -1147,10 +1155,6 @@ def test_per_writer_at_least_once_a_record_lost_by_the_shared_producer_hands_bac
     partition 1 is written again partition by partition."""
     from confluent_kafka import KafkaError, KafkaException
 
-    from mirror_core import direct
-    from mirror_core.direct import Range
-    from mirror_core.replicate import Columns
-    from mirror_core.stream import BatchWriter, WriterPlan
 
     s = settings(delivery="at_least_once", value_serde="bytes", source_partitions=2, destination_partitions=2)
     _store, _commits, per_partition = _per_writer_fakes(monkeypatch)
@@ -1181,25 +1185,8 @@ def test_per_writer_at_least_once_a_record_lost_by_the_shared_producer_hands_bac
             return super().flush(timeout)
 
     monkeypatch.setattr(replicate, "Producer", lambda *a: made.append(Gapless(*a)) or made[-1])
-    writer = replicate.PartitionWriter(s, ids({}), lambda t, p: None, downstream_end=lambda t, p: 0,
-                                       destination_high=lambda t, p: 999)
-    monkeypatch.setattr(BatchWriter, "_writer", lambda self, topic, _s: self._writers.setdefault(topic, writer))
-
-    def cols(big: int | None = None) -> Columns:
-        return Columns(list(range(10)), [b"k%d" % o for o in range(10)],
-                       [b"x" * 2000 if o == big else b"v" for o in range(10)], [1_700_000_000_000] * 10)
-
-    class Reader:
-        def read(self, rs: list[Range], deliver) -> float:
-            deliver(rs[0], cols())
-            deliver(rs[1], cols(big=4))
-            deliver(rs[0], None)
-            deliver(rs[1], None)
-            return 0.0
-
-    plan = WriterPlan({"t": s}, {}, {"t": {0: 10, 1: 10}}, {}, None, group="g", transactions="per_writer")
     with caplog.at_level("INFO", logger="mirror_core.stream"):
-        rows = direct.write_ranges_per_writer(plan, [Range("t", 0, 0, 10), Range("t", 1, 0, 10)], Reader(), 0, 1)
+        rows = _shared_write_with_a_large_record(monkeypatch, s, big_partition=1)
     assert len(made) == 2  # the stopped producer was replaced
     assert [p for t, p, *_ in made[0].full if t == "t"] == [0] * 10 + [1] * 4  # partition 1 lost from its 5th
     assert [t for t, *_ in made[0].full] == ["t"] * 14  # no offset sync on the stopped producer
