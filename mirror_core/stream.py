@@ -1213,7 +1213,7 @@ class BatchWriter:
                     if not producer.flush(min(5.0, max(0.0, deadline - time.monotonic()))):
                         break
             except KafkaException:
-                continue  # the fatal error again: the reports after it are still due
+                time.sleep(0.05)  # the fatal error again: the reports after it are still due
         txn.drop()
         return txn.producer()
 
