@@ -1390,8 +1390,8 @@ class PartitionWriter:
             self.fast.refresh(self.translator)  # the chunk's records take the inline path with the new ids
 
     def _produce_all(self, producer: Producer, partition: int, cols: Columns, result: BatchResult,
-                     forced_dead: dict[int, DeadLetter], exact: bool = False, gapless: bool = False
-                     ) -> tuple[list[tuple[int, int]], list[int]]:
+                     forced_dead: dict[int, DeadLetter], exact: bool = False, gapless: bool = False,
+                     landed: set[int] | None = None) -> tuple[list[tuple[int, int]], list[int]]:
         """Produce ``cols`` (records to the destination topic, dead letters to the DLQ) and wait for every
         acknowledgement. Returns (upstream, downstream) per acknowledged record, sorted, and the upstream
         offsets of records the broker rejected as too large.
@@ -1401,9 +1401,10 @@ class PartitionWriter:
         proven (or a record was rejected as too large, whose offset must be known) it raises
         :class:`_Unmapped` and the caller writes the chunk again with ``exact``: one callback per record.
         ``gapless``: ``producer`` is an at-least-once one with ``enable.gapless.guarantee`` (see
-        :meth:`_produce_records`)."""
+        :meth:`_produce_records`). ``landed``: see :meth:`_dead_letter`."""
         t0 = time.monotonic()
-        sent = self._produce_records(producer, partition, cols, result, forced_dead, exact, gapless=gapless)
+        sent = self._produce_records(producer, partition, cols, result, forced_dead, exact, gapless=gapless,
+                                     landed=landed)
         remaining = self._flush(producer, self._ack_wait())
         result.produce_ms += (time.monotonic() - t0) * 1000
         if remaining:
@@ -1413,7 +1414,7 @@ class PartitionWriter:
 
     def _produce_records(self, producer: Producer, partition: int, cols: Columns, result: BatchResult,
                          forced_dead: dict[int, DeadLetter], exact: bool = False, in_c: bool = True,
-                         gapless: bool = False) -> _Sent:
+                         gapless: bool = False, landed: set[int] | None = None) -> _Sent:
         """The producing half of :meth:`_produce_all`: every record of ``cols`` handed to ``producer``, whose
         reports land in the returned :class:`_Sent` (settled by :meth:`_settle` once they are all in).
 
@@ -1523,7 +1524,7 @@ class PartitionWriter:
                         if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
                             raise
                         self._dead_letter(producer, cols.record(s.source_topic, partition, i),
-                                          DeadLetter("record_too_large", exc.args[0].str()), result, failed)
+                                          DeadLetter("record_too_large", exc.args[0].str()), result, failed, landed)
                         continue
                     mirrored += 1
                     bytes_out += (len(nv) if nv else 0) + (len(nk) if nk else 0)
@@ -1535,7 +1536,7 @@ class PartitionWriter:
                 result.provenance_skipped += 1
                 continue
             if isinstance(decision, DeadLetter):
-                self._dead_letter(producer, rec, decision, result, failed)
+                self._dead_letter(producer, rec, decision, result, failed, landed)
                 continue
             assert isinstance(decision, OutRecord)
             if len(self.translator.id_map) != known:  # a miss (here or in another partition's thread)
@@ -1549,7 +1550,7 @@ class PartitionWriter:
                     sent.pop()
                 if exc.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE:
                     self._dead_letter(producer, rec, DeadLetter("record_too_large", exc.args[0].str()), result,
-                                      failed)
+                                      failed, landed)
                     continue
                 raise
             mirrored += 1
@@ -1620,18 +1621,27 @@ class PartitionWriter:
                     producer.poll(0.1)
 
     def _dead_letter(self, producer: Producer, rec: SourceRecord, dl: DeadLetter, result: BatchResult,
-                     failed: list[str]) -> None:
-        """Produce ``rec``'s dead letter; a delivery failure lands in ``failed`` (see :meth:`_check_dead_letters`)."""
+                     failed: list[str], landed: set[int] | None = None) -> None:
+        """Produce ``rec``'s dead letter; a delivery failure lands in ``failed`` (see :meth:`_check_dead_letters`).
+
+        ``landed`` (at_least_once, a chunk that may be written twice): the offsets of records whose dead letter
+        was acknowledged; one already there is counted, not produced again (a chunk written again after its
+        first attempt stopped sets aside each record once)."""
         if self.s.on_error == "fail":
             raise WriterError(
                 f"{self.s.mirror}: cannot mirror {rec.topic}[{rec.partition}]@{rec.offset}: {dl.reason}: {dl.detail}"
             )
+        if landed is not None and rec.offset in landed:
+            result.dead_lettered += 1
+            return
         key, value, headers = dead_letter_record(rec, dl, self.s.mirror)
         where = f"{rec.topic}[{rec.partition}]@{rec.offset}"
 
         def delivered(err: KafkaError | None, _msg: Any) -> None:
             if err is not None:
                 failed.append(f"dead letter of {where} ({dl.reason}) not delivered to {self.s.dlq_topic}: {err.str()}")
+            elif landed is not None:
+                landed.add(rec.offset)
 
         self._produce(producer, self.s.dlq_topic, 0, key, value, headers, rec.timestamp_ms, delivered)
         result.dead_lettered += 1
@@ -1640,7 +1650,8 @@ class PartitionWriter:
     # -- at least once
 
     def _write_at_least_once(self, partition: int, chunk: Columns, result: BatchResult) -> None:
-        written = self._write_at_least_once_in_c(partition, chunk, result)
+        landed: set[int] = set()  # records whose dead letter is on the DLQ: not set aside twice
+        written = self._write_at_least_once_in_c(partition, chunk, result, landed)
         if written is not None:
             # the offset syncs go on the producer that wrote the records; the position is the partition's
             acks, too_large, producer = written
@@ -1650,22 +1661,24 @@ class PartitionWriter:
             producer, key = _producer(self.s, partition)
             result.setup_ms += (time.monotonic() - t0) * 1000
             try:
-                acks, too_large = self._produce_all(producer, partition, chunk, result, {})
+                acks, too_large = self._produce_all(producer, partition, chunk, result, {}, landed=landed)
             except _Unmapped:
                 # the reports cannot be tied to records (or one was rejected as too large): write the chunk
                 # again with one callback per record (what landed the first time is written twice)
                 _reset_counts(result)
-                acks, too_large = self._produce_all(producer, partition, chunk, result, {}, exact=True)
+                acks, too_large = self._produce_all(producer, partition, chunk, result, {}, exact=True,
+                                                    landed=landed)
         if too_large and self._learn_size_limit():
             # whole batches were rejected: write again from the first rejected record with batches that
-            # fit (records after it that did land are written twice: at-least-once)
+            # fit (records after it that did land are written twice: at-least-once; their dead letters not)
             first = too_large[0]
             result.mirrored -= len(too_large) + sum(1 for u, _ in acks if u >= first)
+            result.dead_lettered -= sum(1 for u in landed if u >= first)  # counted again below, not sent
             acks = [(u, d) for u, d in acks if u < first]
             _drop_producer(key, keep_position=True)
             producer, key = _producer(self.s, partition)
             rest = chunk.slice(bisect.bisect_left(chunk.offsets, first), len(chunk))
-            more, too_large = self._produce_all(producer, partition, rest, result, {}, exact=True)
+            more, too_large = self._produce_all(producer, partition, rest, result, {}, exact=True, landed=landed)
             acks += more
         if too_large:
             failed: list[str] = []
@@ -1689,7 +1702,7 @@ class PartitionWriter:
         _note_latency(result, chunk.timestamps)
         result.last_downstream = None if downstream is None else downstream - 1
 
-    def _write_at_least_once_in_c(self, partition: int, chunk: Columns, result: BatchResult
+    def _write_at_least_once_in_c(self, partition: int, chunk: Columns, result: BatchResult, landed: set[int]
                                   ) -> tuple[list[tuple[int, int]], list[int], Producer] | None:
         """``chunk`` through the C loop, on the partition's second producer: the records between its first and
         last go without delivery reports. Without a transaction nothing would show a record among them that
@@ -1701,7 +1714,8 @@ class PartitionWriter:
         writes it the Python way on the usual producer, with a report per record; what landed is written
         twice, as at-least-once allows. A chunk of fewer than 3 records has no run between its first and last:
         it goes with a report per record, on this producer too, so a partition of a slow stream (chunks of a
-        record or two) keeps one producer, not two."""
+        record or two) keeps one producer, not two. ``landed`` gathers the records whose dead letters were
+        acknowledged (the chunk written again does not set them aside twice)."""
         # what the C loop needs (see _produce_records): records that keep their partition, no provenance header
         if not self._gapless():
             return None
@@ -1711,7 +1725,8 @@ class PartitionWriter:
         if not native.usable(producer):
             return None
         try:
-            return (*self._produce_all(producer, partition, chunk, result, {}, gapless=True), producer)
+            return (*self._produce_all(producer, partition, chunk, result, {}, gapless=True, landed=landed),
+                    producer)
         except (KafkaException, _Unmapped) as exc:
             # a fatal error (a record lost) comes out of the flush as itself (see clients.fatal_unmasked)
             why = exc.args[0].str() if isinstance(exc, KafkaException) else "reports that do not prove its offsets"

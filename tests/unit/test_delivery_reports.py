@@ -4,6 +4,7 @@ the reports do not prove that mapping. Either way the offset syncs map every rec
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -326,6 +327,27 @@ def test_at_least_once_a_record_lost_inside_a_run_sends_the_chunk_again_with_rep
     for s in syncs:
         if s.upstream_offset in where:
             assert s.downstream_offset == where[s.upstream_offset]
+
+
+def test_at_least_once_a_chunk_written_again_does_not_dead_letter_a_record_twice(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chunk's first record is too large for the destination (dead-lettered, and its dead letter
+    acknowledged) and a record inside the run is lost: the chunk is written again on the usual producer,
+    every other record with it, but the first record's dead letter is not sent a second time."""
+    usual, gapless = _Broker(), _Gapless(reject=frozenset({b"v5"}))
+    took = _c_loop(monkeypatch, gapless)
+    writer = _alo_writer(monkeypatch, usual, gapless)
+    writer.s = dataclasses.replace(writer.s, destination_max_message_bytes=1000)
+    writer.fast = replicate.FastPath(writer.s, writer.translator)
+    offsets = [3, 4, 5, 7, 8, 9]
+    cols = _cols(offsets)
+    cols.values[0] = b"x" * 2000
+    r = writer.write(1, cols, upstream_end=10)
+    assert took == [(1, 5)]
+    assert len(gapless.log[("g.dlq", 0)]) == 1 and ("g.dlq", 0) not in usual.log
+    assert usual.log[("t", 1)] == [f"v{o}".encode() for o in offsets[1:]]
+    assert r.dead_lettered == 1 and r.mirrored == 5
+    assert OffsetSync("t", 1, 10, _where(usual, offsets[1:])[9] + 1) in _syncs(usual)
 
 
 @pytest.mark.parametrize("c_loop", [True, False])
