@@ -49,8 +49,13 @@ AHEAD_RECORDS = 10000
 QUEUED_KBYTES = 32768
 #: keys and values of one partition read and not yet written, at most, while that partition is being written:
 #: the reader waits for its writer above it, so a worker's memory does not grow with the batch size (a
-#: partition whose writer has not started yet keeps what is read for it: waiting there could wait forever)
+#: partition whose writer has not started yet keeps what is read for it: waiting there could wait forever).
+#: Up to :data:`QUEUED_BYTES_PER_PARTITION_MAX`, the chunk being written and two more may be held whatever
+#: their bytes: a chunk of 1 KB records is larger than this, and a reader that waited at each one stopped
+#: reading every other partition for the length of one chunk's write
 QUEUED_BYTES_PER_PARTITION = 16 * 1024 * 1024
+QUEUED_CHUNKS_PER_PARTITION = 3
+QUEUED_BYTES_PER_PARTITION_MAX = 64 * 1024 * 1024
 #: ``transactions: per_writer``: a writer transaction holds at most about this many records (and
 #: ``replicate.CHUNK_BYTES`` of keys and values)
 WRITER_TXN_RECORDS = 100000
@@ -382,9 +387,14 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
     queues: dict[tuple[str, int], queue.SimpleQueue[tuple[Columns, int] | None]] = {}
     runs: dict[tuple[str, int], Future[None]] = {}
     held: dict[tuple[str, int], int] = {}  # bytes queued per partition (QUEUED_BYTES_PER_PARTITION)
+    pending: dict[tuple[str, int], int] = {}  # chunks queued or being written per partition
     written = threading.Condition()
     waited = [0.0]  # seconds the reader waited for writers (not reading: taken out of the read time)
     stop = threading.Event()
+
+    def over(key: tuple[str, int]) -> bool:
+        return held[key] > QUEUED_BYTES_PER_PARTITION and (pending[key] > QUEUED_CHUNKS_PER_PARTITION
+                                                           or held[key] > QUEUED_BYTES_PER_PARTITION_MAX)
 
     def run(r: Range, q: queue.SimpleQueue[tuple[Columns, int] | None]) -> None:
         key = (r.topic, r.partition)
@@ -399,6 +409,7 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
             finally:
                 with written:
                     held[key] -= size
+                    pending[key] -= 1
                     written.notify_all()
         if not stop.is_set():
             try:
@@ -417,7 +428,7 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
             q = queues.get(key)
             if q is None:
                 q = queues[key] = queue.SimpleQueue()
-                held[key] = 0
+                held[key] = pending[key] = 0
                 runs[key] = pool.submit(run, r, q)
             if cols is None:
                 q.put(None)
@@ -425,13 +436,15 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
             size = _size(cols)
             with written:
                 held[key] += size
+                pending[key] += 1
             q.put((cols, size))
             with written:
-                # a partition being written holds at most QUEUED_BYTES_PER_PARTITION: its writer takes from the
-                # queue whatever the reader does, so waiting for it always ends
-                if held[key] > QUEUED_BYTES_PER_PARTITION:
+                # a partition being written holds at most QUEUED_BYTES_PER_PARTITION, or its chunk being written
+                # and two more up to QUEUED_BYTES_PER_PARTITION_MAX: its writer takes from the queue whatever the
+                # reader does, so waiting for it always ends
+                if over(key):
                     t0 = time.monotonic()
-                    while held[key] > QUEUED_BYTES_PER_PARTITION and runs[key].running() and not stop.is_set():
+                    while over(key) and runs[key].running() and not stop.is_set():
                         written.wait(0.5)
                     waited[0] += time.monotonic() - t0
 

@@ -198,6 +198,34 @@ def test_the_reader_waits_for_a_partition_being_written_once_it_holds_enough(mon
     assert not done.is_alive() and len(delivered) == 20 and len(_SlowWriter.fed) == 20
 
 
+def test_chunks_larger_than_the_bound_do_not_stop_the_reader_at_the_first(monkeypatch):
+    """Records of a kilobyte make chunks larger than QUEUED_BYTES_PER_PARTITION: the reader still hands over
+    the chunk being written and two more before it waits (up to QUEUED_BYTES_PER_PARTITION_MAX), so it goes
+    on reading the other partitions while one partition's chunk is written (waiting at the first chunk made
+    the writes of a process's partitions take turns with the read)."""
+    import threading
+
+    from mirror_core import direct, stream
+    from mirror_core.stream import WriterPlan
+
+    monkeypatch.setattr(direct, "QUEUED_BYTES_PER_PARTITION", 500_000)  # each chunk is twice that
+    monkeypatch.setattr(stream, "BatchWriter", _SlowWriter)
+    plan = WriterPlan({}, {}, {"t": {0: 10}}, {}, None, group="g")
+    # up to QUEUED_BYTES_PER_PARTITION_MAX: three chunks (the fourth one's delivery waits); past it, as before
+    for most, handed in ((5_000_000, 3), (2_500_000, 2)):
+        monkeypatch.setattr(direct, "QUEUED_BYTES_PER_PARTITION_MAX", most)
+        _SlowWriter.gate, _SlowWriter.fed = threading.Event(), []
+        delivered: list[int] = []
+        done = threading.Thread(target=direct.write_ranges, daemon=True,
+                                args=(plan, [Range("t", 0, 0, 10)], _megabyte_chunks(10, delivered)))
+        done.start()
+        time.sleep(0.5)
+        assert len(delivered) == handed
+        _SlowWriter.gate.set()
+        done.join(30)
+        assert not done.is_alive() and len(delivered) == 10 and len(_SlowWriter.fed) == 10
+
+
 def test_the_reader_never_waits_for_a_partition_whose_writer_has_not_started(monkeypatch):
     """With more partitions than writer threads, a partition waiting for a thread keeps what is read for it
     (waiting for it could wait forever: the thread frees up only when the read of the others ends)."""
