@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 #: records handed to a partition's writer at once (the writer cuts transactions at 20,000 itself)
 CHUNK_RECORDS = 20000
+#: ... or this many bytes of keys and values, whichever comes first (20,000 records of 100 KB would be 2 GB)
+CHUNK_READ_BYTES = 32 * 1024 * 1024
 #: a range that makes no progress for this long fails the batch (brokers gone); Spark retries nothing here
 STALL_TIMEOUT = 60.0
 #: ``consume()`` waits for its full count or this long, whichever comes first
@@ -174,9 +176,9 @@ class DirectReader:
         c.resume([(r.topic, r.partition) for r in ranges])
 
     def read(self, ranges: list[Range], deliver: Any) -> float:
-        """Read every range, calling ``deliver(range, columns)`` with each partition's records in offset
-        order (chunks of about :data:`CHUNK_RECORDS`), and ``deliver(range, None)`` when a range is
-        complete. Returns the seconds spent reading (consume and splitting, not in ``deliver``). On any
+        """Read every range, calling ``deliver(range, columns, size)`` with each partition's records in offset
+        order (chunks of about :data:`CHUNK_RECORDS` or :data:`CHUNK_READ_BYTES`; ``size``: their bytes of keys
+        and values), and ``deliver(range, None)`` when a range is complete. Returns the seconds spent reading (consume and splitting, not in ``deliver``). On any
         error the consumer is closed (the next batch starts clean) and the error raised."""
         from confluent_kafka import KafkaError
 
@@ -189,14 +191,15 @@ class DirectReader:
             #: each open range's records not handed over yet (runs or parts of runs), and how many
             bufs: dict[tuple[str, int], list[Columns]] = {k: [] for k in by_key}
             held: dict[tuple[str, int], int] = dict.fromkeys(by_key, 0)
+            held_bytes: dict[tuple[str, int], int] = dict.fromkeys(by_key, 0)
             last: dict[tuple[str, int], int] = {}
             open_ = set(by_key)
             spent = 0.0
 
             def flush(key: tuple[str, int], done: bool) -> None:
                 if bufs[key]:
-                    deliver(by_key[key], Columns.concat(bufs[key]))
-                    bufs[key], held[key] = [], 0
+                    deliver(by_key[key], Columns.concat(bufs[key]), held_bytes[key])
+                    bufs[key], held[key], held_bytes[key] = [], 0, 0
                 if done:
                     open_.discard(key)
                     deliver(by_key[key], None)
@@ -212,8 +215,10 @@ class DirectReader:
                 i = bisect_right(offs, low)
                 j = bisect_left(offs, r.end, i)
                 if j > i:
-                    bufs[key].append(run if i == 0 and j == len(offs) else run.slice(i, j))
+                    piece = run if i == 0 and j == len(offs) else run.slice(i, j)
+                    bufs[key].append(piece)
                     held[key] += j - i
+                    held_bytes[key] += _size(piece)
                     last[key] = offs[j - 1]
                 if j < len(offs):
                     self._ahead.setdefault(key, []).append(run.slice(j, len(offs)))
@@ -272,7 +277,7 @@ class DirectReader:
                     if before < AHEAD_RECORDS <= before + len(run):
                         c.pause([key])
                 for key in touched:
-                    if key not in completed and held[key] >= CHUNK_RECORDS:
+                    if key not in completed and (held[key] >= CHUNK_RECORDS or held_bytes[key] >= CHUNK_READ_BYTES):
                         flush(key, done=False)
                 spent += time.monotonic() - t0
                 for key in completed:
@@ -421,7 +426,7 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(ranges))),
                             thread_name_prefix="mirrorflow-direct") as pool:
 
-        def deliver(r: Range, cols: Columns | None) -> None:
+        def deliver(r: Range, cols: Columns | None, size: int | None = None) -> None:
             if stop.is_set():
                 raise _Stopped
             key = (r.topic, r.partition)
@@ -433,7 +438,8 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
             if cols is None:
                 q.put(None)
                 return
-            size = _size(cols)
+            if size is None:
+                size = _size(cols)
             with written:
                 held[key] += size
                 pending[key] += 1
@@ -507,7 +513,7 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
         pieces.clear()
         held[0] = held[1] = 0
 
-    def deliver(r: Range, cols: Columns | None) -> None:
+    def deliver(r: Range, cols: Columns | None, size: int | None = None) -> None:
         key = (r.topic, r.partition)
         if cols is None:
             complete.add(key)
@@ -518,7 +524,7 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
             cut()
         pieces.setdefault(key, []).append(cols)
         held[0] += len(cols)
-        held[1] += sum(map(len, filter(None, cols.values))) + sum(map(len, filter(None, cols.keys)))
+        held[1] += _size(cols) if size is None else size
 
     read_s = reader.read(ranges, deliver)
     # the last transaction also moves the position of partitions whose records went out in an earlier one

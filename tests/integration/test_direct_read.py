@@ -144,10 +144,11 @@ def test_ranges_end_at_their_end_across_markers_and_aborted_records(clusters, un
             got: dict[int, list] = {0: [], 1: []}
             done: list[int] = []
 
-            def deliver(r: Range, cols):
+            def deliver(r: Range, cols, size=None):
                 if cols is None:
                     done.append(r.partition)
                     return
+                assert size == direct._size(cols)  # the bytes of keys and values handed over with them
                 assert r.start is None or cols.offsets[0] >= r.start
                 assert cols.offsets[-1] < r.end
                 for i in range(len(cols)):

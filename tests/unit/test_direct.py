@@ -85,6 +85,50 @@ def test_messages_without_the_c_loop_are_grouped_as_it_groups_them():
     assert got[2][3:] == (10, -191, "_PARTITION_EOF", "end")
 
 
+def test_the_reader_hands_over_large_records_in_chunks_bounded_by_bytes(monkeypatch):
+    """Chunks are CHUNK_RECORDS records or CHUNK_READ_BYTES of keys and values, whichever comes first: a range
+    of large records is handed over as it is read, not held whole (20,000 records of 100 KB are 2 GB)."""
+    from mirror_core import direct, native
+    from mirror_core.direct import DirectReader
+
+    monkeypatch.setattr(direct, "CHUNK_READ_BYTES", 2_000_000)
+    big = b"x" * 100_000
+
+    class Consumer:  # the C read loop's consumer: runs of ten records of partition 0, then nothing
+        def __init__(self) -> None:
+            self.next = 0
+
+        def assignment(self):
+            return []
+
+        def assign(self, parts) -> None:
+            pass
+
+        def resume(self, parts) -> None:
+            pass
+
+        def consume(self, count, timeout):
+            if self.next >= 100:
+                return []
+            offs = list(range(self.next, self.next + 10))
+            self.next += 10
+            return [(native.RUN, "t", 0, offs, [None] * 10, [big] * 10, [0] * 10, None)]
+
+    reader = DirectReader(cluster=None, group="g")  # type: ignore[arg-type] - the consumer is the fake
+    reader._consumer = Consumer()
+    chunks: list[list[int]] = []
+    sizes: list[int] = []
+
+    def deliver(r, cols, size=None) -> None:
+        if cols is not None:
+            chunks.append(cols.offsets)
+            sizes.append(size)
+
+    reader.read([Range("t", 0, 0, 100)], deliver)
+    assert [c[0] for c in chunks] == [0, 20, 40, 60, 80] and all(len(c) == 20 for c in chunks)
+    assert sizes == [20 * len(big)] * 5
+
+
 class _FakeReader:
     """Delivers up to ``chunks`` chunks of one record for each range (for at most 30 s); counts them."""
 
