@@ -178,8 +178,9 @@ class DirectReader:
     def read(self, ranges: list[Range], deliver: Any) -> float:
         """Read every range, calling ``deliver(range, columns, size)`` with each partition's records in offset
         order (chunks of about :data:`CHUNK_RECORDS` or :data:`CHUNK_READ_BYTES`; ``size``: their bytes of keys
-        and values), and ``deliver(range, None)`` when a range is complete. Returns the seconds spent reading (consume and splitting, not in ``deliver``). On any
-        error the consumer is closed (the next batch starts clean) and the error raised."""
+        and values), and ``deliver(range, None)`` when a range is complete. Returns the seconds spent reading
+        (consume and splitting, not in ``deliver``). On any error the consumer is closed (the next batch
+        starts clean) and the error raised."""
         from confluent_kafka import KafkaError
 
         if not ranges:
@@ -277,7 +278,8 @@ class DirectReader:
                     if before < AHEAD_RECORDS <= before + len(run):
                         c.pause([key])
                 for key in touched:
-                    if key not in completed and (held[key] >= CHUNK_RECORDS or held_bytes[key] >= CHUNK_READ_BYTES):
+                    if key not in completed and (held[key] >= CHUNK_RECORDS
+                                                 or held_bytes[key] >= CHUNK_READ_BYTES):
                         flush(key, done=False)
                 spent += time.monotonic() - t0
                 for key in completed:
