@@ -831,6 +831,8 @@ class Staged:
     #: None: no records, only the position moves (past trailing transaction markers)
     sent: _Sent | None
     downstream: int | None = None
+    #: at-least-once: the records whose dead letters were acknowledged (see :meth:`PartitionWriter.hand_back`)
+    landed: set[int] = field(default_factory=set)
 
 
 # --------------------------------------------------------------------------- the writer
@@ -936,6 +938,8 @@ class PartitionWriter:
         #: a destination topic that was deleted since (see :meth:`_position`)
         self.destination_high = destination_high or (
             lambda t, p: source_end_offset(settings.producer_config, t, p))
+        #: at-least-once partitions handed back by a shared write: the records whose dead letters landed there
+        self._landed: dict[int, set[int]] = {}
 
     def write(self, partition: int, records: Iterable[SourceRecord] | Columns,
               upstream_end: int | None = None) -> BatchResult:
@@ -1162,10 +1166,12 @@ class PartitionWriter:
         if not exactly:
             # at-least-once writes every record of the batch again on a replay, as its per-partition writer does;
             # the shared producer is gapless (see WriterTransaction), so runs may go through the C loop
-            sent = self._produce_records(producer, partition, cols, result, {}, in_c=in_c, gapless=True)
+            landed: set[int] = set()
+            sent = self._produce_records(producer, partition, cols, result, {}, in_c=in_c, gapless=True,
+                                         landed=landed)
             result.produce_ms += (time.monotonic() - t0) * 1000
             return result, Staged(partition, cols, upstream_end, _POSITIONS.get(self._shared_key(partition)),
-                                  result, sent)
+                                  result, sent, landed=landed)
         position = self.prepare_shared(partition)
         start = 0 if position is None else bisect.bisect_left(cols.offsets, position.upstream)
         if start and position is not None and self._beyond_source_end(key, partition, position):
@@ -1199,6 +1205,12 @@ class PartitionWriter:
                                                staged.position)
         for sync in syncs:
             self._emit_sync(producer, sync)
+
+    def hand_back(self, staged: Staged) -> None:
+        """At-least-once: the writer's shared write hands ``staged``'s partition to this writer to write again;
+        the dead letters that write got acknowledged are not sent a second time."""
+        if staged.landed:
+            self._landed.setdefault(staged.partition, set()).update(staged.landed)
 
     def committed_staged(self, staged: Staged) -> None:
         """The transaction holding ``staged`` committed (at-least-once: its records and offset syncs were
@@ -1650,7 +1662,9 @@ class PartitionWriter:
     # -- at least once
 
     def _write_at_least_once(self, partition: int, chunk: Columns, result: BatchResult) -> None:
-        landed: set[int] = set()  # records whose dead letter is on the DLQ: not set aside twice
+        # records whose dead letter is on the DLQ (here or in a shared write that handed the partition back):
+        # not set aside twice
+        landed = self._landed.pop(partition, set())
         written = self._write_at_least_once_in_c(partition, chunk, result, landed)
         if written is not None:
             # the offset syncs go on the producer that wrote the records; the position is the partition's

@@ -45,6 +45,7 @@ from mirror_core.replicate import (
     PartitionWriter,
     SchemaIdTranslator,
     SourceRecord,
+    Staged,
     WriterError,
     WriterSettings,
     WriterTransaction,
@@ -1260,13 +1261,16 @@ class BatchWriter:
         config = todo[0][0].s.producer_config if todo else {}
         wait = ack_wait("exactly_once" if transactional else "at_least_once", config)
         results: list[BatchResult] = []
-        staged = []
+        staged: list[tuple[PartitionWriter, Staged]] = []
         #: at-least-once partitions to write partition by partition (their records could not be settled), and why
         left: dict[tuple[str, int], str] = {}
 
         def forget() -> None:
             for w, part, _cols, _end in todo:
                 w.forget_position(part)
+            if not transactional:  # every partition is handed back: what its dead letters got acknowledged
+                for w, st in staged:
+                    w.hand_back(st)
 
         try:
             if transactional:
@@ -1302,6 +1306,7 @@ class BatchWriter:
                         if lost is None and (transactional or isinstance(exc, WriterError) or (
                                 isinstance(exc, KafkaException) and exc.args[0].fatal())):
                             raise
+                        w.hand_back(st)
                         left[(w.s.source_topic, st.partition)] = (
                             f"not all its records landed: the shared producer lost a record ({lost.args[0].str()})"
                             if lost is not None else

@@ -1146,28 +1146,23 @@ def test_per_writer_at_least_once_writes_again_only_the_partition_it_could_not_s
     assert sorted((r["partition"], r["mirrored"]) for r in rows) == [(0, 10), (1, 10)]
 
 
-def test_per_writer_at_least_once_a_record_lost_by_the_shared_producer_hands_back_only_what_did_not_land(
-        monkeypatch, caplog) -> None:
-    """``transactions: per_writer``, at_least_once: the shared producer is gapless. It loses a record of
-    partition 1 (the destination rejects it) and stops: its flush raises the fatal error, and every record
-    produced after the loss is reported failed. The reports still due are taken; partition 0, whose records
-    all landed before the loss, keeps them and its offset syncs go out on a new shared producer; only
-    partition 1 is written again partition by partition."""
+def _gapless_writer_producer(loses):
+    """A fake writer producer with ``enable.gapless.guarantee``: the first record that ``loses(topic,
+    partition, key, value)`` picks is lost, and the producer stops: its next flush serves the reports of what
+    was produced before the loss, then raises the fatal error; every record produced from the loss on is
+    reported failed after it."""
     from confluent_kafka import KafkaError, KafkaException
 
-
-    s = settings(delivery="at_least_once", value_serde="bytes", source_partitions=2, destination_partitions=2)
-    _store, _commits, per_partition = _per_writer_fakes(monkeypatch)
-    fake_producer = replicate.Producer
-    made: list[_FakeProducer] = []
     stop = KafkaError(KafkaError._GAPLESS_GUARANTEE, "unable to satisfy gap-less guarantee", fatal=True)
 
-    class Gapless(fake_producer):  # type: ignore[misc, valid-type]
-        lost_at: int | None = None  # reports before this one are served before the fatal error
-        raised = False
+    class Gapless(_FakeProducer):
+        def __init__(self, *_a: object) -> None:
+            super().__init__()
+            self.lost_at: int | None = None  # reports before this one are served before the fatal error
+            self.raised = False
 
         def produce(self, topic, value=None, key=None, partition=0, on_delivery=None, **kw):
-            if self.lost_at is None and value is not None and len(value) > 1000:
+            if self.lost_at is None and loses(topic, partition, key, value):
                 self.lost_at = len(self._cbs)
             if self.lost_at is None:
                 super().produce(topic, value=value, key=key, partition=partition, on_delivery=on_delivery, **kw)
@@ -1184,7 +1179,21 @@ def test_per_writer_at_least_once_a_record_lost_by_the_shared_producer_hands_bac
                 raise KafkaException(stop)
             return super().flush(timeout)
 
-    monkeypatch.setattr(replicate, "Producer", lambda *a: made.append(Gapless(*a)) or made[-1])
+    return Gapless
+
+
+def test_per_writer_at_least_once_a_record_lost_by_the_shared_producer_hands_back_only_what_did_not_land(
+        monkeypatch, caplog) -> None:
+    """``transactions: per_writer``, at_least_once: the shared producer is gapless. It loses a record of
+    partition 1 (the destination rejects it) and stops: its flush raises the fatal error, and every record
+    produced after the loss is reported failed. The reports still due are taken; partition 0, whose records
+    all landed before the loss, keeps them and its offset syncs go out on a new shared producer; only
+    partition 1 is written again partition by partition."""
+    s = settings(delivery="at_least_once", value_serde="bytes", source_partitions=2, destination_partitions=2)
+    _store, _commits, per_partition = _per_writer_fakes(monkeypatch)
+    made: list[_FakeProducer] = []
+    gapless = _gapless_writer_producer(lambda _t, _p, _k, v: v is not None and len(v) > 1000)
+    monkeypatch.setattr(replicate, "Producer", lambda *a: made.append(gapless(*a)) or made[-1])
     with caplog.at_level("INFO", logger="mirror_core.stream"):
         rows = _shared_write_with_a_large_record(monkeypatch, s, big_partition=1)
     assert len(made) == 2  # the stopped producer was replaced
@@ -1197,6 +1206,24 @@ def test_per_writer_at_least_once_a_record_lost_by_the_shared_producer_hands_bac
     assert "the writer's shared producer lost a record (unable to satisfy gap-less guarantee)" in caplog.text
     assert "1 of 2 partitions could not be settled" in caplog.text
     assert sorted((r["partition"], r["mirrored"]) for r in rows) == [(0, 10), (1, 10)]
+
+
+def test_per_writer_at_least_once_a_partition_handed_back_does_not_dead_letter_a_record_twice(monkeypatch) -> None:
+    """The shared write dead-letters partition 1's fifth record (over the destination's size limit) and its
+    dead letter is acknowledged; then the producer loses the partition's seventh record and the partition is
+    handed back. Written again partition by partition, its records go out again, the dead letter does not."""
+    s = settings(delivery="at_least_once", value_serde="bytes", source_partitions=2, destination_partitions=2,
+                 destination_max_message_bytes=1500)
+    _store, _commits, per_partition = _per_writer_fakes(monkeypatch)
+    made: list[_FakeProducer] = []
+    gapless = _gapless_writer_producer(lambda t, p, k, _v: (t, p, k) == ("t", 1, b"k6"))
+    monkeypatch.setattr(replicate, "Producer", lambda *a: made.append(gapless(*a)) or made[-1])
+    rows = _shared_write_with_a_large_record(monkeypatch, s, big_partition=1)
+    assert [t for t, *_ in made[0].full].count("g.dlq") == 1  # in the shared write, before the loss
+    assert [t for t, *_ in per_partition.full].count("g.dlq") == 0  # not again
+    again = [(p, k) for t, p, k, *_ in per_partition.full if t == "t"]
+    assert again == [(1, b"k%d" % o) for o in range(10) if o != 4]
+    assert sorted((r["partition"], r["mirrored"], r["dead_lettered"]) for r in rows) == [(0, 10, 0), (1, 9, 1)]
 
 
 def test_per_writer_at_least_once_partitions_share_one_producer_without_transactions(monkeypatch) -> None:
