@@ -1208,13 +1208,14 @@ class BatchWriter:
         log.info("%s: the writer's shared producer lost a record (%s); what did not land is written again "
                  "partition by partition", self.plan.group, lost.args[0].str())
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
+        while True:
             try:
-                with clients.fatal_unmasked():
-                    if not producer.flush(min(5.0, max(0.0, deadline - time.monotonic()))):
-                        break
-            except KafkaException:
-                time.sleep(0.05)  # the fatal error again: the reports after it are still due
+                flush_within(producer, max(0.0, deadline - time.monotonic()), self.plan.group)
+                break
+            except KafkaException:  # the fatal error again: the reports after it are still due
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
         txn.drop()
         return txn.producer()
 
