@@ -521,3 +521,57 @@ def test_the_go_back_leaves_a_partition_whose_end_moved_back_alone(tmp_path):
     got = rt.replay_starts({"t": {0: 90, 1: 90}}, keep=[("t", 1)])
     assert got == {"t": {0: 50, 1: 90}}
     assert rt.written_log().last() == got, "where the first batch starts is recorded before it writes"
+
+
+
+class _SharedWriter:
+    """Stands in for :class:`mirror_core.stream.BatchWriter` on ``transactions: per_writer``: notes the
+    offsets of each shared write (a cut) and raises ``fail`` from the first one."""
+
+    fail: BaseException | None = None
+    cuts: list = []
+
+    def __init__(self, plan) -> None:
+        self.results: dict = {}
+
+    def write_shared(self, txn, todo) -> set:
+        self.cuts.append(sorted(o for cols, _end in todo.values() for o in cols.offsets))
+        if self.fail is not None and len(self.cuts) == 1:
+            raise self.fail
+        return set()
+
+    def feed(self, topic, part, cols) -> None:
+        raise AssertionError("nothing is written partition by partition here")
+
+    def finish(self, topic, part) -> None:
+        pass
+
+    def rows(self, read_ms):
+        return []
+
+
+def test_per_writer_a_failed_cut_stops_the_read_and_is_raised(monkeypatch):
+    """``transactions: per_writer``, a transaction cut after every record: the first cut fails; the read stops
+    there, nothing more is written, and the writer's own error is raised."""
+    from types import SimpleNamespace
+
+    from mirror_core import direct, replicate, stream
+    from mirror_core.stream import WriterPlan
+
+    class Txn:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def fence_unused(self) -> None:
+            pass
+
+    monkeypatch.setattr(direct, "WRITER_TXN_RECORDS", 1)
+    monkeypatch.setattr(replicate, "WriterTransaction", Txn)
+    monkeypatch.setattr(stream, "BatchWriter", _SharedWriter)
+    _SharedWriter.fail, _SharedWriter.cuts = RuntimeError("the destination refused the transaction"), []
+    plan = WriterPlan({"t": SimpleNamespace(delivery="exactly_once")}, {}, {"t": {0: 10}}, {}, None, group="g",
+                      transactions="per_writer")
+    reader = _FakeReader(chunks=10**9)  # stopped by the failure, not by running out
+    with pytest.raises(RuntimeError, match="refused the transaction"):
+        direct.write_ranges_per_writer(plan, [Range("t", 0, 0, 10**9)], reader, 0, 1)
+    assert reader.stopped_by is not None and _SharedWriter.cuts == [[0]]
