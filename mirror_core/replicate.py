@@ -1248,9 +1248,9 @@ class PartitionWriter:
         forced_dead: dict[int, DeadLetter] = {}
         exact = False
         outage = _Outage(self.s, partition)
-        attempt = 0
-        while attempt < 4:  # 3 attempts, and one more after a fall back to exact delivery reports
-            attempt += 1
+        failed = 0  # attempts that count: 3, and one more after a fall back to exact delivery reports (a
+        # destination that does not answer is waited out, not counted)
+        while failed < 4:
             t0 = time.monotonic()
             try:
                 producer, key = _producer(self.s, partition)
@@ -1258,7 +1258,6 @@ class PartitionWriter:
             except KafkaException as exc:
                 if not (no_answer(exc.args[0]) and outage.wait(exc.args[0].str())):
                     raise
-                attempt -= 1  # a destination that does not answer is waited out, not counted
                 continue
             start = 0 if position is None else bisect.bisect_left(chunk.offsets, position.upstream)
             if start and position is not None and self._beyond_source_end(key, partition, position):
@@ -1288,6 +1287,7 @@ class PartitionWriter:
                         producer.abort_transaction(30)
                     _reset_counts(result)
                     exact = True
+                    failed += 1
                     continue
                 except KafkaException:
                     raise  # handled below: the producer is dropped and its successor fences the transaction
@@ -1299,7 +1299,6 @@ class PartitionWriter:
                     if not outage.wait(str(exc)):
                         raise
                     _reset_counts(result)
-                    attempt -= 1
                     continue
                 except DestinationTopicError:
                     # records wait for partitions that are gone: an abort would wait for them; the producer is
@@ -1324,6 +1323,7 @@ class PartitionWriter:
                                                           "the destination rejected the record size")
                     _drop_producer(key)
                     _reset_counts(result)
+                    failed += 1
                     continue
                 syncs, downstream = self._syncs(partition, todo.offsets[0], acks, upstream_end, position)
                 for sync in syncs:
@@ -1349,12 +1349,12 @@ class PartitionWriter:
                 if no_answer(err) and outage.wait(err.str()):
                     exact = exact or bool(result.native_records)
                     _reset_counts(result)
-                    attempt -= 1  # waited out, not counted (see above)
-                    continue
+                    continue  # waited out, not counted
                 if fatal or err.txn_requires_abort() or err.retriable() or _is_too_large(err):
                     if result.native_records:
                         exact = True  # what failed may be a record without a report: the retry reports each
                     _reset_counts(result)
+                    failed += 1
                     continue
                 raise WriterError(f"{self.s.mirror} partition {partition}: transaction failed: {err.str()}") from None
             _note_latency(result, todo.timestamps)

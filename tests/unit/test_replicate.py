@@ -187,6 +187,56 @@ class _FakeProducer:
         self._txn = []
 
 
+class _FailingCommits(_FakeProducer):
+    """A transactional producer whose first ``failures`` commits raise ``code``."""
+
+    def __init__(self, code: int, failures: int) -> None:
+        super().__init__()
+        self.code, self.failures, self.commits = code, failures, 0
+
+    def commit_transaction(self, timeout: float) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.commits += 1
+        if self.commits <= self.failures:
+            raise KafkaException(KafkaError(self.code, "commit failed", retriable=True))
+        super().commit_transaction(timeout)
+
+
+def _write_with_failing_commits(monkeypatch, code: int, failures: int) -> tuple[_FailingCommits, object]:
+    fake = _FailingCommits(code, failures)
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate.time, "sleep", lambda _s: None)  # the outage's pause between tries
+    writer = replicate.PartitionWriter(settings(value_serde="bytes"), ids({}), lambda t, p: None,
+                                       downstream_end=lambda t, p: 0, destination_high=lambda t, p: 999)
+    try:
+        return fake, writer.write(0, [rec(b"v", offset=o) for o in range(3)], upstream_end=3)
+    except replicate.WriterError as exc:
+        return fake, exc
+
+
+def test_exactly_once_gives_up_a_chunk_after_its_counted_attempts(monkeypatch) -> None:
+    """A commit that keeps failing (retriable, the destination answering) is tried four times (three, and one
+    more after a fall back to a report per record), then the writer says so, naming the partition; nothing
+    was committed."""
+    from confluent_kafka import KafkaError
+
+    fake, out = _write_with_failing_commits(monkeypatch, KafkaError.NOT_ENOUGH_REPLICAS, failures=10)
+    assert isinstance(out, replicate.WriterError) and "partition 0: could not commit after 3 attempts" in str(out)
+    assert fake.commits == 4 and fake.committed == []
+
+
+def test_exactly_once_waits_out_a_destination_that_does_not_answer_without_counting_it(monkeypatch) -> None:
+    """Commits failing because the destination does not answer are waited out (within the delivery timeout),
+    not counted as attempts: six in a row, then the chunk commits once."""
+    from confluent_kafka import KafkaError
+
+    fake, out = _write_with_failing_commits(monkeypatch, KafkaError._TRANSPORT, failures=6)
+    assert not isinstance(out, replicate.WriterError), out
+    assert fake.commits == 7 and len(fake.committed) == 1 and out.mirrored == 3
+
+
 def test_fully_dead_lettered_chunk_writes_a_position_sync(monkeypatch) -> None:
     """So a restart in a new worker resumes after the chunk instead of dead-lettering it again."""
     fake = _FakeProducer()
