@@ -85,11 +85,33 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
             v = " ".join(["-Dlog4j2.level=WARN", *jvm_archive.java_options(cache), v]).strip()
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
+    leave_stop_signals_to_python(spark)
     spark.sparkContext.setLogLevel("WARN")
     quiet_spark_loggers(spark)
     if is_local_path(group.spark.checkpoint_dir):
         local_fs.install(spark)  # a JVM started before this session: where Spark has not cached one yet
     return spark
+
+
+def leave_stop_signals_to_python(spark: SparkSession) -> None:
+    """The driver's JVM ignores SIGTERM and SIGHUP (pyspark already has it ignore SIGINT): a stop is this
+    process's to carry out (:class:`Stopper`: the batch ends, the query stops, then Spark). A signal sent to
+    the job's whole process group or control group (``kill -TERM -<pgid>``, a service manager's default)
+    would otherwise also run the JVM's shutdown hooks, which stop Spark under the running query: a wall of
+    Java and py4j tracebacks and a batch cut short. The JVM still ends with this process (its gateway ends
+    when the pipe from this process closes) and with a SIGKILL.
+
+    Only for a JVM this process started: under ``spark-submit`` the JVM started this process, and a SIGTERM
+    to it (a pod's deletion, ``kill <pid>``) must still stop the job."""
+    jvm: Any = spark.sparkContext._jvm
+    try:
+        parent = jvm.java.lang.ProcessHandle.current().parent()
+        if not (parent.isPresent() and parent.get().pid() == os.getpid()):
+            return
+        for name in ("TERM", "HUP"):
+            jvm.sun.misc.Signal.handle(jvm.sun.misc.Signal(name), jvm.sun.misc.SignalHandler.SIG_IGN)
+    except Exception as exc:  # noqa: BLE001 - a JVM without sun.misc.Signal: only the output suffers
+        log.debug("the JVM keeps its own SIGTERM handling: %s", exc)
 
 
 #: Spark loggers whose warnings repeat on every micro-batch and tell an operator nothing mirrorflow's own batch

@@ -186,6 +186,43 @@ def test_sigterm_to_mirrorflow_run_ends_every_process_and_keeps_exactly_once(clu
     assert_exactly_once(clusters.dst_bootstrap, f"{topic}.mirror", total)
 
 
+def test_sigterm_to_the_jobs_whole_process_group_is_one_clean_stop(clusters, unique, tmp_path):
+    """SIGTERM to every process of the job at once (``kill -TERM -<pgid>``; a service manager's default stops
+    a whole control group so): the JVM leaves the stop to the driver, which finishes its batch and stops the
+    query and Spark. Exit 0, one line about the stop and no Java or Python traceback (the JVM's own shutdown
+    hooks used to stop Spark under the running query: a NullPointerException, py4j errors), exactly once."""
+    topic = unique("pgstop")
+    create_topic(clusters.src_bootstrap, topic, 3)
+    path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes",
+                           spark=f', stop_timeout: "{STOP_TIMEOUT:.0f}s"')
+    gname = cfg.groups[0].name
+    producer = Producing(clusters.src_bootstrap, topic, tmp_path)
+    log = tmp_path / "job.log"
+    job = subprocess.Popen([sys.executable, "-m", "spark_jobs.mirror_stream", str(path), "--group", gname],
+                           cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, env=private_tmp(tmp_path),
+                           start_new_session=True)
+    try:
+        wait_until("records mirrored", lambda: mirrored(clusters.dst_bootstrap, f"{topic}.mirror"), proc=job)
+        procs = job_tree(job.pid, workers=False)
+        assert "java" in [name(p) for p in procs], [command(p)[:80] for p in procs]
+        t0 = time.monotonic()
+        os.killpg(job.pid, signal.SIGTERM)
+        rc = job.wait(STOP_TIMEOUT + 10)
+        took = ended_within(procs, STOP_TIMEOUT + 10 - (time.monotonic() - t0)) + (time.monotonic() - t0)
+        print(f"stop of the process group ({len(procs)} processes) took {took:.1f}s (rc {rc})")
+        out = log.read_text()
+        assert rc == 0, out[-3000:]
+        assert took <= STOP_TIMEOUT, took
+        assert "signal 15, stopping" in out
+        for noise in ("Exception", "Traceback", " ERROR "):
+            assert noise not in out, out[out.index(noise) - 500:][:3000]
+    finally:
+        process.kill_all(process.tree(job.pid))
+        total = producer.stop()
+    run_once(path, gname, timeout=600)
+    assert_exactly_once(clusters.dst_bootstrap, f"{topic}.mirror", total)
+
+
 def test_the_job_ends_when_spark_submit_is_killed(clusters, unique, tmp_path):
     """Airflow's SparkSubmitOperator.on_kill SIGKILLs spark-submit; its Python driver must not outlive it."""
     topic = unique("orphan")
