@@ -144,6 +144,17 @@ def ended_within(procs: list[psutil.Process], seconds: float) -> float:
     raise AssertionError(f"{len(left)} processes still running {seconds:.0f}s after the stop: {left}")
 
 
+def stop_and_time(proc: subprocess.Popen, procs: list[psutil.Process], send) -> tuple[int, float]:
+    """``send()`` a stop, then wait for ``proc`` and every process of ``procs`` (its tree); returns ``proc``'s
+    exit code and the seconds until the last of them ended (fails if some outlive the timeout and a margin)."""
+    t0 = time.monotonic()
+    send()
+    rc = proc.wait(STOP_TIMEOUT + 10)
+    took = ended_within(procs, STOP_TIMEOUT + 10 - (time.monotonic() - t0)) + (time.monotonic() - t0)
+    print(f"stop of {len(procs)} processes took {took:.1f}s (rc {rc})")
+    return rc, took
+
+
 def assert_exactly_once(bootstrap: str, topic: str, total: int) -> None:
     got = read_all(bootstrap, topic, timeout=180)
     keys = [int(m.key()) for ms in got.values() for m in ms]
@@ -171,11 +182,7 @@ def test_sigterm_to_mirrorflow_run_ends_every_process_and_keeps_exactly_once(clu
         assert len(procs) >= 4, [command(p)[:80] for p in procs]  # CLI, driver, JVM, Python worker(s)
         assert secrets_dirs(tmp_path)
         assert producer.running()
-        t0 = time.monotonic()
-        cli.send_signal(signal.SIGTERM)
-        rc = cli.wait(STOP_TIMEOUT + 10)
-        took = ended_within(procs, STOP_TIMEOUT + 10 - (time.monotonic() - t0)) + (time.monotonic() - t0)
-        print(f"stop of {len(procs)} processes took {took:.1f}s (rc {rc})")
+        rc, took = stop_and_time(cli, procs, lambda: cli.send_signal(signal.SIGTERM))
         assert took <= STOP_TIMEOUT, took
         assert rc == 0, log.read_text()[-3000:]
         assert not secrets_dirs(tmp_path)
@@ -205,11 +212,7 @@ def test_sigterm_to_the_jobs_whole_process_group_is_one_clean_stop(clusters, uni
         wait_until("records mirrored", lambda: mirrored(clusters.dst_bootstrap, f"{topic}.mirror"), proc=job)
         procs = job_tree(job.pid, workers=False)
         assert "java" in [name(p) for p in procs], [command(p)[:80] for p in procs]
-        t0 = time.monotonic()
-        os.killpg(job.pid, signal.SIGTERM)
-        rc = job.wait(STOP_TIMEOUT + 10)
-        took = ended_within(procs, STOP_TIMEOUT + 10 - (time.monotonic() - t0)) + (time.monotonic() - t0)
-        print(f"stop of the process group ({len(procs)} processes) took {took:.1f}s (rc {rc})")
+        rc, took = stop_and_time(job, procs, lambda: os.killpg(job.pid, signal.SIGTERM))
         out = log.read_text()
         assert rc == 0, out[-3000:]
         assert took <= STOP_TIMEOUT, took
