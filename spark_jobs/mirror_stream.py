@@ -60,6 +60,8 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
         .config("spark.jars", ",".join(jars))
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        # streaming queries run without it anyway; left on, Spark says so with a warning at every start
+        .config("spark.sql.adaptive.enabled", "false")
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "20000")
         .config("spark.python.worker.reuse", "true")
         .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
@@ -114,10 +116,12 @@ def leave_stop_signals_to_python(spark: SparkSession) -> None:
         log.debug("the JVM keeps its own SIGTERM handling: %s", exc)
 
 
-#: Spark loggers whose warnings repeat on every micro-batch and tell an operator nothing mirrorflow's own batch
+#: Spark loggers whose warnings repeat on every micro-batch or stop and tell an operator nothing mirrorflow's own
 #: lines do not: a trigger shorter than a batch's cycle ("Current batch is falling behind", which a latency-
-#: minded trigger of 50 ms hits on most batches) is what that trigger asks for
-QUIET_SPARK_LOGGERS = ("org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor",)
+#: minded trigger of 50 ms hits on most batches) is what that trigger asks for; a query stopped between two
+#: batches has no job to cancel ("Failed to cancel job group ... Cannot find active jobs for it", twice a stop)
+QUIET_SPARK_LOGGERS = ("org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor",
+                       "org.apache.spark.scheduler.DAGScheduler")
 
 
 def quiet_spark_loggers(spark: SparkSession) -> None:
