@@ -523,7 +523,6 @@ def test_the_go_back_leaves_a_partition_whose_end_moved_back_alone(tmp_path):
     assert rt.written_log().last() == got, "where the first batch starts is recorded before it writes"
 
 
-
 class _SharedWriter:
     """Stands in for :class:`mirror_core.stream.BatchWriter` on ``transactions: per_writer``: notes the
     offsets of each shared write (a cut) and raises ``fail`` from the first one."""
