@@ -24,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mirror_core
 from spark_jobs import local_fs
 
 log = logging.getLogger("mirrorflow.jvm_archive")
@@ -57,12 +58,61 @@ def java_options(cache: Path) -> list[str]:
     return [f"-XX:SharedArchiveFile={path}"] if path is not None and path.is_file() else []
 
 
+#: The log configuration of a driver JVM that mirrorflow starts (warnings and errors, in the format of
+#: mirrorflow's own lines; Hadoop's native-library warning left out)
+LOG_CONFIG = Path(mirror_core.__file__).resolve().parent / "resources" / "spark-driver-log4j2.properties"
+#: files log4j finds on the driver's class path, of which Spark's conf directory is part
+_LOG_CONFIG_NAMES = [f"log4j2{ext}" for ext in (".properties", ".xml", ".yaml", ".yml", ".json", ".jsn")]
+
+
+def spark_conf_dir() -> Path | None:
+    """The conf directory ``spark-submit`` puts on the driver's class path: ``$SPARK_CONF_DIR``, else
+    ``$SPARK_HOME/conf`` (with pyspark's own directory as ``SPARK_HOME`` when it is unset)."""
+    if os.environ.get("SPARK_CONF_DIR"):
+        return Path(os.environ["SPARK_CONF_DIR"])
+    try:
+        from pyspark.find_spark_home import _find_spark_home
+
+        return Path(os.environ.get("SPARK_HOME") or _find_spark_home()) / "conf"
+    except Exception:  # noqa: BLE001 - no Spark found: spark-submit will say so
+        return None
+
+
+def log_options() -> list[str]:
+    """The driver JVM's log configuration: :data:`LOG_CONFIG`, unless Spark's conf directory has a log4j2
+    file (the user's own, which log4j then finds). Without a file log4j's default configuration printed
+    Spark's start-up warnings in another format than mirrorflow's lines, without the logger's name, and
+    Hadoop's warning that it has no native library at every start."""
+    conf = spark_conf_dir()
+    if conf is not None and any((conf / name).is_file() for name in _LOG_CONFIG_NAMES):
+        return []
+    return [f"-Dlog4j2.configurationFile={LOG_CONFIG}"]
+
+
+def driver_options(cache: Path, user_options: str = "") -> str:
+    """``spark.driver.extraJavaOptions`` for a driver JVM mirrorflow starts: the log options and the
+    archive, then a group's own (which win where they overlap: a JVM takes the last ``-D`` of a name)."""
+    return " ".join([*log_options(), *java_options(cache), user_options]).strip()
+
+
+def driver_env(master: str, conf: dict[str, str]) -> dict[str, str]:
+    """Environment for a driver JVM mirrorflow starts. With a local master and no Spark UI nothing on another
+    host talks to the driver (its executors are in its JVM), so it binds to the loopback address: Spark
+    otherwise looks for another address and warns at every start that the host name resolves to a loopback
+    one ("Set SPARK_LOCAL_IP if you need to bind to another address"). A ``SPARK_LOCAL_IP`` already set, or
+    a Spark UI turned on (which binds to ``SPARK_LOCAL_IP`` when it is set), leaves it to Spark."""
+    if not master.startswith("local") or "SPARK_LOCAL_IP" in os.environ:
+        return {}
+    if conf.get("spark.ui.enabled", "false").strip().lower() == "true":
+        return {}
+    return {"SPARK_LOCAL_IP": "127.0.0.1"}
+
+
 def submit_conf(cache: Path, master: str, checkpoint_dir: str, user_conf: dict[str, str]) -> dict[str, str]:
     """``--conf`` entries for a driver JVM that ``spark-submit`` starts (Airflow's stream task), where the
     session's own options come too late: what ``build_session`` gives the JVM it starts itself. A group's
     own ``spark.conf`` options for the driver JVM come after mirrorflow's (so theirs win)."""
-    opts = " ".join(["-Dlog4j2.level=WARN", *java_options(cache)])
-    conf = {"spark.driver.extraJavaOptions": " ".join([opts, user_conf.get("spark.driver.extraJavaOptions", "")]).strip()}
+    conf = {"spark.driver.extraJavaOptions": driver_options(cache, user_conf.get("spark.driver.extraJavaOptions", ""))}
     fs_jar = local_fs.existing_jar(cache)
     if fs_jar is not None:
         mine = user_conf.get("spark.driver.extraClassPath")
@@ -117,7 +167,7 @@ def train(out: Path) -> None:
     builder = (SparkSession.builder.master("local[2]").appName("mirrorflow-jvm-archive")
                .config("spark.jars", ",".join(jars)).config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.driver.extraJavaOptions", f"-XX:ArchiveClassesAtExit={out} -Dlog4j2.level=WARN"))
+               .config("spark.driver.extraJavaOptions", " ".join([f"-XX:ArchiveClassesAtExit={out}", *log_options()])))
     fs_jar = local_fs.existing_jar(cache)
     if fs_jar is not None:  # the class path build_session gives the driver, which the archive must match
         builder = builder.config("spark.driver.extraClassPath", str(fs_jar))

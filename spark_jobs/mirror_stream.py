@@ -54,11 +54,14 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
     fs_jar = local_fs.existing_jar(cache)
     # executors' Python workers must run this interpreter (the venv with confluent-kafka), not PATH's python3
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.update(jvm_archive.driver_env(group.spark.master, group.spark.conf))  # read when the JVM starts
     builder = (
         SparkSession.builder.appName(app_name or f"mirrorflow-{group.name}")
         .master(group.spark.master)
         .config("spark.jars", ",".join(jars))
         .config("spark.ui.enabled", "false")
+        # a mirror's progress is its batch lines; Spark's bar would draw over them whenever INFO is off
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         # streaming queries run without it anyway; left on, Spark says so with a warning at every start
         .config("spark.sql.adaptive.enabled", "false")
@@ -66,8 +69,7 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
         .config("spark.python.worker.reuse", "true")
         .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
-        .config("spark.driver.extraJavaOptions",
-                " ".join(["-Dlog4j2.level=WARN", *jvm_archive.java_options(cache)]))
+        .config("spark.driver.extraJavaOptions", jvm_archive.driver_options(cache))
     )
     if fs_jar is not None:  # always, when built: the class-data sharing archive was made with this class path
         builder = builder.config("spark.driver.extraClassPath", str(fs_jar))
@@ -84,7 +86,7 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
             v = f"{fs_jar}{os.pathsep}{v}"
         elif k == "spark.driver.extraJavaOptions":
             # after mirrorflow's, as spark-submit gets them (jvm_archive.submit_conf): theirs win where they overlap
-            v = " ".join(["-Dlog4j2.level=WARN", *jvm_archive.java_options(cache), v]).strip()
+            v = jvm_archive.driver_options(cache, v)
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     leave_stop_signals_to_python(spark)

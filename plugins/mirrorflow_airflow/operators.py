@@ -435,7 +435,8 @@ class MirrorStreamOperator(SparkSubmitOperator):
         the local artifact cache (``--jars``: under spark-submit the driver JVM is already running when
         the session is built, so the job's own ``spark.jars`` comes too late for the Kafka source), and for
         the same reason the driver JVM's options the job's session would give it (its class-data sharing
-        archive, and for a local master and checkpoint the file system that starts no chmod process)."""
+        archive, its log configuration, and for a local master and checkpoint the file system that starts
+        no chmod process; for a local master without a UI, the loopback address to bind to)."""
         from airflow.sdk import BaseHook
 
         from mirror_core import artifacts
@@ -457,6 +458,7 @@ class MirrorStreamOperator(SparkSubmitOperator):
             if key in driver and own.get(key) and not own[key].startswith(driver[key]):
                 own[key] = f"{driver[key]}{sep}{own[key]}"
         self.conf = {**driver, **own}
+        self.env_vars = {**jvm_archive.driver_env(master, {**group.spark.conf, **self.conf}), **(self.env_vars or {})}
 
     def execute(self, context: Any) -> None:
         from mirror_core.failover import stream_stop_requested

@@ -121,8 +121,11 @@ def test_parse_time_of_100_mirrors_in_10_groups(tmp_path: Path) -> None:
     assert best < 1.0
 
 
-def test_the_stream_task_builds_the_exact_spark_submit_command(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_stream_task_builds_the_exact_spark_submit_command(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_MIRRORFLOW_SPARK", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))  # no log4j2 file of the user's own
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
     bag = _dagbag(ROOT / "config" / "local.yaml", monkeypatch)
     task = bag.dags["mirrorflow__demo__stream"].get_task("mirror_stream")
     assert task.jars is None  # nothing looked up at parse time
@@ -140,16 +143,18 @@ def test_the_stream_task_builds_the_exact_spark_submit_command(monkeypatch: pyte
     # has a local checkpoint and master, so the file system without a chmod process per file too)
     fs_jar, archive = local_fs.existing_jar(cache), jvm_archive.java_options(cache)
     assert fs_jar is not None and archive, "mirrorflow local fetch builds both"
+    logs = f"-Dlog4j2.configurationFile={jvm_archive.LOG_CONFIG}"
     assert cmd == [
         "spark-submit", "--master", "local[2]",
-        "--conf", f"spark.driver.extraJavaOptions=-Dlog4j2.level=WARN {archive[0]}",
+        "--conf", f"spark.driver.extraJavaOptions={logs} {archive[0]}",
         "--conf", f"spark.driver.extraClassPath={fs_jar}",
         "--conf", f"spark.hadoop.fs.file.impl={local_fs.FS_CLASS}",
         "--conf", f"spark.pyspark.python={py}", "--conf", f"spark.pyspark.driver.python={py}",
         "--jars", ",".join(jars), "--name", "mirrorflow-demo",
         str(ROOT / "spark_jobs" / "mirror_stream.py"), str(ROOT / "config" / "local.yaml"), "--group", "demo",
     ]
-    assert task.env_vars == {"PYSPARK_PYTHON": py, "PYSPARK_DRIVER_PYTHON": py}
+    # a local master and no UI: the driver binds to the loopback address
+    assert task.env_vars == {"PYSPARK_PYTHON": py, "PYSPARK_DRIVER_PYTHON": py, "SPARK_LOCAL_IP": "127.0.0.1"}
     # a task given driver options of its own (a DAG author's conf=) keeps mirrorflow's before them: a class path
     # without the jar would leave fs.file.impl naming a class the driver cannot load; preparing again adds
     # nothing twice
@@ -158,7 +163,7 @@ def test_the_stream_task_builds_the_exact_spark_submit_command(monkeypatch: pyte
     task.prepare_submit()
     task.prepare_submit()
     assert task.conf["spark.driver.extraClassPath"] == f"{fs_jar}{os.pathsep}/opt/mine.jar"
-    assert task.conf["spark.driver.extraJavaOptions"] == f"-Dlog4j2.level=WARN {archive[0]} -Dmine=1"
+    assert task.conf["spark.driver.extraJavaOptions"] == f"{logs} {archive[0]} -Dmine=1"
     drain = bag.dags["mirrorflow__demo__stream"]  # continuous: no --once
     assert "--once" not in drain.get_task("mirror_stream").application_args
 

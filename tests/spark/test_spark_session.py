@@ -203,25 +203,59 @@ def test_the_java_nio_file_system_is_only_set_where_its_class_is_there(monkeypat
     assert local_fs.install(SimpleNamespace(sparkContext=SimpleNamespace(master="spark://h:7077"))) is False
 
 
-def test_spark_submit_gets_the_driver_options_the_session_would_give_it(tmp_path):
+def test_spark_submit_gets_the_driver_options_the_session_would_give_it(tmp_path, monkeypatch):
     """Under spark-submit (Airflow's stream task) the driver JVM starts before the job's session: the class
-    path, the archive and the file system come as --conf, a group's own driver options after mirrorflow's."""
+    path, the archive, the log configuration and the file system come as --conf, a group's own driver options
+    after mirrorflow's."""
     from spark_jobs import jvm_archive, local_fs
 
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "conf"))  # none of the user's own there
+    logs = f"-Dlog4j2.configurationFile={jvm_archive.LOG_CONFIG}"
     assert jvm_archive.submit_conf(tmp_path, "local[2]", "/ck", {}) == {
-        "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN"}  # nothing built in this cache
+        "spark.driver.extraJavaOptions": logs}  # nothing built in this cache
     jar = local_fs.jar_path(tmp_path)
     assert jar is not None
     jar.parent.mkdir(parents=True)
     jar.write_bytes(b"PK")
     assert jvm_archive.submit_conf(tmp_path, "local[2]", "file:///ck", {}) == {
-        "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN", "spark.driver.extraClassPath": str(jar),
+        "spark.driver.extraJavaOptions": logs, "spark.driver.extraClassPath": str(jar),
         "spark.hadoop.fs.file.impl": local_fs.FS_CLASS}
-    mine = {"spark.driver.extraClassPath": "/opt/x.jar", "spark.driver.extraJavaOptions": "-Dlog4j2.level=INFO"}
+    mine = {"spark.driver.extraClassPath": "/opt/x.jar", "spark.driver.extraJavaOptions": "-Dlog4j2.configurationFile=/my.xml"}
     conf = jvm_archive.submit_conf(tmp_path, "local[2]", "/ck", mine)
     assert conf["spark.driver.extraClassPath"] == f"{jar}{os.pathsep}/opt/x.jar"
-    assert conf["spark.driver.extraJavaOptions"] == "-Dlog4j2.level=WARN -Dlog4j2.level=INFO"  # the last wins
+    assert conf["spark.driver.extraJavaOptions"] == f"{logs} -Dlog4j2.configurationFile=/my.xml"  # the last wins
     assert "spark.hadoop.fs.file.impl" not in jvm_archive.submit_conf(tmp_path, "spark://m:7077", "/ck", {})
     assert "spark.hadoop.fs.file.impl" not in jvm_archive.submit_conf(tmp_path, "local[2]", "s3a://b/ck", {})
     assert "spark.hadoop.fs.file.impl" not in jvm_archive.submit_conf(
         tmp_path, "local[2]", "/ck", {"spark.hadoop.fs.file.impl": "x.Y"})
+
+
+def test_a_log4j2_file_in_sparks_conf_directory_keeps_its_place(tmp_path, monkeypatch):
+    """A user who configures Spark's logging the usual way (``log4j2.properties`` in ``$SPARK_CONF_DIR``,
+    which spark-submit puts on the class path) keeps it: mirrorflow names no file of its own then."""
+    from spark_jobs import jvm_archive
+
+    conf = tmp_path / "conf"
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf))
+    assert jvm_archive.log_options() == [f"-Dlog4j2.configurationFile={jvm_archive.LOG_CONFIG}"]
+    assert jvm_archive.LOG_CONFIG.is_file()
+    conf.mkdir()
+    (conf / "log4j2.properties").write_text("rootLogger.level = info\n")
+    assert jvm_archive.log_options() == []
+    assert jvm_archive.driver_options(tmp_path, "-Dmine=1") == "-Dmine=1"
+
+
+def test_a_local_driver_without_a_ui_binds_to_the_loopback_address(monkeypatch):
+    """A local master's executors run in the driver's JVM, so with no Spark UI nothing on another host talks
+    to it: SPARK_LOCAL_IP=127.0.0.1 (no warning that the host name resolves to a loopback address). A cluster
+    master, a UI turned on or a SPARK_LOCAL_IP of the user's own leave Spark's choice alone."""
+    from spark_jobs import jvm_archive
+
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    assert jvm_archive.driver_env("local[2]", {}) == {"SPARK_LOCAL_IP": "127.0.0.1"}
+    assert jvm_archive.driver_env("local[*]", {"spark.ui.enabled": "false"}) == {"SPARK_LOCAL_IP": "127.0.0.1"}
+    assert jvm_archive.driver_env("local[2]", {"spark.ui.enabled": "True"}) == {}
+    assert jvm_archive.driver_env("spark://m:7077", {}) == {}
+    assert jvm_archive.driver_env("yarn", {}) == {}
+    monkeypatch.setenv("SPARK_LOCAL_IP", "10.0.0.5")
+    assert jvm_archive.driver_env("local[2]", {}) == {}
