@@ -274,7 +274,9 @@ class Bench:
         self.doc["brokers_warm_records"] = read
 
     def create_topic(self, bootstrap: str, topic: str, partitions: int) -> None:
-        create_topics(AdminClient({"bootstrap.servers": bootstrap, "log_level": 3}), [NewTopic(topic, partitions, 1)], timeout=30)
+        # one local broker brings some 250 new partitions a second online here: 9,000 take longer than 30 s
+        create_topics(AdminClient({"bootstrap.servers": bootstrap, "log_level": 3}), [NewTopic(topic, partitions, 1)],
+                      timeout=max(30.0, partitions / 100))
 
     def register(self, topic: str) -> int:
         quiet_library_warnings()  # before the registry client's import, which prints one

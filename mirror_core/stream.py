@@ -910,13 +910,16 @@ class MirrorRuntime:
         return True
 
     def commit_source_offsets(self, commits: dict[str, list[tuple[str, int, int]]]) -> None:
-        """So kafka-consumer-groups and lag exporters see the mirror's position on the source."""
+        """So kafka-consumer-groups and lag exporters see the mirror's position on the source; in requests of
+        at most :data:`SOURCE_COMMIT_PARTITIONS` partitions."""
         from confluent_kafka import KafkaException, TopicPartition
 
         for cg, tps in commits.items():
             c = self._committer(cg)
+            offsets = [TopicPartition(t, p, off) for t, p, off in tps]
             try:
-                c.commit(offsets=[TopicPartition(t, p, off) for t, p, off in tps], asynchronous=False)
+                for i in range(0, len(offsets), SOURCE_COMMIT_PARTITIONS):
+                    c.commit(offsets=offsets[i:i + SOURCE_COMMIT_PARTITIONS], asynchronous=False)
             except KafkaException as exc:
                 # only monitoring depends on it (the mirror's own position is in the offset syncs): warn, go on;
                 # the next batch commits again
@@ -924,6 +927,11 @@ class MirrorRuntime:
                             exc.args[0].str())
 
 
+#: a source-offset commit carries at most this many partitions: the group coordinator writes a commit as one
+#: record batch, which must stay within the broker's message size limit (1 MB by default; a partition's entry
+#: is some 200 bytes with short names, under 1 KB with the longest). 9,000 partitions in one commit failed on
+#: every batch: "Unknown broker error", the broker's log saying the message was larger than it accepts
+SOURCE_COMMIT_PARTITIONS = 1000
 #: ``spark.overlap_writes``: batches of at most this many offsets run on while Spark plans the next
 OVERLAP_MAX_RECORDS = 50_000
 #: latency observations per micro-batch at most (about; see :meth:`MirrorRuntime.after_batch`)

@@ -3,6 +3,8 @@ records of topics nobody planned for, and the decisions taken per batch."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from mirror_core import stream
@@ -182,6 +184,42 @@ def test_the_source_offset_commit_runs_beside_the_next_batch_and_in_batch_order(
     # later starts from there, not from an old entry)
     assert rt.written_log().last() == {"t": {0: 9, 1: 7}}
     assert sorted(rt.checkpoint_files.names(rt.written_log().dir)) == ["0", "1"]
+
+
+def test_source_offsets_of_thousands_of_partitions_are_committed_in_requests_the_broker_accepts(tmp_path,
+                                                                                            caplog) -> None:
+    """A commit of 9,000 partitions' positions is one record batch on the group coordinator, over the
+    broker's 1 MB message limit: it failed on every batch. They go out in requests of at most
+    SOURCE_COMMIT_PARTITIONS partitions, every partition once; a request that fails is one warning, and the
+    next batch commits again."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    requests: list[list[tuple[str, int, int]]] = []
+
+    class Committer:
+        fail_at: int | None = None
+
+        def commit(self, offsets, asynchronous):
+            assert asynchronous is False
+            if len(requests) == self.fail_at:
+                raise KafkaException(KafkaError(KafkaError.UNKNOWN, "Unknown broker error"))
+            requests.append([(tp.topic, tp.partition, tp.offset) for tp in offsets])
+
+    committer = Committer()
+    rt = _runtime(tmp_path)
+    rt._committer = lambda cg: committer  # type: ignore[method-assign]
+    n = 2 * stream.SOURCE_COMMIT_PARTITIONS + 500
+    tps = [("t", p, p + 10) for p in range(n)]
+    rt.commit_source_offsets({"cg": tps})
+    assert [len(r) for r in requests] == [stream.SOURCE_COMMIT_PARTITIONS, stream.SOURCE_COMMIT_PARTITIONS, 500]
+    assert [x for r in requests for x in r] == tps
+    requests.clear()
+    committer.fail_at = 1
+    with caplog.at_level(logging.WARNING, logger="mirror_core.stream"):
+        rt.commit_source_offsets({"cg": tps})
+    assert len(requests) == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{rt.group.name}: could not commit source offsets for cg: Unknown broker error"]
 
 
 def test_a_batch_observes_a_bounded_spread_of_its_latency_samples(tmp_path) -> None:
