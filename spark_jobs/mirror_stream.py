@@ -69,7 +69,10 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
         .config("spark.python.worker.reuse", "true")
         .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
-        .config("spark.driver.extraJavaOptions", jvm_archive.driver_options(cache))
+        # a group's own options after mirrorflow's, as spark-submit gets them (jvm_archive.submit_conf): theirs
+        # win where they overlap
+        .config("spark.driver.extraJavaOptions",
+                jvm_archive.driver_options(cache, group.spark.conf.get("spark.driver.extraJavaOptions", "")))
     )
     if fs_jar is not None:  # always, when built: the class-data sharing archive was made with this class path
         builder = builder.config("spark.driver.extraClassPath", str(fs_jar))
@@ -82,11 +85,10 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
         for k, v in local_fs.session_conf(group.spark.master, fs_jar, group.spark.conf).items():
             builder = builder.config(k, v)
     for k, v in group.spark.conf.items():
+        if k == "spark.driver.extraJavaOptions":
+            continue  # given above
         if k == "spark.driver.extraClassPath" and fs_jar is not None:
             v = f"{fs_jar}{os.pathsep}{v}"
-        elif k == "spark.driver.extraJavaOptions":
-            # after mirrorflow's, as spark-submit gets them (jvm_archive.submit_conf): theirs win where they overlap
-            v = jvm_archive.driver_options(cache, v)
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     leave_stop_signals_to_python(spark)
