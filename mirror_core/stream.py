@@ -42,6 +42,7 @@ from mirror_core.replicate import (
     BatchResult,
     Columns,
     DestinationTopicError,
+    NotAcknowledged,
     PartitionWriter,
     SchemaIdTranslator,
     SourceRecord,
@@ -53,6 +54,7 @@ from mirror_core.replicate import (
     _RunsUnproven,
     _Unmapped,
     ack_wait,
+    delivery_timeout,
     destination_deleted,
     flush_within,
     last_committed_sync,
@@ -77,6 +79,13 @@ CHUNK_RECORDS = 20000
 #: Larger polls cut the per-record overhead of Spark's fetch loop.
 SOURCE_DEFAULTS = {"kafka.fetch.max.wait.ms": "10", "kafka.max.poll.records": "5000"}
 DRIVER_THREADS = 8  # partitions written at once by the driver (their network waits overlap)
+#: ``transactions: per_writer``: a writer transaction holds at most this many partitions (a batch's share of
+#: more goes out in several). The broker's work for a transaction grows with its partitions (each is added to
+#: it, each gets a commit marker): 1,000 partitions of a few records each took 1-2 s to flush here; 4,500 took
+#: 56 s once, and once more than the transaction's 60 s
+SHARED_TXN_PARTITIONS = 1000
+#: ``transactions: per_writer``: the pause before a lost writer transaction's partitions are written again
+SHARED_RETRY_PAUSE = 1.0
 #: the batch cap of ``read_path: direct`` on a ``local[...]`` master (see :func:`effective_max_offsets`)
 DIRECT_BATCH_RECORDS = 500_000
 
@@ -1236,15 +1245,70 @@ class BatchWriter:
     def write_shared(self, txn: WriterTransaction, parts: dict[tuple[str, int], tuple[Columns, int]]
                      ) -> set[tuple[str, int]]:
         """``transactions: per_writer``: write ``parts`` (exactly-once partitions: their next records in offset
-        order, and the upstream position after them) in one transaction of ``txn``'s producer: records, dead
-        letters and every partition's offset syncs commit together, or nothing does.
+        order, and the upstream position after them) in transactions of ``txn``'s producer, each holding at
+        most :data:`SHARED_TXN_PARTITIONS` partitions (see :meth:`_write_shared`). Returns the partitions to be
+        written partition by partition instead (empty: all done).
+
+        A transaction whose records are not all acknowledged within the writer's wait (the transaction's
+        timeout) is lost: its producer is replaced (the new one fences it) and its partitions are written again
+        as two transactions of half as many, halved again at each further timeout, for as long as a
+        partition's own writer would wait for a destination that does not answer (the producers' delivery
+        timeout, from the first); then the batch fails. Not partition by partition, which at thousands of
+        partitions starts a producer for each."""
+        items = list(parts.items())
+        left: set[tuple[str, int]] = set()
+        for i in range(0, len(items), SHARED_TXN_PARTITIONS):
+            left |= self._write_shared_riding(txn, dict(items[i:i + SHARED_TXN_PARTITIONS]))
+        return left
+
+    def _write_shared_riding(self, txn: WriterTransaction, parts: dict[tuple[str, int], tuple[Columns, int]]
+                             ) -> set[tuple[str, int]]:
+        from confluent_kafka import KafkaException
+
+        todo = [parts]
+        left: set[tuple[str, int]] = set()
+        since: float | None = None
+        limit = delivery_timeout(txn.producer_config)
+        while todo:
+            piece = todo.pop(0)
+            try:
+                left |= self._write_shared(txn, piece)
+                continue
+            except _AckTimeout as exc:
+                why = f"{exc.remaining} records not acknowledged within {exc.wait:.0f} s"
+            except KafkaException as exc:  # the writer's new producer could not start
+                if not clients.no_answer(exc.args[0]):
+                    raise
+                why = exc.args[0].str()
+            now = time.monotonic()
+            since = now if since is None else since
+            if now - since >= limit:
+                what = f"{len(piece)} partition{'s' if len(piece) != 1 else ''}"
+                raise NotAcknowledged(f"{self.plan.group}: the writer's transaction of {what}: {why}, "
+                                      f"and the destination has not kept up for {now - since:.0f} s; nothing of "
+                                      f"it is visible")
+            halves = [piece] if len(piece) < 2 else [
+                dict(list(piece.items())[:len(piece) // 2]), dict(list(piece.items())[len(piece) // 2:])]
+            log.warning("%s: the writer's transaction of %d partitions was lost (%s); writing them again as %s "
+                        "(waited %.0f s of up to %.0f s)", self.plan.group, len(piece), why,
+                        f"two transactions of {len(halves[0])} and {len(halves[-1])}" if len(halves) > 1 else "one",
+                        now - since, limit)
+            todo[0:0] = halves
+            time.sleep(SHARED_RETRY_PAUSE)
+        return left
+
+    def _write_shared(self, txn: WriterTransaction, parts: dict[tuple[str, int], tuple[Columns, int]]
+                      ) -> set[tuple[str, int]]:
+        """One transaction of ``txn``'s producer holding ``parts``: records, dead letters and every partition's
+        offset syncs commit together, or nothing does.
 
         Returns the partitions to be written partition by partition instead (:meth:`feed`; empty: all done):
         all of them, with nothing committed, on delivery reports that cannot be tied to records, a record the
         destination rejected as too large, or a producer error. The per-partition writer handles each of those
         (it retries, fences, learns the size limit, dead-letters) and says what is wrong when it cannot. A failure
         that one partition's writer would raise as well (``on_error: fail``, a dead letter not delivered, the
-        destination topic gone) is raised here, after the abort.
+        destination topic gone) is raised here, after the abort; records not acknowledged within the wait raise
+        :class:`_AckTimeout`, after the abort.
 
         With ``txn.transactional`` False (the writer's at-least-once partitions): the same, with the shared
         idempotent producer and no transaction: the records, then the offset syncs, are flushed once for all
@@ -1299,6 +1363,8 @@ class BatchWriter:
                         raise
                     lost, remaining = exc, 0
                     producer = self._after_a_lost_record(txn, producer, exc, wait)
+                if remaining and transactional:
+                    raise _AckTimeout(remaining, wait)
                 if remaining:
                     log.warning("%s: %d records not acknowledged within %.0f s; writing the batch partition by "
                                 "partition", self.plan.group, remaining, wait)
@@ -1348,6 +1414,11 @@ class BatchWriter:
                     txn.drop()
                 forget()
                 raise
+        except _AckTimeout:
+            # the transaction is lost (an abort would wait for the destination too): a new producer fences it
+            forget()
+            txn.drop()
+            raise
         except _Unmapped as exc:
             forget()
             if isinstance(exc, _RunsUnproven) and len(txn.txids) > 1:
@@ -1402,6 +1473,15 @@ class BatchWriter:
     def rows(self, input_ms: float = 0.0) -> list[dict[str, Any]]:
         share = input_ms / max(1, len(self.results))
         return [asdict(r) | {"input_ms": share} for r in self.results.values()]
+
+
+class _AckTimeout(_Unmapped):  # noqa: N818  # internal signal, never leaves the writer
+    """``transactions: per_writer``, exactly_once: records of the writer's transaction not acknowledged within
+    the wait; the transaction is lost (its producer was replaced)."""
+
+    def __init__(self, remaining: int, wait: float) -> None:
+        super().__init__()
+        self.remaining, self.wait = remaining, wait
 
 
 def arrow_writer(plan: WriterPlan) -> Callable[[Iterator[Any]], Iterator[Any]]:

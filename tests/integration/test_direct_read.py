@@ -372,6 +372,57 @@ def test_per_writer_falls_back_to_partition_transactions_without_losing_or_doubl
         rt.close()
 
 
+def test_per_writer_a_transaction_not_acknowledged_in_time_is_written_again_in_halves_exactly_once(
+        clusters, unique, tmp_path, caplog, monkeypatch):
+    """``transactions: per_writer``: the writer's one transaction over four partitions is not acknowledged
+    within its time (its flush says a record is outstanding, though every record reached the broker in that
+    transaction). The transaction is lost: its producer is replaced, and the new one's start aborts it; the
+    four partitions go out again as two transactions of two. Every record arrives once, in order, nothing of
+    the lost transaction is visible, and a replay of the batch adds nothing."""
+    from mirror_core import replicate, stream
+
+    topic = unique("dpwto")
+    create_topic(clusters.src_bootstrap, topic, 4)
+    p = Producer({"bootstrap.servers": clusters.src_bootstrap})
+    want = {part: [f"{part}-{i}".encode() for i in range(20)] for part in range(4)}
+    for part, keys in want.items():
+        for k in keys:
+            p.produce(topic, key=k, value=b"x", partition=part)
+    assert p.flush(30) == 0
+    name = unique("dpwto").replace("-", "")
+    cfg, g = one_group(clusters, name, topic, tmp_path, processes=1, transactions="per_writer")
+    rt = MirrorRuntime(cfg, g)
+    rt.prepare()
+    real = stream.flush_within
+    flushed: list[tuple[object, int]] = []
+
+    def late(producer, timeout, who, check=None):
+        left = real(producer, timeout, who, check)
+        flushed.append((producer, left))
+        return 1 if len(flushed) == 1 else left  # the first: one record "not acknowledged"
+
+    monkeypatch.setattr(stream, "SHARED_RETRY_PAUSE", 0.0)
+    try:
+        write_initial_offsets(rt, {topic: {q: 0 for q in range(4)}})
+        write_offset_log(rt, 0, {topic: {q: 20 for q in range(4)}})
+        with caplog.at_level(logging.INFO, logger="mirror_core.stream"), monkeypatch.context() as mp:
+            mp.setattr(stream, "flush_within", late)
+            summary = rt.after_batch(0, rt.write_direct(rt.writer_plan(0), 0), 1.0)
+        lines = [r.getMessage() for r in caplog.records]
+        assert any("transaction of 4 partitions was lost (1 records not acknowledged within 60 s); writing them "
+                   "again as two transactions of 2 and 2" in line for line in lines), lines
+        assert not any("partition by partition" in line for line in lines), lines
+        assert [left for _p, left in flushed] == [0, 0, 0] and summary["mirrored"] == 80
+        assert all(prod is not flushed[0][0] for prod in replicate._PRODUCERS.values())  # replaced
+        got = read_dst(clusters.dst_bootstrap, f"{topic}.m", 4)
+        assert got == want
+        again = rt.after_batch(0, rt.write_direct(rt.writer_plan(0), 0), 1.0)  # a replay of the batch
+        assert again["mirrored"] == 0 and again["replayed_skipped"] == 80
+        assert read_dst(clusters.dst_bootstrap, f"{topic}.m", 4) == got
+    finally:
+        rt.close()
+
+
 def test_per_writer_at_least_once_a_record_lost_by_the_shared_producer_is_written_again_partition_by_partition(
         clusters, unique, tmp_path, caplog):
     """``transactions: per_writer``, at_least_once: the writer's shared producer is gapless, so its runs of

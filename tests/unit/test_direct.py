@@ -574,3 +574,85 @@ def test_per_writer_a_failed_cut_stops_the_read_and_is_raised(monkeypatch):
     with pytest.raises(RuntimeError, match="refused the transaction"):
         direct.write_ranges_per_writer(plan, [Range("t", 0, 0, 10**9)], reader, 0, 1)
     assert reader.stopped_by is not None and _SharedWriter.cuts == [[0]]
+
+
+def _shared_writer(monkeypatch, cap: int, lost, producer_config=None):
+    """A :class:`mirror_core.stream.BatchWriter` whose one-transaction write notes the partitions of each
+    transaction it is given and raises what ``lost(partitions)`` returns (None: it committed)."""
+    from types import SimpleNamespace
+
+    from mirror_core import stream
+    from mirror_core.stream import BatchWriter, WriterPlan
+
+    monkeypatch.setattr(stream, "SHARED_TXN_PARTITIONS", cap)
+    monkeypatch.setattr(stream, "SHARED_RETRY_PAUSE", 0.0)
+    bw = BatchWriter(WriterPlan({}, {}, {}, {}, None, group="g", transactions="per_writer"))
+    tried: list[list[int]] = []
+    committed: list[int] = []
+
+    def once(txn, parts) -> set:
+        tried.append([p for _t, p in parts])
+        exc = lost(len(parts))
+        if exc is not None:
+            raise exc
+        committed.extend(p for _t, p in parts)
+        return {key for key in parts if key[1] == 3}  # partition 3: to be written partition by partition
+
+    bw._write_shared = once  # type: ignore[method-assign]
+    txn = SimpleNamespace(producer_config=producer_config or {})
+    return bw, txn, tried, committed
+
+
+def _parts(n: int) -> dict:
+    return {("t", p): (Columns([0], [b"k"], [b"v"], [None]), 1) for p in range(n)}
+
+
+def test_per_writer_a_transaction_holds_at_most_the_partition_cap(monkeypatch):
+    """``transactions: per_writer``: a cut of more partitions than a transaction may hold goes out as several
+    transactions, each partition in one of them, in the cut's order; what one hands back is handed back."""
+    bw, txn, tried, committed = _shared_writer(monkeypatch, 2, lambda n: None)
+    assert bw.write_shared(txn, _parts(5)) == {("t", 3)}
+    assert tried == [[0, 1], [2, 3], [4]] and committed == [0, 1, 2, 3, 4]
+
+
+def test_per_writer_a_lost_transaction_is_written_again_in_halves(monkeypatch, caplog):
+    """A writer transaction whose records were not acknowledged within its time is lost; its partitions go
+    out again as two transactions of half as many, halved again while they keep timing out (here: any of more
+    than two partitions), until each partition committed once."""
+    import logging
+
+    from mirror_core.stream import _AckTimeout
+
+    bw, txn, tried, committed = _shared_writer(monkeypatch, 1000, lambda n: _AckTimeout(7, 60.0) if n > 2 else None)
+    with caplog.at_level(logging.WARNING, logger="mirror_core.stream"):
+        assert bw.write_shared(txn, _parts(8)) == {("t", 3)}
+    assert tried == [list(range(8)), [0, 1, 2, 3], [0, 1], [2, 3], [4, 5, 6, 7], [4, 5], [6, 7]]
+    assert committed == list(range(8))
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("transaction of 8 partitions was lost (7 records not acknowledged within 60 s); writing them again "
+               "as two transactions of 4 and 4" in line for line in lines), lines
+
+
+def test_per_writer_a_destination_that_never_acknowledges_fails_the_batch_after_the_delivery_timeout(monkeypatch):
+    """Timeouts go on past the producers' delivery timeout (``message.timeout.ms``, here 300 ms) from the first:
+    the batch fails with one line that says so, and nothing was committed. A producer that cannot start because
+    the destination does not answer counts as a timeout; any other producer error is raised as it is."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from mirror_core.replicate import NotAcknowledged
+    from mirror_core.stream import _AckTimeout
+
+    bw, txn, tried, committed = _shared_writer(
+        monkeypatch, 1000, lambda n: _AckTimeout(3, 60.0) if len(tried) % 2 else KafkaException(
+            KafkaError(KafkaError._TRANSPORT)), {"message.timeout.ms": 300})
+    t0 = time.monotonic()
+    with pytest.raises(NotAcknowledged, match=r"^g: the writer's transaction of 1 partition: .*the destination has "
+                                              r"not kept up for \d+ s; nothing of it is visible$"):
+        bw.write_shared(txn, _parts(4))
+    assert 0.3 <= time.monotonic() - t0 < 5 and committed == [] and len(tried) > 4
+
+    bw, txn, tried, committed = _shared_writer(
+        monkeypatch, 1000, lambda n: KafkaException(KafkaError(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)))
+    with pytest.raises(KafkaException):
+        bw.write_shared(txn, _parts(4))
+    assert tried == [[0, 1, 2, 3]]
