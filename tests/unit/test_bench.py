@@ -287,3 +287,46 @@ def test_system_cpu_is_the_kernel_part_of_a_process_cpu() -> None:
     assert total1 is not None and system1 is not None
     assert total1 - total0 >= 0.1
     assert system1 - system0 < (total1 - total0) / 2
+
+
+def test_the_drain_counter_leaves_the_machine_to_the_contender_and_puts_the_marks_between_its_polls(monkeypatch):
+    """The drain counter asks the destination's offsets no more often than leaves it idle nine times as long
+    as the asking took (at thousands of partitions a ListOffsets is slow), and a 10 %/90 % mark crossed
+    between two polls is put where an even pace between them puts it, not at the later poll."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from bench import observe
+    from bench.observe import Arrivals, DrainCounter
+
+    clock = {"mono": 0.0, "wall": 1000.0}
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        clock["mono"] += s
+        clock["wall"] += s
+
+    monkeypatch.setattr(observe.time, "monotonic", lambda: clock["mono"])
+    monkeypatch.setattr(observe.time, "time", lambda: clock["wall"])
+    monkeypatch.setattr(observe.time, "sleep", sleep)
+    totals = iter([0, 50, 250, 1000])
+
+    class Admin:
+        def list_offsets(self, asked, isolation_level, request_timeout):
+            clock["mono"] += 0.1  # each ListOffsets takes 100 ms
+            clock["wall"] += 0.1
+            n = next(totals)
+            return {tp: SimpleNamespace(result=lambda n=n: SimpleNamespace(offset=n)) for tp in list(asked)[:1]}
+
+    w = DrainCounter.__new__(DrainCounter)
+    w.topic, w.expected, w.seen = "t", 1000, Arrivals()
+    w._admin, w._latest, w._committed, w._interval = Admin(), lambda: None, None, 0.02
+    w._parts, w.offsets_count, w._polled_at = [0], 0, None
+    for _ in range(4):
+        w.poll()
+    assert slept == pytest.approx([0.9] * 4)  # not 20 ms apart: 100 ms busy, 900 ms idle
+    # polls answered at wall 1000.1, 1001.1, 1002.1, 1003.1 with 0, 50, 250, 1000 records
+    assert w.seen.at_10 == pytest.approx(1001.1 + 1.0 * (100 - 50) / 200)
+    assert w.seen.at_90 == pytest.approx(1002.1 + 1.0 * (900 - 250) / 750)
