@@ -74,7 +74,8 @@ RESULTS = ROOT / "bench" / "results"
 # mirror_core.replicate.quiet_gc); *-overlap* variants with spark.overlap_writes: true (a running mirror's
 # batch written while Spark records it and plans the next; an A/B of the overlap); *-chmod* variants with
 # Hadoop's own local file system for the checkpoint (a chmod process per checkpoint file, as before
-# spark_jobs/local_fs.py; an A/B of it).
+# spark_jobs/local_fs.py; an A/B of it); *-c2* variants give the direct path's driver JVM its optimizing
+# compiler back (-XX:TieredStopAtLevel=4 after mirrorflow's =1; an A/B of jvm_archive.DIRECT_READ_OPTIONS).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
@@ -90,7 +91,8 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-direct-small", "mirrorflow-eos-direct-small-bytes",
                      "mirrorflow-eos-direct-again-bytes", "mirrorflow-alo-direct-again-bytes",
                      "mirrorflow-eos-writer-overlap", "mirrorflow-alo-writer-py-bytes",
-                     "mirrorflow-alo-writer-pyread-bytes")
+                     "mirrorflow-alo-writer-pyread-bytes", "mirrorflow-eos-direct-c2", "mirrorflow-eos-direct-c2-bytes",
+                     "mirrorflow-alo-direct-c2-bytes", "mirrorflow-eos-writer-c2", "mirrorflow-eos-writer-c2-bytes")
 #: the ``-small`` variants' ``spark.max_offsets_per_trigger`` (the direct path's default batch is 500,000 records)
 SMALL_BATCH_RECORDS = 125000
 #: the topic each broker is warmed on (see bench.workload.warm_broker)
@@ -102,7 +104,18 @@ LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos
 #: allowed in the latency phase too, not in its default set, for an A/B: Python's default collector thresholds;
 #: a running mirror's batches written while Spark goes on
 LATENCY_AB = ("mirrorflow-eos-direct-pygc", "mirrorflow-eos-direct-overlap", "mirrorflow-eos-chmod",
-              "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod", "mirrorflow-eos-writer-overlap")
+              "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod", "mirrorflow-eos-writer-overlap",
+              "mirrorflow-eos-direct-c2", "mirrorflow-eos-writer-c2")
+
+
+def _variant_conf(parts: list[str]) -> dict[str, str] | None:
+    """A contender variant's own ``spark.conf`` entries (the *-chmod* and *-c2* variants)."""
+    conf = {}
+    if "chmod" in parts:
+        conf["spark.hadoop.fs.file.impl"] = "org.apache.hadoop.fs.LocalFileSystem"
+    if "c2" in parts:
+        conf["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=4"
+    return conf or None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -314,7 +327,7 @@ class Bench:
                 writer_producers=1 if "1" in parts else None,
                 overlap_writes=True if "overlap" in parts else None,
                 max_offsets_per_trigger=SMALL_BATCH_RECORDS if "small" in parts else None,
-                spark_conf={"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"} if "chmod" in parts else None))
+                spark_conf=_variant_conf(parts)))
             cmd = mirrorflow_cmd(path, group, once=drain)
             if "py" in parts:
                 env["MIRRORFLOW_NATIVE"] = "0"

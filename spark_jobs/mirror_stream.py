@@ -72,7 +72,8 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
         # a group's own options after mirrorflow's, as spark-submit gets them (jvm_archive.submit_conf): theirs
         # win where they overlap
         .config("spark.driver.extraJavaOptions",
-                jvm_archive.driver_options(cache, group.spark.conf.get("spark.driver.extraJavaOptions", "")))
+                jvm_archive.driver_options(cache, group.spark.conf.get("spark.driver.extraJavaOptions", ""),
+                                           direct=group.spark.read_path == "direct"))
     )
     if fs_jar is not None:  # always, when built: the class-data sharing archive was made with this class path
         builder = builder.config("spark.driver.extraClassPath", str(fs_jar))

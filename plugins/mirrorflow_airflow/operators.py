@@ -450,7 +450,8 @@ class MirrorStreamOperator(SparkSubmitOperator):
         if not self.jars:
             self.jars = ",".join(artifacts.spark_kafka_jars(cache))
         master = BaseHook.get_connection(self.spark_conn_id).host or self.master
-        driver = jvm_archive.submit_conf(cache, master, group.spark.checkpoint_dir, group.spark.conf)
+        driver = jvm_archive.submit_conf(cache, master, group.spark.checkpoint_dir, group.spark.conf,
+                                         direct=group.spark.read_path == "direct")
         own = dict(self.conf or {})
         for key, sep in (("spark.driver.extraJavaOptions", " "), ("spark.driver.extraClassPath", os.pathsep)):
             # the task's own driver options come after mirrorflow's instead of replacing them: a class path

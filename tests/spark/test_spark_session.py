@@ -96,6 +96,45 @@ def test_driver_jvm_archive_is_used_when_present_and_a_bad_one_does_not_stop_spa
     assert "archive option passed 5" in proc.stdout
 
 
+_COMPILER_SCRIPT = r"""
+import sys
+from mirror_core.config import GroupConfig
+from spark_jobs.mirror_stream import build_session
+
+group = GroupConfig.model_validate({"name": "g", "source": "a", "destination": "b", "mirrors": [{"source_topic": "t"}],
+                                    "spark": {"master": "local[1]", "checkpoint_dir": sys.argv[1],
+                                              "read_path": sys.argv[2]}})
+spark = build_session(group, app_name="mirrorflow-compiler")
+jvm = spark._jvm
+bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+    jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+print("level", bean.getVMOption("TieredStopAtLevel").getValue(), spark.range(5).count())
+spark.stop()
+"""
+
+
+def test_a_direct_read_driver_jvm_runs_without_the_optimizing_compiler_and_a_spark_read_one_with_it(tmp_path):
+    """With ``read_path: direct`` the writer processes move the records and the driver JVM only plans batches:
+    it runs with the quick compiler alone (compiling took over half of its CPU on a 2-core machine). With
+    Spark's read path the JVM reads and converts every record and keeps the optimizing one. A group's own
+    driver options come after mirrorflow's, so a user can give it back."""
+    from spark_jobs import jvm_archive
+
+    logs = f"-Dlog4j2.configurationFile={jvm_archive.LOG_CONFIG}"
+    assert jvm_archive.driver_options(tmp_path, "-Dmine=1") == f"{logs} -Dmine=1"
+    assert jvm_archive.driver_options(tmp_path, "-XX:TieredStopAtLevel=4", direct=True) == \
+        f"{logs} -XX:TieredStopAtLevel=1 -XX:TieredStopAtLevel=4"
+    assert jvm_archive.submit_conf(tmp_path, "local[2]", "s3a://b/ck", {}, direct=True) == {
+        "spark.driver.extraJavaOptions": f"{logs} -XX:TieredStopAtLevel=1"}
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
+    for read_path, level in (("direct", "1"), ("spark", "4")):
+        proc = subprocess.run([sys.executable, "-c", _COMPILER_SCRIPT, str(tmp_path / read_path), read_path],
+                              capture_output=True, text=True, timeout=300, env=env,
+                              cwd=Path(__file__).resolve().parents[2])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"level {level} 5" in proc.stdout, (read_path, proc.stdout, proc.stderr[-2000:])
+
+
 _CHECKPOINT_SCRIPT = r"""
 import os, sys, time
 os.umask(0o022)
