@@ -75,9 +75,7 @@ RESULTS = ROOT / "bench" / "results"
 # batch written while Spark records it and plans the next; an A/B of the overlap); *-chmod* variants with
 # Hadoop's own local file system for the checkpoint (a chmod process per checkpoint file, as before
 # spark_jobs/local_fs.py; an A/B of it); *-c2* variants give the direct path's driver JVM its optimizing
-# compiler back (-XX:TieredStopAtLevel=4 after mirrorflow's =1; an A/B of jvm_archive.DIRECT_READ_OPTIONS);
-# *-writer-nice0* / *-writer-nice19* variants run the per_writer producers' librdkafka broker threads at the
-# process's own priority / 19 levels lower (MIRRORFLOW_IO_NICE; the default is 10 lower, mirror_core/native.py).
+# compiler back (-XX:TieredStopAtLevel=4 after mirrorflow's =1; an A/B of jvm_archive.DIRECT_READ_OPTIONS).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
@@ -94,10 +92,7 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-direct-again-bytes", "mirrorflow-alo-direct-again-bytes",
                      "mirrorflow-eos-writer-overlap", "mirrorflow-alo-writer-py-bytes",
                      "mirrorflow-alo-writer-pyread-bytes", "mirrorflow-eos-direct-c2", "mirrorflow-eos-direct-c2-bytes",
-                     "mirrorflow-alo-direct-c2-bytes", "mirrorflow-eos-writer-c2", "mirrorflow-eos-writer-c2-bytes",
-                     "mirrorflow-eos-writer-nice0",
-                     "mirrorflow-eos-writer-nice0-bytes", "mirrorflow-eos-writer-nice19-bytes",
-                     "mirrorflow-alo-writer-nice0-bytes")
+                     "mirrorflow-alo-direct-c2-bytes", "mirrorflow-eos-writer-c2", "mirrorflow-eos-writer-c2-bytes")
 #: the ``-small`` variants' ``spark.max_offsets_per_trigger`` (the direct path's default batch is 500,000 records)
 SMALL_BATCH_RECORDS = 125000
 #: the topic each broker is warmed on (see bench.workload.warm_broker)
@@ -110,7 +105,7 @@ LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos
 #: a running mirror's batches written while Spark goes on
 LATENCY_AB = ("mirrorflow-eos-direct-pygc", "mirrorflow-eos-direct-overlap", "mirrorflow-eos-chmod",
               "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod", "mirrorflow-eos-writer-overlap",
-              "mirrorflow-eos-direct-c2", "mirrorflow-eos-writer-c2", "mirrorflow-eos-writer-nice0")
+              "mirrorflow-eos-direct-c2", "mirrorflow-eos-writer-c2")
 
 
 def _variant_conf(parts: list[str]) -> dict[str, str] | None:
@@ -340,9 +335,6 @@ class Bench:
                 env["MIRRORFLOW_NATIVE_READ"] = "0"
             if "pygc" in parts:
                 env["MIRRORFLOW_GC"] = "0"
-            for part in parts:
-                if part.startswith("nice") and part[4:].isdigit():
-                    env["MIRRORFLOW_IO_NICE"] = part[4:]
         elif contender in ("mm2", "mm2-tuned", "mm2-tuned-eos"):
             tuned = contender != "mm2"
             eos = contender.endswith("-eos")

@@ -21,14 +21,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
-#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 typedef struct rd_kafka_s rd_kafka_t;
 typedef struct rd_kafka_topic_s rd_kafka_topic_t;
@@ -102,10 +98,6 @@ static void (*rk_conf_set_opaque)(rd_kafka_conf_t *, void *);
 static void (*rk_conf_set_log_cb)(rd_kafka_conf_t *, void (*)(const rd_kafka_t *, int, const char *, const char *));
 static void *(*rk_opaque)(const rd_kafka_t *);
 static rd_kafka_t *(*rk_new)(int, rd_kafka_conf_t *, char *, size_t);
-typedef int (*on_thread_start_fn)(rd_kafka_t *, int, const char *, void *);
-typedef int (*on_new_fn)(rd_kafka_t *, const rd_kafka_conf_t *, void *, char *, size_t);
-static int (*rk_conf_interceptor_add_on_new)(rd_kafka_conf_t *, const char *, on_new_fn, void *);
-static int (*rk_interceptor_add_on_thread_start)(rd_kafka_t *, const char *, on_thread_start_fn, void *);
 static int (*rk_poll_set_consumer)(rd_kafka_t *);
 static int (*rk_consumer_close)(rd_kafka_t *);
 static void (*rk_destroy)(rd_kafka_t *);
@@ -167,9 +159,6 @@ static PyObject *load(PyObject *self, PyObject *args) {
     *(void **)&rk_conf_set_log_cb = dlsym(lib, "rd_kafka_conf_set_log_cb");
     *(void **)&rk_opaque = dlsym(lib, "rd_kafka_opaque");
     *(void **)&rk_new = dlsym(lib, "rd_kafka_new");
-    /* optional: without it conf_init() below refuses, and native.py names no plugin */
-    *(void **)&rk_conf_interceptor_add_on_new = dlsym(lib, "rd_kafka_conf_interceptor_add_on_new");
-    *(void **)&rk_interceptor_add_on_thread_start = dlsym(lib, "rd_kafka_interceptor_add_on_thread_start");
     *(void **)&rk_poll_set_consumer = dlsym(lib, "rd_kafka_poll_set_consumer");
     *(void **)&rk_consumer_close = dlsym(lib, "rd_kafka_consumer_close");
     *(void **)&rk_destroy = dlsym(lib, "rd_kafka_destroy");
@@ -814,73 +803,10 @@ static PyTypeObject ReaderType = {
     .tp_methods = reader_methods,
 };
 
-/*
- * The producers' I/O threads at a lower scheduling priority (librdkafka plugin; see native.py, io_nice).
- *
- * An idempotent (or transactional) librdkafka producer (2.16) limits what is in flight per partition to 5,
- * counting the records of its ProduceRequests, not the requests: with batches of more than 4 records a
- * partition has one request in flight, and the next goes when it is acknowledged. The records waiting
- * behind it are past linger.ms meanwhile, and the broker thread's next wake-up is set from their age
- * before that limit is checked, so until the acknowledgement comes the thread polls its socket with no
- * timeout, over and over (its wake-up count in the client's statistics went to over 100,000 a second).
- * On a host whose Kafka brokers share the CPUs it takes CPU from the broker it waits for. At a lower
- * priority the thread still spins when a CPU is idle, but gives way to the broker and to the writer's
- * own threads when none is.
- *
- * librdkafka loads this module as a plugin (plugin.library.paths; the same file Python loaded, so the
- * same copy of this code and of the functions load() looked up) and calls conf_init() for each client
- * configuration that names it; every thread the client then starts calls on_thread_start() first.
- */
-#define RD_KAFKA_THREAD_BROKER 2
-static int io_nice;
-
-static int on_thread_start(rd_kafka_t *rk, int thread_type, const char *thread_name, void *opaque) {
-    (void)rk, (void)thread_name, (void)opaque;
-    if (thread_type == RD_KAFKA_THREAD_BROKER && io_nice > 0) {
-        /* relative to the process's (main thread's) priority, not the creating thread's: a broker thread
-         * may start another, which would otherwise start lower still */
-        errno = 0;
-        int base = getpriority(PRIO_PROCESS, (id_t)getpid());
-        if (errno == 0) {
-            int want = base + io_nice > 19 ? 19 : base + io_nice;
-            /* best effort: a refusal leaves the thread as it was */
-            (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), want);
-        }
-    }
-    return 0;
-}
-
-/* a client is being created (before it starts a thread): have each of its threads call on_thread_start */
-static int on_new(rd_kafka_t *rk, const rd_kafka_conf_t *conf, void *opaque, char *errstr, size_t errstr_size) {
-    (void)conf, (void)opaque, (void)errstr, (void)errstr_size;
-    return rk_interceptor_add_on_thread_start(rk, "mirrorflow-io-nice", on_thread_start, NULL);
-}
-
-/* librdkafka's plugin entry point */
-__attribute__((visibility("default"))) int conf_init(rd_kafka_conf_t *conf, void **plug_opaquep, char *errstr,
-                                                      size_t errstr_size) {
-    (void)plug_opaquep;
-    if (!rk_conf_interceptor_add_on_new || !rk_interceptor_add_on_thread_start) {
-        snprintf(errstr, errstr_size, "mirror_core._native: load() was not called, or librdkafka has no interceptors");
-        return -1;
-    }
-    return rk_conf_interceptor_add_on_new(conf, "mirrorflow-io-nice", on_new, NULL);
-}
-
-/* set_io_nice(n): how much lower the priority of the broker threads of the clients started from now on is */
-static PyObject *set_io_nice(PyObject *self, PyObject *args) {
-    int n;
-    if (!PyArg_ParseTuple(args, "i", &n))
-        return NULL;
-    io_nice = n < 0 ? 0 : (n > 19 ? 19 : n);
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef methods[] = {
     {"load", load, METH_VARARGS, "load(path): bind to the librdkafka loaded from path"},
     {"name", name, METH_O, "name(producer): the librdkafka client name behind a confluent_kafka Producer"},
     {"produce", produce, METH_VARARGS, "produce a run of records without delivery reports (see the source)"},
-    {"set_io_nice", set_io_nice, METH_VARARGS, "set_io_nice(n): lower the priority of later clients' broker threads by n"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,16 +26,8 @@ The direct reader (:mod:`mirror_core.direct`) reads through :class:`Reader`, a l
 module's own, whose ``consume`` returns the records of each partition's run as columns (offsets, keys, values, timestamps, headers), built in C,
 instead of one ``Message`` object per record that Python then takes apart again.
 
-The producers of ``transactions: per_writer`` writers also load the module as a librdkafka plugin
-(:func:`producer_config`), which runs their broker threads at a lower scheduling priority
-(``MIRRORFLOW_IO_NICE``, default 10 levels lower): an idempotent librdkafka producer keeps one
-ProduceRequest per partition in flight, and its broker thread polls its socket without pause while records
-wait behind that request; on a host shared with the Kafka brokers that took CPU from the broker it waited
-for (``_native.c`` tells more). A transaction per partition keeps its producers' priority: there the lower
-one made drains slower (many producers, each commit a round trip of its broker thread).
-
-``MIRRORFLOW_NATIVE=0`` turns both C loops and the plugin off (the Python loops then produce and read every
-record); ``MIRRORFLOW_NATIVE_READ=0`` only the read loop; ``MIRRORFLOW_IO_NICE=0`` only the plugin.
+``MIRRORFLOW_NATIVE=0`` turns both C loops off (the Python loops then produce and read every record);
+``MIRRORFLOW_NATIVE_READ=0`` only the read loop.
 """
 
 from __future__ import annotations
@@ -87,41 +79,10 @@ def _load() -> None:
     except ImportError as exc:
         _why_not = str(exc)
         return
-    _native.set_io_nice(io_nice())
     _module = _native
 
 
-#: how many levels lower than the process the writer producers' broker threads run, unless
-#: ``MIRRORFLOW_IO_NICE`` says otherwise (0: at the process's own priority)
-IO_NICE = 10
-
-
-def io_nice() -> int:
-    raw = os.environ.get("MIRRORFLOW_IO_NICE", "").strip()
-    try:
-        return max(0, min(19, int(raw))) if raw else IO_NICE
-    except ValueError:
-        log.warning("MIRRORFLOW_IO_NICE=%r is not a whole number; using %d", raw, IO_NICE)
-        return IO_NICE
-
-
 _load()
-
-
-def producer_config(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` with this module among its librdkafka plugins, so that the producer's broker threads run
-    ``io_nice()`` levels lower (see the module text); ``config`` itself when that is 0 or the C module is
-    not in use. A plugin the config already names stays."""
-    nice = io_nice()
-    if _module is None or nice == 0:
-        return config
-    _module.set_io_nice(nice)
-    ours = _module.__file__
-    theirs = str(config.get("plugin.library.paths") or "")
-    paths = [p for p in theirs.split(";") if p.strip()]
-    if ours in paths:
-        return config
-    return config | {"plugin.library.paths": ";".join(paths + [ours])}
 
 
 def available() -> bool:

@@ -794,11 +794,11 @@ class WriterTransaction:
         if key not in _PRODUCERS:
             if not self.transactional:
                 # gapless: runs go without reports (see the class); the writer says itself when it loses a record
-                p = Producer(native.producer_config(self.producer_config | _base_config(self.limit)
-                                                    | {"enable.gapless.guarantee": True, "logger": _GAPLESS_LOG}))
+                p = Producer(self.producer_config | _base_config(self.limit)
+                             | {"enable.gapless.guarantee": True, "logger": _GAPLESS_LOG})
             else:
-                p = Producer(native.producer_config(self.producer_config | _base_config(self.limit)
-                                                    | {"transactional.id": key, "transaction.timeout.ms": 60000}))
+                p = Producer(self.producer_config | _base_config(self.limit)
+                             | {"transactional.id": key, "transaction.timeout.ms": 60000})
                 p.init_transactions(60)
             _PRODUCERS[key] = p
             _PRODUCER_LIMITS[key] = self.limit

@@ -5,13 +5,8 @@ destination is checked in ``tests/integration/test_native_produce.py``."""
 
 from __future__ import annotations
 
-import os
-import time
-from collections.abc import Callable
-from typing import Any
-
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 
 from mirror_core import native
 
@@ -106,74 +101,3 @@ def test_only_a_confluent_kafka_producer_is_accepted() -> None:
 def test_fill_runs_gives_offsets_only_when_the_reports_around_each_run_prove_them(
         sent: int, reported: list[int | None], runs: list[tuple[int, int]], expected: list[int] | None) -> None:
     assert native.fill_runs(sent, reported, runs) == expected
-
-
-def _threads() -> dict[int, tuple[str, int]]:
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                out[int(tid)] = (f.read().strip(), os.getpriority(os.PRIO_PROCESS, int(tid)))
-        except OSError:
-            pass
-    return out
-
-
-def _threads_of(make: Callable[[], Any]) -> dict[int, tuple[str, int]]:
-    """The threads a client started (name, nice), sampled once its broker threads run; the client is then
-    closed and its threads gone, so that the next call sees only its own (librdkafka starts a new thread
-    for a bootstrap broker it could not reach, for as long as the client lives)."""
-    before = set(_threads())
-    client = make()
-    new: dict[int, tuple[str, int]] = {}
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:  # the broker threads start a moment after the client
-        new = {t: v for t, v in _threads().items() if t not in before}
-        if sum(name.startswith("rdk:broker") for name, _ in new.values()) >= 2:
-            break
-        time.sleep(0.02)
-    else:
-        raise AssertionError(f"no broker threads started: {new}")
-    if isinstance(client, Consumer):
-        client.close()
-    del client
-    while set(_threads()) - before and time.monotonic() < deadline + 10:
-        time.sleep(0.02)
-    return new
-
-
-# nothing listens on port 1: the clients start their threads and fail to connect, quietly
-NO_BROKER = {"bootstrap.servers": "127.0.0.1:1", "log_level": 0}
-
-
-def test_a_writer_producers_broker_threads_run_lower_and_nothing_else_does(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("MIRRORFLOW_IO_NICE", raising=False)
-    base = os.getpriority(os.PRIO_PROCESS, os.getpid())
-    want = min(19, base + native.IO_NICE)
-    threads = _threads_of(lambda: Producer(native.producer_config(dict(NO_BROKER))))
-    brokers = {name: nice for name, nice in threads.values() if name.startswith("rdk:broker")}
-    others = {name: nice for name, nice in threads.values() if not name.startswith("rdk:broker")}
-    assert brokers and set(brokers.values()) == {want}, threads
-    assert others and set(others.values()) == {base}, threads  # rdk:main and the rest as the process
-    assert os.getpriority(os.PRIO_PROCESS, os.getpid()) == base
-    # a consumer (the direct reader's) is not a writer producer: its threads keep the process's priority
-    threads = _threads_of(lambda: Consumer(NO_BROKER | {"group.id": "g"}))
-    assert {nice for _, nice in threads.values()} == {base}, threads
-
-
-def test_the_io_priority_can_be_left_alone_and_a_plugin_of_ones_own_stays(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MIRRORFLOW_IO_NICE", "0")
-    assert native.producer_config(dict(NO_BROKER)) == NO_BROKER
-    base = os.getpriority(os.PRIO_PROCESS, os.getpid())
-    threads = _threads_of(lambda: Producer(native.producer_config(dict(NO_BROKER))))
-    assert {nice for _, nice in threads.values()} == {base}, threads
-    monkeypatch.setenv("MIRRORFLOW_IO_NICE", "3")
-    mine = {"plugin.library.paths": "/opt/monitoring/libmyinterceptor.so"}
-    paths = native.producer_config(NO_BROKER | mine)["plugin.library.paths"].split(";")
-    assert paths[0] == mine["plugin.library.paths"] and len(paths) == 2
-    again = native.producer_config(NO_BROKER | {"plugin.library.paths": ";".join(paths)})
-    assert again["plugin.library.paths"].split(";") == paths  # named once
-    threads = _threads_of(lambda: Producer(native.producer_config(dict(NO_BROKER))))
-    assert {nice for name, nice in threads.values() if name.startswith("rdk:broker")} == {min(19, base + 3)}
-    monkeypatch.setenv("MIRRORFLOW_IO_NICE", "ten")
-    assert native.io_nice() == native.IO_NICE
