@@ -52,7 +52,16 @@ from bench.observe import (  # noqa: E402
     settle_page_cache,
     unwritten_mb,
 )
-from bench.workload import SCHEMA, WARM_TRANSACTIONS, Loaded, RateProducer, load, warm_broker  # noqa: E402
+from bench.workload import (  # noqa: E402
+    SCHEMA,
+    VERIFICATION,
+    WARM_TRANSACTIONS,
+    Loaded,
+    RateProducer,
+    load,
+    transaction_verification,
+    warm_broker,
+)
 from mirror_core import artifacts, local, local_spark  # noqa: E402
 from mirror_core.logs import quiet_library_warnings  # noqa: E402
 from mirror_core.topics import create_topics  # noqa: E402
@@ -75,7 +84,9 @@ RESULTS = ROOT / "bench" / "results"
 # batch written while Spark records it and plans the next; an A/B of the overlap); *-chmod* variants with
 # Hadoop's own local file system for the checkpoint (a chmod process per checkpoint file, as before
 # spark_jobs/local_fs.py; an A/B of it); *-c2* variants give the direct path's driver JVM its optimizing
-# compiler back (-XX:TieredStopAtLevel=4 after mirrorflow's =1; an A/B of jvm_archive.DIRECT_READ_OPTIONS).
+# compiler back (-XX:TieredStopAtLevel=4 after mirrorflow's =1; an A/B of jvm_archive.DIRECT_READ_OPTIONS);
+# *-noverify* variants run with the destination brokers' transaction.partition.verification.enable off for
+# their run (a dynamic setting, removed again before the next contender; see bench.workload.transaction_verification).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
@@ -92,7 +103,9 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-direct-again-bytes", "mirrorflow-alo-direct-again-bytes",
                      "mirrorflow-eos-writer-overlap", "mirrorflow-alo-writer-py-bytes",
                      "mirrorflow-alo-writer-pyread-bytes", "mirrorflow-eos-direct-c2", "mirrorflow-eos-direct-c2-bytes",
-                     "mirrorflow-alo-direct-c2-bytes", "mirrorflow-eos-writer-c2", "mirrorflow-eos-writer-c2-bytes")
+                     "mirrorflow-alo-direct-c2-bytes", "mirrorflow-eos-writer-c2", "mirrorflow-eos-writer-c2-bytes",
+                     "mirrorflow-eos-writer-noverify", "mirrorflow-eos-writer-noverify-bytes",
+                     "mirrorflow-eos-direct-noverify", "mirrorflow-eos-direct-noverify-bytes")
 #: the ``-small`` variants' ``spark.max_offsets_per_trigger`` (the direct path's default batch is 500,000 records)
 SMALL_BATCH_RECORDS = 125000
 #: the topic each broker is warmed on (see bench.workload.warm_broker)
@@ -105,7 +118,8 @@ LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos
 #: a running mirror's batches written while Spark goes on
 LATENCY_AB = ("mirrorflow-eos-direct-pygc", "mirrorflow-eos-direct-overlap", "mirrorflow-eos-chmod",
               "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod", "mirrorflow-eos-writer-overlap",
-              "mirrorflow-eos-direct-c2", "mirrorflow-eos-writer-c2")
+              "mirrorflow-eos-direct-c2", "mirrorflow-eos-writer-c2", "mirrorflow-eos-writer-noverify",
+              "mirrorflow-eos-direct-noverify")
 
 
 def _variant_conf(parts: list[str]) -> dict[str, str] | None:
@@ -208,6 +222,8 @@ class Bench:
         self.kcat = shutil.which("kcat") or shutil.which("kafkacat")
         #: the Spark master mirrorflow runs on (a standalone cluster with --spark-workers)
         self.master = "local[2]"
+        #: the destination brokers' transaction verification is off (a ``-noverify`` contender runs)
+        self.verification_off = False
         self.doc: dict[str, Any] = {
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
@@ -286,6 +302,15 @@ class Bench:
         self.doc["brokers_warm_s"] = round(took, 1)
         self.doc["brokers_warm_records"] = read
 
+    def destination_verification(self, off: bool) -> None:
+        """The destination brokers' transaction verification off for a ``-noverify`` contender, back to their
+        own value for any other (only when it changes)."""
+        if off == self.verification_off:
+            return
+        transaction_verification(self.ep.dst_bootstrap, off)
+        self.verification_off = off
+        self.say(f"[dim]destination brokers: {VERIFICATION} {'off' if off else 'as configured'}")
+
     def create_topic(self, bootstrap: str, topic: str, partitions: int) -> None:
         # one local broker brings some 250 new partitions a second online here: 9,000 take longer than 30 s
         create_topics(AdminClient({"bootstrap.servers": bootstrap, "log_level": 3}), [NewTopic(topic, partitions, 1)],
@@ -310,6 +335,7 @@ class Bench:
         logs = self.out / "logs"
         cfgs = self.out / "configs"
         cfgs.mkdir(parents=True, exist_ok=True)
+        self.destination_verification(off="noverify" in contender.split("-"))
         env: dict[str, str] = {}
         if contender.startswith("mirrorflow-"):
             parts = contender.split("-")

@@ -17,6 +17,14 @@ from io import BytesIO
 from typing import Any
 
 from confluent_kafka import Producer
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    ResourceType,
+)
 from fastavro import parse_schema, schemaless_writer
 
 SCHEMA: dict[str, Any] = {
@@ -222,3 +230,38 @@ def warm_broker(bootstrap: str, topic: str, partitions: int, seconds: float = 0.
         read_back(0.5)
     c.close()
     return read
+
+
+#: Kafka's check, on each transactional write to a partition, that the partition was added to the producer's
+#: transaction (KIP-890; on by default since 3.6): a round trip to the transaction coordinator per partition
+#: and transaction, which the broker makes while that connection's next request waits
+VERIFICATION = "transaction.partition.verification.enable"
+
+
+def transaction_verification(bootstrap: str, off: bool, timeout: float = 30.0) -> list[int]:
+    """Turn the transaction verification of every broker of ``bootstrap`` off (a dynamic per-broker setting),
+    or, with ``off=False``, remove that setting again (the broker's own configuration applies); wait until
+    each broker reports what was asked. Returns the broker ids. For an A/B in one invocation (the
+    ``-noverify`` contenders of bench/run.py)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    ids = sorted(admin.list_topics(timeout=10).brokers)
+    op = AlterConfigOpType.SET if off else AlterConfigOpType.DELETE
+    resources = [ConfigResource(ResourceType.BROKER, str(i), incremental_configs=[
+        ConfigEntry(VERIFICATION, "false" if off else None, incremental_operation=op)]) for i in ids]
+    for future in admin.incremental_alter_configs(resources).values():
+        future.result(timeout)
+    dynamic = ConfigSource.DYNAMIC_BROKER_CONFIG.value
+    deadline = time.monotonic() + timeout
+    while True:
+        got = {}
+        asked = [ConfigResource(ResourceType.BROKER, str(i)) for i in ids]
+        for resource, future in admin.describe_configs(asked).items():
+            entry = future.result(timeout)[VERIFICATION]
+            got[resource.name] = (entry.value, entry.source)
+        if all((value == "false" and source == dynamic) if off else source != dynamic
+               for value, source in got.values()):
+            return ids
+        if time.monotonic() > deadline:
+            want = "off" if off else "back to the brokers' own value"
+            raise RuntimeError(f"{VERIFICATION} did not turn {want} on {bootstrap} within {timeout:.0f} s: {got}")
+        time.sleep(0.2)

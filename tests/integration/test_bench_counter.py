@@ -1,6 +1,7 @@
 """The benchmark's drain counter on real brokers: the 10 %/90 % marks of a drain follow the destination's
 last stable offsets (cheap for the machine being measured), and whether every record is there is decided
-by reading them, so commit markers are never counted as records."""
+by reading them, so commit markers are never counted as records; and the switch of the ``-noverify``
+contenders."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import time
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource, NewTopic, ResourceType
 
 from bench.observe import DrainCounter
+from bench.workload import VERIFICATION, transaction_verification
 from mirror_core.topics import create_topics
 
 pytestmark = pytest.mark.integration
@@ -46,3 +48,23 @@ def test_offsets_mark_the_window_and_reading_counts_records_not_commit_markers(c
         assert counter.count_records(time.monotonic() + 30) == 100
     finally:
         counter.close()
+
+
+def test_a_noverify_contender_turns_the_destination_brokers_verification_off_and_the_next_back(clusters):
+    # bench/run.py's -noverify A/B: the setting is the brokers' own again once such a contender is done
+    admin = AdminClient({"bootstrap.servers": clusters.dst_bootstrap})
+    ids = sorted(admin.list_topics(timeout=10).brokers)
+
+    def state() -> dict[str, tuple[str, int]]:
+        asked = [ConfigResource(ResourceType.BROKER, str(i)) for i in ids]
+        return {r.name: (f.result(10)[VERIFICATION].value, f.result(10)[VERIFICATION].source)
+                for r, f in admin.describe_configs(asked).items()}
+
+    before = state()
+    assert {value for value, _ in before.values()} == {"true"}  # Kafka's default
+    try:
+        assert transaction_verification(clusters.dst_bootstrap, off=True) == ids
+        assert set(state().values()) == {("false", ConfigSource.DYNAMIC_BROKER_CONFIG.value)}
+    finally:
+        transaction_verification(clusters.dst_bootstrap, off=False)
+    assert state() == before
