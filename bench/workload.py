@@ -251,10 +251,10 @@ def transaction_verification(bootstrap: str, off: bool, timeout: float = 30.0) -
     for future in admin.incremental_alter_configs(resources).values():
         future.result(timeout)
     dynamic = ConfigSource.DYNAMIC_BROKER_CONFIG.value
+    asked = [ConfigResource(ResourceType.BROKER, str(i)) for i in ids]
     deadline = time.monotonic() + timeout
     while True:
         got = {}
-        asked = [ConfigResource(ResourceType.BROKER, str(i)) for i in ids]
         for resource, future in admin.describe_configs(asked).items():
             entry = future.result(timeout)[VERIFICATION]
             got[resource.name] = (entry.value, entry.source)

@@ -55,10 +55,11 @@ def test_a_noverify_contender_turns_the_destination_brokers_verification_off_and
     admin = AdminClient({"bootstrap.servers": clusters.dst_bootstrap})
     ids = sorted(admin.list_topics(timeout=10).brokers)
 
+    asked = [ConfigResource(ResourceType.BROKER, str(i)) for i in ids]
+
     def state() -> dict[str, tuple[str, int]]:
-        asked = [ConfigResource(ResourceType.BROKER, str(i)) for i in ids]
-        return {r.name: (f.result(10)[VERIFICATION].value, f.result(10)[VERIFICATION].source)
-                for r, f in admin.describe_configs(asked).items()}
+        entries = {r.name: f.result(10)[VERIFICATION] for r, f in admin.describe_configs(asked).items()}
+        return {name: (e.value, e.source) for name, e in entries.items()}
 
     before = state()
     assert {value for value, _ in before.values()} == {"true"}  # Kafka's default
