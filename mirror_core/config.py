@@ -432,6 +432,12 @@ class SparkConfig(_Frozen):
     #: read again; exactly_once writers skip what is there). Default ``false``: each batch is written before
     #: Spark goes on (opt-in: see README, The data path)
     overlap_writes: bool = False
+    #: with ``read_path: direct``, in a running mirror (not ``--once``, not ``available_now``): after a small
+    #: micro-batch (up to 50,000 offsets) is written, its writers go on writing what arrives on the batch's
+    #: partitions, range by range from the source's last stable offsets, for up to this long before the batch
+    #: returns to Spark; Spark's per-batch work (its offsets, planning, logs, the call into Python) is then paid
+    #: once in this span instead of once per write. 0 = off (each batch returns after its own ranges)
+    keep_writing_for: float = Field(default=0.0, ge=0)
     #: with ``read_path: direct``: ``per_partition`` (each partition's records commit in a transaction of their
     #: own, with a producer per partition) or ``per_writer`` (each writer process commits one transaction per
     #: micro-batch holding all its partitions, with one producer: for many partitions; its at_least_once
@@ -472,6 +478,11 @@ class SparkConfig(_Frozen):
     def _stop_timeout(cls, v: Any) -> float:
         return parse_duration(v)
 
+    @field_validator("keep_writing_for", mode="before")
+    @classmethod
+    def _keep_writing_for(cls, v: Any) -> float:
+        return 0.0 if v in (0, "0") else parse_duration(v)  # 0 (off) or a duration
+
     @field_validator("trigger")
     @classmethod
     def _trigger(cls, v: str) -> str:
@@ -484,6 +495,13 @@ class SparkConfig(_Frozen):
 
     @model_validator(mode="after")
     def _per_writer(self) -> SparkConfig:
+        if self.keep_writing_for:
+            if self.read_path != "direct":
+                raise ValueError("keep_writing_for needs read_path: direct (on Spark's read path Spark's tasks read "
+                                 "the records)")
+            if self.overlap_writes:
+                raise ValueError("keep_writing_for and overlap_writes cannot both be on (a batch that keeps "
+                                 "writing is the one write in flight)")
         if self.transactions == "per_writer":
             if self.read_path != "direct":
                 raise ValueError("transactions: per_writer needs read_path: direct (Spark's tasks write a "

@@ -285,6 +285,15 @@ class MirrorRuntime:
         #: how mirrorflow's own files in the checkpoint are read and written (the Spark job sets Hadoop's)
         self.checkpoint_files: Any = LocalCheckpointFiles()
         self._written: WrittenLog | None = None
+        #: ``spark.keep_writing_for``: (topic, partition) -> how far a batch's writers went on past Spark's end for
+        #: it; the next batch reads from there (see :meth:`keep_writing`)
+        self._ahead: dict[tuple[str, int], int] = {}
+        #: batch id -> (further writes, records found expired in them) of :meth:`keep_writing`, for its summary
+        self._kept: dict[int, tuple[int, int]] = {}
+        #: asked between a batch's further writes (:meth:`keep_writing`): the job was asked to stop
+        self.stop_requested: Callable[[], bool] = lambda: False
+        #: the source's last stable offsets for :meth:`keep_writing` (one request for all its partitions)
+        self._src_admin: Any = None
 
     # -- setup
 
@@ -520,16 +529,26 @@ class MirrorRuntime:
         """``spark.read_path: direct``: read micro-batch ``batch_id``'s ranges from the source (the ones in
         Spark's offset log, so a replayed batch reads exactly the same) and write them from the driver. The
         micro-batch DataFrame is never evaluated. Call after :meth:`writer_plan` for the same batch."""
-        from mirror_core.direct import DirectReader, Range, batch_ranges, write_ranges
+        from mirror_core.direct import Range, batch_ranges
 
         starts, ends = self._starts.get(batch_id) or (self.batch_starts(batch_id), self.batch_ends(batch_id))
         if self._first_direct:
             starts = self.replay_starts(starts, keep=set(plan.rewound))
             self._first_direct = False
+        if self._ahead:
+            # the batch before went on writing past its end (spark.keep_writing_for): read from there
+            starts, self._ahead = past_written_ahead(starts, ends, self._ahead)
+            self._starts[batch_id] = (starts, ends)
         ranges = batch_ranges(starts, ends, skip=plan.ignored)
         # partitions whose end moved back (topic re-created, log truncated) have no range from Spark: they are
         # read from their first offset, as a new partition is, and their writer takes the records as new
         ranges += [Range(t, p, None, end) for (t, p), (_start, end) in sorted(plan.rewound.items()) if end > 0]
+        return self._write_ranges(plan, ranges)
+
+    def _write_ranges(self, plan: WriterPlan, ranges: list[Any]) -> list[dict[str, Any]]:
+        """Read ``ranges`` from the source and write them: by the writer processes, or by the driver."""
+        from mirror_core.direct import DirectReader, write_ranges
+
         pool = self._writer_pool()
         if pool is not None:
             return pool.write(plan, ranges)
@@ -538,6 +557,77 @@ class MirrorRuntime:
             self._direct = DirectReader(self.src, self.group.name,
                                         consumer_group=min(self.consumer_groups.values(), default=None))
         return write_ranges(plan, ranges, self._direct, DRIVER_THREADS)
+
+    def keep_writing(self, plan: WriterPlan, batch_id: int, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``spark.keep_writing_for``: once a small batch's own ranges are written (``rows``), go on writing what
+        arrives on its partitions, a range per partition from where it stands to the source's last stable
+        offset, until the span is over or the job is asked to stop, and return the batch's rows with those
+        writes' merged in. Spark's per-batch work (offsets, planning, its logs, the call into Python) is paid
+        once a span instead of once a write. Ends early, leaving the rest to Spark's batches, when what arrived
+        exceeds :data:`OVERLAP_MAX_RECORDS` offsets (a backlog: Spark's larger batches drain it) or a
+        partition's end moved back (Spark's next batch sees it and starts the partition over). The next batch
+        reads from where this one stopped (:func:`past_written_ahead`); a job that dies meanwhile starts from
+        Spark's offset log, before those writes: exactly_once writers skip what their committed positions
+        cover, at_least_once ones write it again, as after any crash. A batch of more offsets, with partitions
+        whose end moved back, or with the setting off, returns ``rows`` as they are."""
+        from dataclasses import replace
+
+        from mirror_core.direct import batch_ranges
+
+        span = self.group.spark.keep_writing_for
+        if not span or plan.rewound or self.group.spark.read_path != "direct":
+            return rows
+        n = self.batch_records(batch_id)
+        if n is None or n > OVERLAP_MAX_RECORDS:
+            return rows
+        _starts, ends = self._starts.get(batch_id) or ({}, self.batch_ends(batch_id))
+        at = {(t, p): max(end, self._ahead.get((t, p), end))
+              for t, parts in ends.items() if t in plan.settings for p, end in parts.items()}
+        deadline = time.monotonic() + span
+        writes = expired = 0
+        while at and not self.stop_requested():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            stable = self._stable_ends(list(at))
+            if stable is None or any(end < at[k] for k, end in stable.items()):
+                break  # the source did not answer, or an end moved back: Spark's next batch takes it from here
+            new = {k: end for k, end in stable.items() if end > at[k]}
+            if sum(end - at[k] for k, end in new.items()) > OVERLAP_MAX_RECORDS:
+                break
+            if not new:
+                time.sleep(min(KEEP_WRITING_POLL, left))
+                continue
+            sub_starts: dict[str, dict[int, int]] = {}
+            sub_ends: dict[str, dict[int, int]] = {}
+            for (t, p), end in new.items():
+                sub_starts.setdefault(t, {})[p] = at[(t, p)]
+                sub_ends.setdefault(t, {})[p] = end
+            got = self._write_ranges(replace(plan, end_offsets=sub_ends, rewound={}), batch_ranges(sub_starts, sub_ends))
+            expired += self.report_expired(batch_id, got, (sub_starts, sub_ends))
+            rows = merge_rows(rows, got)
+            at.update(new)
+            self._ahead.update(new)
+            writes += 1
+        self._kept = {batch_id: (writes, expired)}
+        return rows
+
+    def _stable_ends(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int] | None:
+        """The source's last stable offsets of ``keys`` (one request per leader), or None when it did not answer
+        within :data:`KEEP_WRITING_TIMEOUT` (logged at debug: the batch returns to Spark, which asks again)."""
+        from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        if self._src_admin is None:
+            self._src_admin = clients.admin(self.src)
+        try:
+            futures = self._src_admin.list_offsets(
+                {TopicPartition(t, p): OffsetSpec.latest() for t, p in keys},
+                isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=KEEP_WRITING_TIMEOUT)
+            return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+        except KafkaException as exc:
+            log.debug("%s: the source's offsets: %s", self.group.name, exc)
+            return None
 
     def written_log(self) -> WrittenLog:
         if self._written is None:
@@ -660,14 +750,15 @@ class MirrorRuntime:
         if self._pool is not None:
             self._pool.close()
 
-    def report_expired(self, batch_id: int, rows: list[dict[str, Any]]) -> int:
+    def report_expired(self, batch_id: int, rows: list[dict[str, Any]],
+                       planned: tuple[dict[str, dict[int, int]], dict[str, dict[int, int]]] | None = None) -> int:
         """Records that retention removed from the source before they were mirrored: a partition of the batch
         whose first record read lies past the batch's start (or that brought no record at all although its
         range was not empty) while the source's log now starts past that start. Logged with the counts and
         counted in ``mirrorflow_records_expired_total``; returns the total."""
         from mirror_core import metrics
 
-        starts, ends = self._starts.get(batch_id) or (self.batch_starts(batch_id), self.batch_ends(batch_id))
+        starts, ends = planned or self._starts.get(batch_id) or (self.batch_starts(batch_id), self.batch_ends(batch_id))
         first = {(r["topic"], r["partition"]): r.get("first_offset") for r in rows}
         lows: dict[str, dict[int, tuple[int, int]]] = {}
         total = 0
@@ -858,6 +949,10 @@ class MirrorRuntime:
         lats = [x for r in rows for x in (r["latency_ms"] or [])]
         totals["latency_p50_ms"] = round(statistics.median(lats), 1) if lats else None
         totals["expired"] = self.report_expired(batch_id, rows)
+        kept = self._kept.pop(batch_id, None)
+        if kept is not None:
+            totals["kept_writing"] = kept[0]  # further writes of spark.keep_writing_for
+            totals["expired"] += kept[1]
         totals["batch_id"] = batch_id
         totals["seconds"] = round(seconds, 3)
         # task time summed over partitions (tasks overlap, so the sum can exceed the batch's seconds)
@@ -943,10 +1038,70 @@ class MirrorRuntime:
 SOURCE_COMMIT_PARTITIONS = 1000
 #: ``spark.overlap_writes``: batches of at most this many offsets run on while Spark plans the next
 OVERLAP_MAX_RECORDS = 50_000
+#: ``spark.keep_writing_for``: how long a batch that keeps writing waits before it asks the source again when
+#: nothing new had arrived (a record's latency grows by up to this; each ask is one request per source broker)
+KEEP_WRITING_POLL = 0.01
+#: ... and how long that ask may take before the batch returns to Spark
+KEEP_WRITING_TIMEOUT = 10.0
 #: latency observations per micro-batch at most (about; see :meth:`MirrorRuntime.after_batch`)
 LATENCY_SAMPLES = 400
 DESTINATION_CHECK_TIMEOUT = 15.0  # one attempt of the per-batch destination check
 DESTINATION_RETRY_PAUSE = 2.0
+
+
+def past_written_ahead(starts: dict[str, dict[int, int]], ends: dict[str, dict[int, int]],
+                       ahead: dict[tuple[str, int], int]
+                       ) -> tuple[dict[str, dict[int, int]], dict[tuple[str, int], int]]:
+    """A batch's ``starts`` moved up to where the batch before went on writing (``ahead``, see
+    :meth:`MirrorRuntime.keep_writing`), and what is left of ``ahead`` after this batch: a partition whose
+    ``ends`` reach its entry is caught up (dropped); one whose end lies below its start moved back (topic
+    re-created, log truncated: dropped, the partition starts over as Spark plans it); one this batch does not
+    plan stays. A start past its end leaves the partition no range in this batch. Pure."""
+    out = {t: dict(parts) for t, parts in starts.items()}
+    left: dict[tuple[str, int], int] = {}
+    for (t, p), offset in ahead.items():
+        end = ends.get(t, {}).get(p)
+        if end is None:
+            left[(t, p)] = offset
+            continue
+        start = starts.get(t, {}).get(p, -1)
+        if start < 0 or end < start:
+            continue
+        out.setdefault(t, {})[p] = max(start, offset)
+        if offset > end:
+            left[(t, p)] = offset
+    return out, left
+
+
+#: fields of a written range's row (``BatchResult``) taken from the first piece of a partition / the last one
+_FIRST_FIELDS = ("first_offset",)
+_LAST_FIELDS = ("last_offset", "upstream_end", "last_downstream")
+
+
+def merge_rows(rows: list[dict[str, Any]], later: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of two writes of the same batch, one per partition: counts and times added, the first offset
+    from the earlier write, positions from the later one, latencies joined (the last 400). Pure."""
+    out = {(r["topic"], r["partition"]): dict(r) for r in rows}
+    for r in later:
+        key = (r["topic"], r["partition"])
+        have = out.get(key)
+        if have is None:
+            out[key] = dict(r)
+            continue
+        for k, v in r.items():
+            if k in ("topic", "partition"):
+                continue
+            if k in _FIRST_FIELDS:
+                have[k] = have.get(k) if have.get(k) is not None else v
+            elif k in _LAST_FIELDS:
+                have[k] = v if v is not None else have.get(k)
+            elif isinstance(v, list):
+                have[k] = ((have.get(k) or []) + v)[-400:]
+            elif isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(have.get(k), (int, float)):
+                have[k] = have[k] + v
+            else:
+                have[k] = v
+    return list(out.values())
 
 
 def _unreachable(err: Any) -> bool:

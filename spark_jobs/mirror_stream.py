@@ -220,6 +220,7 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
     for k, v in rt.source_options(once).items():
         reader = reader.option(k, v)
     source = reader.load()
+    drains = once or group.spark.trigger == "available_now"  # ends when what is there is written
 
     def report(batch_id: int, rows: list[dict[str, Any]], t0: float, t1: float, written_by: str, read_by: str,
                waited: float = 0.0) -> None:
@@ -268,6 +269,8 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
             # Spark planned the batch (its offset log); the driver reads the ranges itself: df is never
             # evaluated, so Spark fetches nothing. Always the driver: see README, The data path
             rows = rt.write_direct(plan, batch_id)
+            if not drains:
+                rows = rt.keep_writing(plan, batch_id, rows)  # spark.keep_writing_for (else as they are)
         elif on_driver:
             try:
                 rows = write_batches(plan, arrow_batches(df))
@@ -287,7 +290,7 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
     rt.rewind_unwritten_batch()  # a batch whose write a crash cut short runs again, also on a quiet source
     writer = source.writeStream.foreachBatch(for_each_batch).option("checkpointLocation", rt.checkpoint_dir())
     writer = writer.queryName(f"mirrorflow-{group.name}")
-    if once or group.spark.trigger == "available_now":
+    if drains:
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime=group.spark.trigger)
@@ -363,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     if stopper.requested:
         spark.stop()
         return stopper.finished(0)
+    rt.stop_requested = lambda: stopper.requested  # a batch that keeps writing (spark.keep_writing_for) ends
     query = build_query(spark, cfg, group, once=args.once, runtime=rt, prepared=True)
     rc = run_until_done(query, group.name, stopper, lambda: stream_stop_requested(group))
     rc = finish_writes(rt, group.name, rc)

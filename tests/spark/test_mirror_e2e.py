@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
@@ -348,11 +348,56 @@ def _written_against_spark(query_dir: Path) -> dict[tuple[str, int], tuple[int, 
             for p, end in parts.items() if p in written.get(t, {})}
 
 
-def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file, holder, query_dir):
+def _committed_past_spark(bootstrap, topic, query_dir):
+    """{partition: (the source offset after the newest record committed on the destination ``topic``, the end
+    of the newest batch Spark planned)}: a first value past the second means the job wrote and committed
+    records beyond what Spark's offset log knows of (``spark.keep_writing_for``). The stream's record ``i``
+    lies at source offset ``i // 3`` of partition ``i % 3`` (one idempotent producer, no transactions)."""
+    from mirror_core.stream import read_batch_end_offsets
+
+    planned = [int(f.name) for f in (query_dir / "offsets").glob("[0-9]*")]
+    ends = read_batch_end_offsets(str(query_dir), max(planned)) if planned else {}
+    if not ends:
+        return {}
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"past-{time.time_ns()}",
+                  "isolation.level": "read_committed", "enable.auto.commit": False, "enable.partition.eof": True,
+                  "log_level": 3})
+    out = {}
+    try:
+        for p, end in next(iter(ends.values())).items():
+            try:
+                lso = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            except KafkaException:
+                continue  # no leader yet: nothing committed there
+            if lso == 0:
+                continue
+            c.assign([TopicPartition(topic, p, max(0, lso - 2000))])
+            last, deadline = None, time.monotonic() + 10
+            while time.monotonic() < deadline:
+                m = c.poll(0.5)
+                if m is None:
+                    continue
+                if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        break
+                    continue
+                if m.offset() < lso:
+                    last = m
+            if last is not None:
+                out[p] = (int(last.key()) // 3 + 1, end)
+    finally:
+        c.close()
+    return out
+
+
+def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file, holder, query_dir,
+                          past_spark=False):
     """Start the streaming job and SIGKILL it while a transaction of it is open on the destination, until
     3 kills are proven mid-transaction; then stop the source producer. Starts ``holder`` after the 2nd.
-    Returns (records produced, attempts, {partition: first offset of the open transaction} per kill, seconds,
-    and per counted kill :func:`_written_against_spark` of ``query_dir``, the query's checkpoint)."""
+    ``past_spark``: kill only once the job has been seen with records committed past the newest batch Spark
+    had planned (:func:`_committed_past_spark`). Returns (records produced, attempts, {partition: first offset of the open
+    transaction} per kill, seconds, and per counted kill :func:`_written_against_spark` of ``query_dir``, the
+    query's checkpoint)."""
     hw_reader = _watermarks(clusters.dst_bootstrap, dst_topic, "read_uncommitted")
     lso_reader = _watermarks(clusters.dst_bootstrap, dst_topic, "read_committed")
     kills: list[dict[int, int]] = []
@@ -370,8 +415,13 @@ def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file,
             # wait until this job has committed something and has a transaction open, then kill it hard
             base = _committed_total(lso_reader, dst_topic)
             deadline = time.monotonic() + 180
-            while not (_committed_total(lso_reader, dst_topic) > base
-                       and _open_transactions(hw_reader, lso_reader, dst_topic)):
+            past = not past_spark  # once seen it holds for the batch's span (5 s): not asked again (slow)
+            while True:
+                if _committed_total(lso_reader, dst_topic) > base:
+                    past = past or any(w > e for w, e in _committed_past_spark(
+                        clusters.dst_bootstrap, dst_topic, query_dir).values())
+                    if past and _open_transactions(hw_reader, lso_reader, dst_topic):
+                        break
                 assert job.poll() is None, f"the streaming job exited with {job.returncode}"
                 assert time.monotonic() < deadline, "the job neither committed nor opened a transaction in 180 s"
                 time.sleep(0.02)  # polling the brokers' offsets
@@ -402,7 +452,7 @@ def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("read_path", ["spark", "direct", "direct-per-writer"])
+@pytest.mark.parametrize("read_path", ["spark", "direct", "direct-per-writer", "direct-keep", "direct-per-writer-keep"])
 def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     """SIGKILL the streaming job 3 times, each time while one of its transactions is open on the
     destination, while records stream in; every record arrives exactly once and in order.
@@ -419,7 +469,9 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     runs on after Spark recorded it, so a kill cuts writes short that no replay would redo, and the restart
     must read them again from the written log: at least one kill must have left such a batch (read from the
     checkpoint's files after each kill), and without the overlap none may. ``direct-per-writer``: each writer
-    process commits one transaction per batch for all its partitions (``transactions: per_writer``)."""
+    process commits one transaction per batch for all its partitions (``transactions: per_writer``). The
+    ``-keep`` ones run with ``spark.keep_writing_for``: each killed job had committed records past the newest
+    batch Spark had planned, which the restart reads again from Spark's offset log and must skip."""
     import threading
 
     topic = unique("eos")
@@ -427,7 +479,10 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     create_topic(clusters.src_bootstrap, topic, 3)
     path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes",
                            spark={"spark": "", "direct": ", read_path: direct, overlap_writes: true",
-                                  "direct-per-writer": ", read_path: direct, transactions: per_writer"}[read_path])
+                                  "direct-per-writer": ", read_path: direct, transactions: per_writer",
+                                  "direct-keep": ", read_path: direct, keep_writing_for: 5 seconds",
+                                  "direct-per-writer-keep": ", read_path: direct, transactions: per_writer, "
+                                                            "keep_writing_for: 5 seconds"}[read_path])
     gname = cfg.groups[0].name
     stop_file = tmp_path / "stop-producing"
     # a steady stream (about 1,500 records/s) until the kills are done, so every job has work in flight
@@ -437,7 +492,8 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
                               args=(clusters.dst_bootstrap, f"{topic}.syncs.internal", unique("foreign"), stop_foreign))
     try:
         total, attempts, mid_transaction_kills, kills_s, checkpoints = _kill_mid_transaction(
-            clusters, path, gname, dst_topic, producer, stop_file, holder, tmp_path / "ckpt" / gname)
+            clusters, path, gname, dst_topic, producer, stop_file, holder, tmp_path / "ckpt" / gname,
+            past_spark=read_path.endswith("-keep"))
         run_once(path, gname, timeout=600)  # the drain, with the foreign transaction still coming and going
     finally:
         stop_foreign.set()
@@ -455,7 +511,7 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     # after the drain the log records everything Spark recorded as done
     drained = _written_against_spark(tmp_path / "ckpt" / gname)
     assert drained and all(w[0] == w[2] for w in drained.values()), f"the written log lags the drain: {drained}"
-    if read_path == "direct":
+    if read_path == "direct":  # (the -keep ones write past Spark's batches, but Spark records each once written)
         # overlap_writes: a kill landed in the write of a batch Spark had already recorded as done, which no
         # replay of Spark's would redo; the restart had to read it again from the written log
         assert any(cut_short), f"no kill landed in a write Spark had already recorded: {checkpoints}"

@@ -656,3 +656,136 @@ def test_per_writer_a_destination_that_never_acknowledges_fails_the_batch_after_
     with pytest.raises(KafkaException):
         bw.write_shared(txn, _parts(4))
     assert tried == [[0, 1, 2, 3]]
+
+
+def _kept_plan(ends):
+    from mirror_core.stream import WriterPlan
+
+    return WriterPlan(settings={"t": object()}, id_map={}, end_offsets=ends, destination_consumer_config={},
+                      registries=None)
+
+
+def _row(topic, part, first, end, **extra):
+    return {"topic": topic, "partition": part, "records_in": end - first, "mirrored": end - first,
+            "first_offset": first, "last_offset": end - 1, "upstream_end": end, "latency_ms": [1.0],
+            "produce_ms": 2.0, **extra}
+
+
+def test_a_running_mirrors_batch_keeps_writing_what_arrives_from_where_it_stands(monkeypatch):
+    """``spark.keep_writing_for``: after a small batch's own ranges, the batch writes what arrived since, a
+    range per partition from where it stands (Spark's end, then each write's end) to the source's last stable
+    offset, with a plan whose ends are that write's, until asked to stop; its rows come back merged (counts
+    added, the first offset from Spark's range, the position from the last write), and the next batch is to
+    read from where it stopped. Nothing new: it asks again, writing nothing."""
+    rt = _runtime("read_path: direct, keep_writing_for: 30 seconds")
+    monkeypatch.setattr(rt, "batch_records", lambda _b: 40)
+    rt._starts[5] = ({"t": {0: 80, 1: 100}}, {"t": {0: 100, 1: 120}})
+    answers = iter([{("t", 0): 100, ("t", 1): 120},              # nothing new yet
+                    {("t", 0): 130, ("t", 1): 120},
+                    {("t", 0): 150, ("t", 1): 125}])
+    asked = []
+
+    def stable(keys):
+        asked.append(sorted(keys))
+        return next(answers)
+
+    writes = []
+
+    def write(plan, ranges):
+        writes.append((plan.end_offsets, plan.rewound, [(r.topic, r.partition, r.start, r.end) for r in ranges]))
+        return [_row(r.topic, r.partition, r.start, r.end) for r in ranges]
+
+    monkeypatch.setattr(rt, "_stable_ends", stable)
+    monkeypatch.setattr(rt, "_write_ranges", write)
+    monkeypatch.setattr(rt, "stop_requested", lambda: len(asked) == 3 and len(writes) == 2)
+    monkeypatch.setattr("mirror_core.stream.KEEP_WRITING_POLL", 0.001)
+    spark_rows = [_row("t", 0, 80, 100), _row("t", 1, 100, 120)]
+    rows = rt.keep_writing(_kept_plan({"t": {0: 100, 1: 120}}), 5, spark_rows)
+
+    assert asked == [[("t", 0), ("t", 1)]] * 3
+    assert writes == [({"t": {0: 130}}, {}, [("t", 0, 100, 130)]),
+                      ({"t": {0: 150, 1: 125}}, {}, [("t", 0, 130, 150), ("t", 1, 120, 125)])]
+    by = {r["partition"]: r for r in rows}
+    assert (by[0]["records_in"], by[0]["first_offset"], by[0]["last_offset"], by[0]["upstream_end"]) == (70, 80, 149, 150)
+    assert (by[1]["records_in"], by[1]["first_offset"], by[1]["upstream_end"]) == (25, 100, 125)
+    assert by[0]["latency_ms"] == [1.0, 1.0, 1.0] and by[0]["produce_ms"] == 6.0
+    assert spark_rows[0]["records_in"] == 20, "the batch's own rows are not changed in place"
+    assert rt._ahead == {("t", 0): 150, ("t", 1): 125}
+    assert rt._kept == {5: (2, 0)}  # two further writes, nothing expired: for the batch's line
+
+
+def test_a_batch_stops_keeping_on_a_backlog_a_move_back_or_the_end_of_its_span(monkeypatch):
+    """What arrived beyond 50,000 offsets (a backlog: Spark's large batches drain it) or a partition whose
+    end moved back (Spark's next batch sees it) sends the batch back to Spark without writing; so does the end
+    of the span; a batch larger than 50,000 offsets, one with partitions whose end moved back, and a group
+    without the setting do not keep writing at all."""
+    import time
+
+    def runtime(spark="read_path: direct, keep_writing_for: 30 seconds"):
+        rt = _runtime(spark)
+        monkeypatch.setattr(rt, "batch_records", lambda _b: 20)
+        rt._starts[1] = ({"t": {0: 80}}, {"t": {0: 100}})
+        monkeypatch.setattr(rt, "_write_ranges", lambda plan, ranges: pytest.fail(f"wrote {ranges}"))
+        return rt
+
+    plan = _kept_plan({"t": {0: 100}})
+    rows = [_row("t", 0, 80, 100)]
+    for answer in ({("t", 0): 100 + 50_001}, {("t", 0): 99}, None):
+        rt = runtime()
+        monkeypatch.setattr(rt, "_stable_ends", lambda keys, a=answer: a)
+        assert rt.keep_writing(plan, 1, rows) == rows and rt._ahead == {} and rt._kept == {1: (0, 0)}
+    rt = runtime("read_path: direct, keep_writing_for: 200ms")
+    monkeypatch.setattr(rt, "_stable_ends", lambda keys: {("t", 0): 100})
+    t0 = time.monotonic()
+    assert rt.keep_writing(plan, 1, rows) == rows
+    assert 0.2 <= time.monotonic() - t0 < 5
+    for rt, p in ((runtime("read_path: direct"), plan), (runtime(), replace_rewound(plan))):
+        monkeypatch.setattr(rt, "_stable_ends", lambda keys: pytest.fail("asked the source"))
+        assert rt.keep_writing(p, 1, rows) is rows
+    rt = runtime()
+    monkeypatch.setattr(rt, "batch_records", lambda _b: 50_001)
+    monkeypatch.setattr(rt, "_stable_ends", lambda keys: pytest.fail("asked the source"))
+    assert rt.keep_writing(plan, 1, rows) is rows
+
+
+def replace_rewound(plan):
+    from dataclasses import replace
+
+    return replace(plan, rewound={("t", 0): (120, 100)})
+
+
+def test_the_batch_after_reads_from_where_the_batch_before_kept_writing_to():
+    """``past_written_ahead``: a start moves up to where the batch before went on writing (no range when the
+    batch's end is not past it, and the entry is kept for the next batch); an end that reached it drops the
+    entry; a partition whose end moved back below its start starts over as Spark plans it (entry dropped); a
+    partition the batch does not plan keeps its entry."""
+    from mirror_core.stream import past_written_ahead
+
+    starts = {"t": {0: 100, 1: 100, 2: 100, 3: 100}, "u": {0: 5}}
+    ends = {"t": {0: 180, 1: 140, 2: 150, 3: 40}, "u": {0: 9}}
+    ahead = {("t", 0): 150, ("t", 1): 160, ("t", 2): 150, ("t", 3): 130, ("v", 0): 7}
+    moved, left = past_written_ahead(starts, ends, ahead)
+    assert moved == {"t": {0: 150, 1: 160, 2: 150, 3: 100}, "u": {0: 5}}
+    assert left == {("t", 1): 160, ("v", 0): 7}
+    assert starts["t"][0] == 100, "not changed in place"
+    from mirror_core.direct import batch_ranges
+
+    assert [(r.partition, r.start, r.end) for r in batch_ranges(moved, ends) if r.topic == "t"] == [(0, 150, 180)]
+
+
+def test_keep_writing_for_is_a_duration_for_the_direct_path_and_not_with_overlap_writes():
+    """``spark.keep_writing_for``: off by default (0); a duration; refused, naming it, on Spark's read path and
+    together with ``overlap_writes``."""
+    from pydantic import ValidationError
+
+    from mirror_core.config import SparkConfig
+
+    assert SparkConfig().keep_writing_for == 0
+    assert SparkConfig(read_path="direct", keep_writing_for="500ms").keep_writing_for == 0.5
+    assert SparkConfig(read_path="direct", keep_writing_for=0).keep_writing_for == 0
+    for kw, msg in ((dict(keep_writing_for="1s"), "keep_writing_for needs read_path: direct"),
+                    (dict(read_path="direct", keep_writing_for="1s", overlap_writes=True),
+                     "keep_writing_for and overlap_writes cannot both be on"),
+                    (dict(read_path="direct", keep_writing_for="soon"), "not a duration: 'soon'")):
+        with pytest.raises(ValidationError, match=msg):
+            SparkConfig(**kw)
