@@ -87,8 +87,9 @@ RESULTS = ROOT / "bench" / "results"
 # compiler back (-XX:TieredStopAtLevel=4 after mirrorflow's =1; an A/B of jvm_archive.DIRECT_READ_OPTIONS);
 # *-noverify* variants run with the destination brokers' transaction.partition.verification.enable off for
 # their run (a dynamic setting, removed again before the next contender; see bench.workload.transaction_verification);
-# *-keep* variants with spark.keep_writing_for (KEEP_WRITING_FOR): a running mirror's batch goes on writing what
-# arrives for that long before it returns to Spark (latency; a --once drain does not keep writing).
+# *-keep* variants with spark.keep_writing_for (KEEP_WRITING_FOR; *-keep10*: 10 seconds): a running mirror's batch
+# goes on writing what arrives for that long before it returns to Spark (latency; a --once drain does not keep
+# writing).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
@@ -108,10 +109,11 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-alo-direct-c2-bytes", "mirrorflow-eos-writer-c2", "mirrorflow-eos-writer-c2-bytes",
                      "mirrorflow-eos-writer-noverify", "mirrorflow-eos-writer-noverify-bytes",
                      "mirrorflow-eos-direct-noverify", "mirrorflow-eos-direct-noverify-bytes",
-                     "mirrorflow-eos-writer-keep", "mirrorflow-eos-direct-keep", "mirrorflow-alo-direct-keep")
+                     "mirrorflow-eos-writer-keep", "mirrorflow-eos-direct-keep", "mirrorflow-alo-direct-keep",
+                     "mirrorflow-eos-writer-keep10")
 #: the ``-small`` variants' ``spark.max_offsets_per_trigger`` (the direct path's default batch is 500,000 records)
 SMALL_BATCH_RECORDS = 125000
-#: the ``-keep`` variants' ``spark.keep_writing_for``
+#: the ``-keep`` variants' ``spark.keep_writing_for`` (``-keep10``: 10 seconds)
 KEEP_WRITING_FOR = "2 seconds"
 #: the topic each broker is warmed on (see bench.workload.warm_broker)
 WARM_TOPIC = "bench.warm"
@@ -125,7 +127,7 @@ LATENCY_AB = ("mirrorflow-eos-direct-pygc", "mirrorflow-eos-direct-overlap", "mi
               "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod", "mirrorflow-eos-writer-overlap",
               "mirrorflow-eos-direct-c2", "mirrorflow-eos-writer-c2", "mirrorflow-eos-writer-noverify",
               "mirrorflow-eos-direct-noverify", "mirrorflow-eos-writer-keep", "mirrorflow-eos-direct-keep",
-              "mirrorflow-alo-direct-keep")
+              "mirrorflow-alo-direct-keep", "mirrorflow-eos-writer-keep10")
 
 
 def _variant_conf(parts: list[str]) -> dict[str, str] | None:
@@ -359,7 +361,7 @@ class Bench:
                 writer_producers=1 if "1" in parts else None,
                 overlap_writes=True if "overlap" in parts else None,
                 max_offsets_per_trigger=SMALL_BATCH_RECORDS if "small" in parts else None,
-                keep_writing_for=KEEP_WRITING_FOR if "keep" in parts else None,
+                keep_writing_for=KEEP_WRITING_FOR if "keep" in parts else "10 seconds" if "keep10" in parts else None,
                 spark_conf=_variant_conf(parts)))
             cmd = mirrorflow_cmd(path, group, once=drain)
             if "py" in parts:
