@@ -408,7 +408,7 @@ def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file,
     try:
         while len(kills) < 3:
             attempts += 1
-            assert attempts <= 8, f"only {len(kills)} of {attempts - 1} kills hit an open transaction"
+            assert attempts <= 12, f"only {len(kills)} of {attempts - 1} kills hit an open transaction"
             job = subprocess.Popen([sys.executable, "-m", "spark_jobs.mirror_stream", str(path), "--group", gname],
                                    cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                    start_new_session=True)
