@@ -29,6 +29,21 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[rank - 1]
 
 
+def latency_windows(measured: dict[int, float], rate: float, window_s: float) -> list[list[float]]:
+    """The measured window cut by produce time into ``window_s``-second pieces (record ``seq`` was produced at
+    about ``seq / rate`` s into it): per piece ``[start s, records, p50 ms, p99 ms, max ms]``, so a tail can be
+    placed in time (periodic, at the start, one stall). Pieces without a record are left out. Pure."""
+    pieces: dict[int, list[float]] = {}
+    for seq, ms in measured.items():
+        pieces.setdefault(int(seq / rate / window_s), []).append(ms)
+    out = []
+    for i in sorted(pieces):
+        v = pieces[i]
+        out.append([round(i * window_s, 3), len(v), round(percentile(v, 50) or 0.0, 1),
+                    round(percentile(v, 99) or 0.0, 1), round(max(v), 1)])
+    return out
+
+
 @dataclass
 class Arrivals:
     """What the watcher saw: counts and wall-clock (epoch seconds) of the first and the last record."""

@@ -48,6 +48,7 @@ from bench.observe import (  # noqa: E402
     DrainCounter,
     DstWatcher,
     PidsCpu,
+    latency_windows,
     percentile,
     settle_page_cache,
     unwritten_mb,
@@ -115,6 +116,8 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
 SMALL_BATCH_RECORDS = 125000
 #: the ``-keep`` variants' ``spark.keep_writing_for`` (``-keep10``: 10 seconds)
 KEEP_WRITING_FOR = "2 seconds"
+#: a latency row's ``windows``: the measured window in pieces of this many seconds (by produce time)
+LATENCY_WINDOW_S = 0.25
 #: the topic each broker is warmed on (see bench.workload.warm_broker)
 WARM_TOPIC = "bench.warm"
 WARM_PARTITIONS = 6
@@ -604,6 +607,7 @@ class Bench:
                    p50_ms=_r(percentile(lats, 50)), p90_ms=_r(percentile(lats, 90)),
                    p99_ms=_r(percentile(lats, 99)), max_ms=_r(max(lats) if lats else None),
                    min_ms=_r(min(lats) if lats else None))
+        row["windows"] = latency_windows(watcher.seen.measured, self.args.rate, LATENCY_WINDOW_S)
         if ok:
             row["status"] = "ok"
         else:

@@ -20,7 +20,7 @@ from bench.contenders import (
     mm2_remote_topic,
     parse_batches,
 )
-from bench.observe import cpu_seconds, percentile, unwritten_mb
+from bench.observe import cpu_seconds, latency_windows, percentile, unwritten_mb
 from bench.report import add_ratios, summarize, summarize_latency
 from bench.run import round_order
 from bench.workload import PARSED, make_value, measured_key, parse_measured_key
@@ -52,6 +52,19 @@ def test_percentile_is_nearest_rank():
     assert percentile(values, 100) == 100.0
     assert percentile([5.0], 99) == 5.0
     assert percentile([], 50) is None
+
+
+def test_latency_windows_place_a_tail_in_time():
+    # 10 records/s for 2 s: the second half-second holds one slow record
+    measured = {seq: 10.0 for seq in range(20)}
+    measured[7] = 900.0
+    del measured[12]  # not arrived: the piece counts what did
+    got = latency_windows(measured, rate=10, window_s=0.5)
+    assert [w[0] for w in got] == [0.0, 0.5, 1.0, 1.5]
+    assert [w[1] for w in got] == [5, 5, 4, 5]
+    assert got[1][2:] == [10.0, 900.0, 900.0]  # p50, p99, max
+    assert got[0][2:] == [10.0, 10.0, 10.0]
+    assert latency_windows({}, rate=10, window_s=0.5) == []
 
 
 def test_mirrorflow_yaml_is_a_valid_mirrors_config(tmp_path: Path):
