@@ -24,9 +24,9 @@ import queue
 import threading
 import time
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mirror_core import clients, native
@@ -64,6 +64,12 @@ WRITER_TXN_RECORDS = 100000
 #: ``transactions: per_writer``: threads that fence the partitions' own transactional ids and read their
 #: positions when a writer starts
 WARM_THREADS_PER_WRITER = 64
+#: ``spark.keep_writing_for``: how long a batch that keeps writing waits before it asks the source again when
+#: nothing new had arrived (a record's latency grows by up to this; each ask is one request per source broker,
+#: by each writer process for its own partitions)
+KEEP_WRITING_POLL = 0.01
+#: ... and how long that ask may take before the batch returns to Spark
+KEEP_WRITING_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
@@ -549,6 +555,145 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     return bw.rows(read_s * 1000)
 
 
+@dataclass
+class Kept:
+    """What :func:`keep_on` wrote after a batch's own ranges: its rows (one per partition written, merged over
+    the writes), where each partition stands (``at``: where the next batch is to read from), the number of
+    writes, the writes whose rows show a partition read from past its range's start or not at all (``gaps``:
+    ``(starts, ends, rows)`` of those partitions, for
+    :meth:`~mirror_core.stream.MirrorRuntime.report_expired`) and why it ended (``span``, ``stop``, or, when
+    the rest is left to Spark's batches, ``backlog``, ``moved back`` or ``no answer``)."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    at: dict[tuple[str, int], int] = field(default_factory=dict)
+    writes: int = 0
+    gaps: list[tuple[dict[str, dict[int, int]], dict[str, dict[int, int]], list[dict[str, Any]]]] = field(
+        default_factory=list)
+    ended: str = "span"
+
+    def absorb(self, other: Kept) -> None:
+        """Add another writer process's (its partitions are not this one's); an early end is kept."""
+        self.rows += other.rows
+        self.at.update(other.at)
+        self.writes += other.writes
+        self.gaps += other.gaps
+        if other.ended not in ("span", "stop") or self.ended == "span":
+            self.ended = other.ended
+
+
+def keep_on(plan: Any, at: dict[tuple[str, int], int], span: float,
+            stable_ends: Callable[[list[tuple[str, int]]], dict[tuple[str, int], int] | None],
+            write: Callable[[Any, list[Range]], list[dict[str, Any]]], stopped: Callable[[], bool],
+            limit: int) -> Kept:
+    """``spark.keep_writing_for``: write what arrives on the partitions of ``at`` (where each stands), a range
+    per partition from there to its last stable offset (``stable_ends``: None when the source did not answer)
+    through ``write`` with a plan whose ends are that write's, for ``span`` seconds or until ``stopped()``;
+    ask again after :data:`KEEP_WRITING_POLL` when nothing arrived. Ends early, leaving the rest to Spark's
+    batches, when more than ``limit`` offsets arrived at once (a backlog), an end moved back (topic re-created,
+    log truncated) or the source did not answer. Run by the driver, or by each writer process for its own
+    partitions (:meth:`WriterPool.keep`), so that one process's write never waits for another's."""
+    kept = Kept(at=dict(at))
+    deadline = time.monotonic() + span
+    while kept.at:
+        if stopped():
+            kept.ended = "stop"
+            break
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        stable = stable_ends(list(kept.at))
+        if stable is None:
+            kept.ended = "no answer"
+            break
+        if any(end < kept.at[k] for k, end in stable.items()):
+            kept.ended = "moved back"
+            break
+        new = {k: end for k, end in stable.items() if end > kept.at[k]}
+        if sum(end - kept.at[k] for k, end in new.items()) > limit:
+            kept.ended = "backlog"
+            break
+        if not new:
+            time.sleep(min(KEEP_WRITING_POLL, left))
+            continue
+        starts: dict[str, dict[int, int]] = {}
+        ends: dict[str, dict[int, int]] = {}
+        for (t, p), end in new.items():
+            starts.setdefault(t, {})[p] = kept.at[(t, p)]
+            ends.setdefault(t, {})[p] = end
+        got = write(replace(plan, end_offsets=ends, rewound={}), batch_ranges(starts, ends))
+        _note_gaps(kept, starts, ends, got)
+        kept.rows = merge_rows(kept.rows, got)
+        kept.at.update(new)
+        kept.writes += 1
+    return kept
+
+
+def _note_gaps(kept: Kept, starts: dict[str, dict[int, int]], ends: dict[str, dict[int, int]],
+               rows: list[dict[str, Any]]) -> None:
+    """Keep for the expired-record check the partitions of a write read from past their start or not at all."""
+    first: dict[tuple[str, int], int | None] = {(r["topic"], r["partition"]): r.get("first_offset") for r in rows}
+    gap = [(t, p) for t, parts in starts.items() for p, start in parts.items()
+           if (read := first.get((t, p))) is None or read > start]
+    if gap:
+        keys = set(gap)
+        kept.gaps.append((_by_topic({k: starts[k[0]][k[1]] for k in gap}),
+                          _by_topic({k: ends[k[0]][k[1]] for k in gap}),
+                          [r for r in rows if (r["topic"], r["partition"]) in keys]))
+
+
+def _by_topic(offsets: dict[tuple[str, int], int]) -> dict[str, dict[int, int]]:
+    out: dict[str, dict[int, int]] = {}
+    for (t, p), o in offsets.items():
+        out.setdefault(t, {})[p] = o
+    return out
+
+
+def stable_ends(admin: Any, keys: list[tuple[str, int]], group: str,
+                timeout: float = KEEP_WRITING_TIMEOUT) -> dict[tuple[str, int], int] | None:
+    """The source's last stable offsets of ``keys`` (one ListOffsets per leader, read_committed), or None when
+    it did not answer within ``timeout`` (logged at debug: the batch returns to Spark, which asks again)."""
+    from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    try:
+        futures = admin.list_offsets({TopicPartition(t, p): OffsetSpec.latest() for t, p in keys},
+                                     isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout)
+        return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+    except KafkaException as exc:
+        log.debug("%s: the source's offsets: %s", group, exc)
+        return None
+
+#: fields of a written range's row (``BatchResult``) taken from the first piece of a partition / the last one
+_FIRST_FIELDS = ("first_offset",)
+_LAST_FIELDS = ("last_offset", "upstream_end", "last_downstream")
+
+
+def merge_rows(rows: list[dict[str, Any]], later: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of two writes of the same batch, one per partition: counts and times added, the first offset
+    from the earlier write, positions from the later one, latencies joined (the last 400). Pure."""
+    out = {(r["topic"], r["partition"]): dict(r) for r in rows}
+    for r in later:
+        key = (r["topic"], r["partition"])
+        have = out.get(key)
+        if have is None:
+            out[key] = dict(r)
+            continue
+        for k, v in r.items():
+            if k in ("topic", "partition"):
+                continue
+            if k in _FIRST_FIELDS:
+                have[k] = have.get(k) if have.get(k) is not None else v
+            elif k in _LAST_FIELDS:
+                have[k] = v if v is not None else have.get(k)
+            elif isinstance(v, list):
+                have[k] = ((have.get(k) or []) + v)[-400:]
+            elif isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(have.get(k), (int, float)):
+                have[k] = have[k] + v
+            else:
+                have[k] = v
+    return list(out.values())
+
+
 class _Stopped(Exception):
     """A writer failed: the read stops (the writer's error is raised)."""
 
@@ -634,6 +779,48 @@ class WriterPool:
             raise failure
         return rows
 
+    def keep(self, plan: Any, at: dict[tuple[str, int], int], span: float, limit: int,
+             stopped: Callable[[], bool]) -> Kept:
+        """:func:`keep_on` in each process for the partitions of ``at`` it owns (``limit`` shared out), the
+        processes writing independently; once one ends early (a backlog, a move back, no answer, a failure) or
+        ``stopped()``, the others are asked to stop after their write. What all wrote; a failure is raised
+        once all have stopped."""
+        from multiprocessing.connection import wait
+
+        workers = self._start()
+        busy = {}
+        shares = [(w, share) for w, share in zip(workers, self._share(at), strict=True) if share]
+        for w, share in shares:
+            w.send(("keep", plan, ({k: at[k] for k in share}, span, max(1, limit // len(shares)))))
+            busy[w.conn] = w
+        out = Kept(at=dict(at))
+        failure: BaseException | None = None
+        asked = False
+        while busy:
+            for conn in wait(list(busy), timeout=KEEP_WRITING_POLL * 5):
+                w = busy[conn]
+                if w.pending > 1:
+                    w.settle_one()  # a warm-up's answer, before the keep's
+                    continue
+                del busy[conn]
+                try:
+                    got = w.result()
+                    out.absorb(got)
+                    early = got.ended not in ("span", "stop")
+                except BaseException as exc:  # noqa: BLE001 - the others stop first: nothing is left mid-write
+                    failure, early = failure or exc, True
+                if early and not asked:
+                    asked = True
+                    for other in busy.values():
+                        other.ask_to_stop()
+            if busy and not asked and stopped():
+                asked = True
+                for other in busy.values():
+                    other.ask_to_stop()
+        if failure is not None:
+            raise failure
+        return out
+
     def close(self) -> None:
         """Ask every process to end, and wait a little for them (a stuck one is killed)."""
         workers, self._workers = self._workers, []
@@ -688,15 +875,26 @@ class _Worker:
             return payload
         raise payload
 
+    def settle_one(self) -> None:
+        """Read the answer to an earlier request (a warm-up: a failure is only a lost head start)."""
+        try:
+            self._answer()
+        except Exception as exc:  # noqa: BLE001 - a failed warm-up is only a lost head start
+            log.warning("direct writer process %d: warm-up failed: %s", self.index, exc)
+
     def result(self) -> Any:
-        """The answer to the last request (answers to earlier ones, such as a warm-up, are waited for first;
-        a failed warm-up is only a lost head start)."""
+        """The answer to the last request (answers to earlier ones, such as a warm-up, are waited for first)."""
         while self.pending > 1:
-            try:
-                self._answer()
-            except Exception as exc:  # noqa: BLE001 - a failed warm-up is only a lost head start
-                log.warning("direct writer process %d: warm-up failed: %s", self.index, exc)
+            self.settle_one()
         return self._answer()
+
+    def ask_to_stop(self) -> None:
+        """Ask a process that keeps writing (a "keep" request) to stop after its write; not answered (a process
+        that has already answered finds the request before its next one and passes over it)."""
+        try:
+            self.conn.send(("stop", None, None))
+        except OSError:
+            pass  # gone: its answer says so
 
     def close(self) -> None:
         import subprocess
@@ -793,7 +991,6 @@ def serve(fd: int) -> int:
     from multiprocessing.connection import Connection
 
     from mirror_core.logs import setup_logging
-    from mirror_core.stream import BatchWriter
 
     # a stop is the job's to handle (it lets the running batch finish, then ends its workers); a Ctrl-C or a
     # signal to the whole process group must not end a worker mid-batch
@@ -804,14 +1001,43 @@ def serve(fd: int) -> int:
     _, cluster, group, consumer_group, threads, verbose, slot, slots_used = conn.recv()
     setup_logging(verbose)
     quiet_gc()
+    answer(conn, cluster, group, consumer_group, threads, slot, slots_used)
+    return 0
+
+
+def answer(conn: Any, cluster: ClusterConfig, group: str, consumer_group: str | None, threads: int, slot: int,
+           slots_used: int) -> None:
+    """A writer process's requests on ``conn``, each answered once (a "stop" never: see
+    :meth:`_Worker.ask_to_stop`), until told to end or the driver is gone."""
+    from mirror_core.stream import BatchWriter
+
     reader = DirectReader(cluster, group, consumer_group=consumer_group)
+    admin: list[Any] = []
+
+    def ask(keys: list[tuple[str, int]]) -> dict[tuple[str, int], int] | None:
+        if not admin:
+            admin.append(clients.admin(cluster))
+        return stable_ends(admin[0], keys, group)
+
+    def stopped() -> bool:
+        if not conn.poll(0):
+            return False
+        conn.recv()  # the driver sends nothing else while this process keeps writing
+        return True
+
     try:
         while (request := conn.recv()) is not None:
             kind, plan, work = request
+            if kind == "stop":
+                continue  # asked to stop a "keep" that had already ended
             try:
                 if kind == "warm":
                     _warm(BatchWriter(plan), work, threads, slot, slots_used)
                     conn.send(("ok", None))
+                elif kind == "keep":
+                    at, span, limit = work
+                    conn.send(("ok", keep_on(plan, at, span, ask, lambda p, r: write_ranges(
+                        p, r, reader, threads, slot, slots_used), stopped, limit)))
                 else:
                     conn.send(("ok", write_ranges(plan, work, reader, threads, slot, slots_used)))
             except BaseException as exc:  # noqa: BLE001 - every failure goes back to the driver
@@ -820,10 +1046,12 @@ def serve(fd: int) -> int:
         pass  # the driver is gone
     finally:
         reader.close()
-    return 0
-
 
 if __name__ == "__main__":
     import sys
 
-    raise SystemExit(serve(int(sys.argv[1])))
+    # run from the module itself, not this __main__ copy: what a worker sends (Kept, exceptions of its own) is
+    # pickled by its class's module, and the driver knows it as mirror_core.direct
+    from mirror_core.direct import serve as _serve
+
+    raise SystemExit(_serve(int(sys.argv[1])))

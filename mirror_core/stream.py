@@ -563,71 +563,47 @@ class MirrorRuntime:
         arrives on its partitions, a range per partition from where it stands to the source's last stable
         offset, until the span is over or the job is asked to stop, and return the batch's rows with those
         writes' merged in. Spark's per-batch work (offsets, planning, its logs, the call into Python) is paid
-        once a span instead of once a write. Ends early, leaving the rest to Spark's batches, when what arrived
-        exceeds :data:`OVERLAP_MAX_RECORDS` offsets (a backlog: Spark's larger batches drain it) or a
-        partition's end moved back (Spark's next batch sees it and starts the partition over). The next batch
-        reads from where this one stopped (:func:`past_written_ahead`); a job that dies meanwhile starts from
-        Spark's offset log, before those writes: exactly_once writers skip what their committed positions
-        cover, at_least_once ones write it again, as after any crash. A batch of more offsets, with partitions
-        whose end moved back, or with the setting off, returns ``rows`` as they are."""
-        from dataclasses import replace
-
-        from mirror_core.direct import batch_ranges
+        once a span instead of once a write. Each writer process does so for its own partitions, on its own
+        (:meth:`~mirror_core.direct.WriterPool.keep`); without them, the driver. Ends early, leaving the rest to
+        Spark's batches, when what arrived exceeds :data:`OVERLAP_MAX_RECORDS` offsets (a backlog: Spark's
+        larger batches drain it) or a partition's end moved back (Spark's next batch sees it and starts the
+        partition over). The next batch reads from where this one stopped (:func:`past_written_ahead`); a job
+        that dies meanwhile starts from Spark's offset log, before those writes: exactly_once writers skip what
+        their committed positions cover, at_least_once ones write it again, as after any crash. A batch of more
+        offsets, with partitions whose end moved back, or with the setting off, returns ``rows`` as they are."""
+        from mirror_core.direct import keep_on, merge_rows
 
         span = self.group.spark.keep_writing_for
-        if not span or plan.rewound or self.group.spark.read_path != "direct":
+        if not span or plan.rewound:
             return rows
-        n = self.batch_records(batch_id)
+        planned = self._starts.get(batch_id)
+        # what this batch wrote itself: after a batch that kept writing, Spark's batch spans those writes too
+        n = self.batch_records(batch_id) if planned is None else offsets_between(*planned)
         if n is None or n > OVERLAP_MAX_RECORDS:
             return rows
-        _starts, ends = self._starts.get(batch_id) or ({}, self.batch_ends(batch_id))
+        ends = planned[1] if planned is not None else self.batch_ends(batch_id)
         at = {(t, p): max(end, self._ahead.get((t, p), end))
               for t, parts in ends.items() if t in plan.settings for p, end in parts.items()}
-        deadline = time.monotonic() + span
-        writes = expired = 0
-        while at and not self.stop_requested():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            stable = self._stable_ends(list(at))
-            if stable is None or any(end < at[k] for k, end in stable.items()):
-                break  # the source did not answer, or an end moved back: Spark's next batch takes it from here
-            new = {k: end for k, end in stable.items() if end > at[k]}
-            if sum(end - at[k] for k, end in new.items()) > OVERLAP_MAX_RECORDS:
-                break
-            if not new:
-                time.sleep(min(KEEP_WRITING_POLL, left))
-                continue
-            sub_starts: dict[str, dict[int, int]] = {}
-            sub_ends: dict[str, dict[int, int]] = {}
-            for (t, p), end in new.items():
-                sub_starts.setdefault(t, {})[p] = at[(t, p)]
-                sub_ends.setdefault(t, {})[p] = end
-            got = self._write_ranges(replace(plan, end_offsets=sub_ends, rewound={}), batch_ranges(sub_starts, sub_ends))
-            expired += self.report_expired(batch_id, got, (sub_starts, sub_ends))
-            rows = merge_rows(rows, got)
-            at.update(new)
-            self._ahead.update(new)
-            writes += 1
-        self._kept = {batch_id: (writes, expired)}
-        return rows
+        if not at:
+            return rows
+        pool = self._writer_pool()
+        if pool is not None:
+            kept = pool.keep(plan, at, span, OVERLAP_MAX_RECORDS, self.stop_requested)
+        else:
+            kept = keep_on(plan, at, span, self._stable_ends, self._write_ranges, self.stop_requested,
+                           OVERLAP_MAX_RECORDS)
+        expired = sum(self.report_expired(batch_id, got, (starts, gap_ends)) for starts, gap_ends, got in kept.gaps)
+        self._ahead.update({k: o for k, o in kept.at.items() if o > at[k]})
+        self._kept = {batch_id: (kept.writes, expired)}
+        return merge_rows(rows, kept.rows) if kept.rows else rows
 
     def _stable_ends(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int] | None:
-        """The source's last stable offsets of ``keys`` (one request per leader), or None when it did not answer
-        within :data:`KEEP_WRITING_TIMEOUT` (logged at debug: the batch returns to Spark, which asks again)."""
-        from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
-        from confluent_kafka.admin import OffsetSpec
+        """The source's last stable offsets of ``keys`` (see :func:`~mirror_core.direct.stable_ends`)."""
+        from mirror_core.direct import stable_ends
 
         if self._src_admin is None:
             self._src_admin = clients.admin(self.src)
-        try:
-            futures = self._src_admin.list_offsets(
-                {TopicPartition(t, p): OffsetSpec.latest() for t, p in keys},
-                isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=KEEP_WRITING_TIMEOUT)
-            return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
-        except KafkaException as exc:
-            log.debug("%s: the source's offsets: %s", self.group.name, exc)
-            return None
+        return stable_ends(self._src_admin, keys, self.group.name)
 
     def written_log(self) -> WrittenLog:
         if self._written is None:
@@ -872,18 +848,7 @@ class MirrorRuntime:
     def batch_records(self, batch_id: int) -> int | None:
         """How many offsets micro-batch ``batch_id`` spans (from Spark's offset log; the first batch from the
         source's initial offsets), or None when unknown (a new topic or partition, a symbolic offset)."""
-        ends = self.batch_ends(batch_id)
-        starts = self.batch_starts(batch_id)
-        if not ends or not starts:
-            return None
-        total = 0
-        for topic, parts in ends.items():
-            before = starts.get(topic, {})
-            for p, end in parts.items():
-                if before.get(p, -1) < 0:
-                    return None  # a new partition or topic (read from its start), or a symbolic offset
-                total += max(0, end - before[p])
-        return total
+        return offsets_between(self.batch_starts(batch_id), self.batch_ends(batch_id))
 
     def on_driver(self, batch_id: int) -> bool:
         """Write this micro-batch in the driver (see ``spark.driver_batch_max_records`` / ``_bytes``)."""
@@ -1038,15 +1003,25 @@ class MirrorRuntime:
 SOURCE_COMMIT_PARTITIONS = 1000
 #: ``spark.overlap_writes``: batches of at most this many offsets run on while Spark plans the next
 OVERLAP_MAX_RECORDS = 50_000
-#: ``spark.keep_writing_for``: how long a batch that keeps writing waits before it asks the source again when
-#: nothing new had arrived (a record's latency grows by up to this; each ask is one request per source broker)
-KEEP_WRITING_POLL = 0.01
-#: ... and how long that ask may take before the batch returns to Spark
-KEEP_WRITING_TIMEOUT = 10.0
 #: latency observations per micro-batch at most (about; see :meth:`MirrorRuntime.after_batch`)
 LATENCY_SAMPLES = 400
 DESTINATION_CHECK_TIMEOUT = 15.0  # one attempt of the per-batch destination check
 DESTINATION_RETRY_PAUSE = 2.0
+
+
+def offsets_between(starts: dict[str, dict[int, int]], ends: dict[str, dict[int, int]]) -> int | None:
+    """How many offsets lie between ``starts`` and ``ends`` over all partitions, or None when unknown (no
+    starts or ends, a partition or topic missing from ``starts`` or with a symbolic start). Pure."""
+    if not ends or not starts:
+        return None
+    total = 0
+    for topic, parts in ends.items():
+        before = starts.get(topic, {})
+        for p, end in parts.items():
+            if before.get(p, -1) < 0:
+                return None  # a new partition or topic (read from its start), or a symbolic offset
+            total += max(0, end - before[p])
+    return total
 
 
 def past_written_ahead(starts: dict[str, dict[int, int]], ends: dict[str, dict[int, int]],
@@ -1071,37 +1046,6 @@ def past_written_ahead(starts: dict[str, dict[int, int]], ends: dict[str, dict[i
         if offset > end:
             left[(t, p)] = offset
     return out, left
-
-
-#: fields of a written range's row (``BatchResult``) taken from the first piece of a partition / the last one
-_FIRST_FIELDS = ("first_offset",)
-_LAST_FIELDS = ("last_offset", "upstream_end", "last_downstream")
-
-
-def merge_rows(rows: list[dict[str, Any]], later: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows of two writes of the same batch, one per partition: counts and times added, the first offset
-    from the earlier write, positions from the later one, latencies joined (the last 400). Pure."""
-    out = {(r["topic"], r["partition"]): dict(r) for r in rows}
-    for r in later:
-        key = (r["topic"], r["partition"])
-        have = out.get(key)
-        if have is None:
-            out[key] = dict(r)
-            continue
-        for k, v in r.items():
-            if k in ("topic", "partition"):
-                continue
-            if k in _FIRST_FIELDS:
-                have[k] = have.get(k) if have.get(k) is not None else v
-            elif k in _LAST_FIELDS:
-                have[k] = v if v is not None else have.get(k)
-            elif isinstance(v, list):
-                have[k] = ((have.get(k) or []) + v)[-400:]
-            elif isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(have.get(k), (int, float)):
-                have[k] = have[k] + v
-            else:
-                have[k] = v
-    return list(out.values())
 
 
 def _unreachable(err: Any) -> bool:
@@ -1429,6 +1373,9 @@ class BatchWriter:
             try:
                 left |= self._write_shared(txn, piece)
                 continue
+            except _AgainWithReports:
+                todo.insert(0, piece)  # aborted; reporting every record now, it cannot meet this again
+                continue
             except _AckTimeout as exc:
                 why = f"{exc.remaining} records not acknowledged within {exc.wait:.0f} s"
             except KafkaException as exc:  # the writer's new producer could not start
@@ -1576,20 +1523,27 @@ class BatchWriter:
             raise
         except _Unmapped as exc:
             forget()
-            if isinstance(exc, _RunsUnproven) and len(txn.txids) > 1:
+            again = transactional and isinstance(exc, _RunsUnproven) and len(txn.txids) > 1
+            if again:
                 # the other producer's commit markers landed among records produced without reports: this
-                # writer reports every record from now on (one producer alone never meets its own markers)
+                # writer reports every record from now on (one producer alone never meets its own markers), and
+                # the transaction is written again so (the partitions' own producers, each fenced and started
+                # for it, took 17 s for 12 partitions on a loaded two-core machine)
                 txn.report_each()
                 log.info("%s: a commit marker of the writer's other producer landed among records produced "
-                         "without delivery reports; the writer reports every record from now on", self.plan.group)
-            log.info("%s: the writer %s was %s (delivery reports not tied to records, or a record the "
-                     "destination rejected as too large); writing the batch partition by partition",
-                     self.plan.group, *(("transaction", "aborted") if transactional else ("write", "stopped")))
+                         "without delivery reports; the writer reports every record from now on and writes "
+                         "the transaction again", self.plan.group)
+            else:
+                log.info("%s: the writer %s was %s (delivery reports not tied to records, or a record the "
+                         "destination rejected as too large); writing the batch partition by partition",
+                         self.plan.group, *(("transaction", "aborted") if transactional else ("write", "stopped")))
             if not transactional:
                 producer.purge()  # records still queued must not land after the per-partition writer's
                 txn.drop()
             elif not _abort_quietly(producer):
                 txn.drop()
+            if again:
+                raise _AgainWithReports() from None
             return set(parts)
         except KafkaException as exc:
             # fenced, fatal, abortable or a timeout: a new producer next batch; this one partition by partition,
@@ -1628,6 +1582,11 @@ class BatchWriter:
     def rows(self, input_ms: float = 0.0) -> list[dict[str, Any]]:
         share = input_ms / max(1, len(self.results))
         return [asdict(r) | {"input_ms": share} for r in self.results.values()]
+
+
+class _AgainWithReports(Exception):  # noqa: N818  # internal signal, never leaves the writer
+    """``transactions: per_writer``: the writer transaction was aborted and is to be written again, now that
+    the writer reports every record."""
 
 
 class _AckTimeout(_Unmapped):  # noqa: N818  # internal signal, never leaves the writer

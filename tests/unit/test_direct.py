@@ -695,10 +695,11 @@ def test_a_running_mirrors_batch_keeps_writing_what_arrives_from_where_it_stands
         writes.append((plan.end_offsets, plan.rewound, [(r.topic, r.partition, r.start, r.end) for r in ranges]))
         return [_row(r.topic, r.partition, r.start, r.end) for r in ranges]
 
+    monkeypatch.setattr(rt, "_writer_pool", lambda: None)  # the driver writes (writer processes: see below)
     monkeypatch.setattr(rt, "_stable_ends", stable)
     monkeypatch.setattr(rt, "_write_ranges", write)
     monkeypatch.setattr(rt, "stop_requested", lambda: len(asked) == 3 and len(writes) == 2)
-    monkeypatch.setattr("mirror_core.stream.KEEP_WRITING_POLL", 0.001)
+    monkeypatch.setattr("mirror_core.direct.KEEP_WRITING_POLL", 0.001)
     spark_rows = [_row("t", 0, 80, 100), _row("t", 1, 100, 120)]
     rows = rt.keep_writing(_kept_plan({"t": {0: 100, 1: 120}}), 5, spark_rows)
 
@@ -725,6 +726,7 @@ def test_a_batch_stops_keeping_on_a_backlog_a_move_back_or_the_end_of_its_span(m
         rt = _runtime(spark)
         monkeypatch.setattr(rt, "batch_records", lambda _b: 20)
         rt._starts[1] = ({"t": {0: 80}}, {"t": {0: 100}})
+        monkeypatch.setattr(rt, "_writer_pool", lambda: None)
         monkeypatch.setattr(rt, "_write_ranges", lambda plan, ranges: pytest.fail(f"wrote {ranges}"))
         return rt
 
@@ -743,9 +745,16 @@ def test_a_batch_stops_keeping_on_a_backlog_a_move_back_or_the_end_of_its_span(m
         monkeypatch.setattr(rt, "_stable_ends", lambda keys: pytest.fail("asked the source"))
         assert rt.keep_writing(p, 1, rows) is rows
     rt = runtime()
-    monkeypatch.setattr(rt, "batch_records", lambda _b: 50_001)
+    rt._starts[1] = ({"t": {0: 49_999}}, {"t": {0: 100_000}})
     monkeypatch.setattr(rt, "_stable_ends", lambda keys: pytest.fail("asked the source"))
-    assert rt.keep_writing(plan, 1, rows) is rows
+    assert rt.keep_writing(_kept_plan({"t": {0: 100_000}}), 1, rows) is rows
+    # after a batch that kept writing, Spark's batch spans those writes too: what counts is what this batch
+    # wrote itself (from where the one before stopped)
+    rt = runtime("read_path: direct, keep_writing_for: 50ms")
+    monkeypatch.setattr(rt, "batch_records", lambda _b: 100_000)
+    rt._starts[1] = ({"t": {0: 99_980}}, {"t": {0: 100_000}})
+    monkeypatch.setattr(rt, "_stable_ends", lambda keys: {("t", 0): 100_000})
+    assert rt.keep_writing(_kept_plan({"t": {0: 100_000}}), 1, rows) == rows and rt._kept == {1: (0, 0)}
 
 
 def replace_rewound(plan):
@@ -789,3 +798,116 @@ def test_keep_writing_for_is_a_duration_for_the_direct_path_and_not_with_overlap
                     (dict(read_path="direct", keep_writing_for="soon"), "not a duration: 'soon'")):
         with pytest.raises(ValidationError, match=msg):
             SparkConfig(**kw)
+
+
+def test_the_driver_reports_expired_records_of_the_writes_that_read_from_past_their_start(monkeypatch):
+    """A further write whose partition brought no record, or whose first record lies past the write's start,
+    is checked for records retention removed (with that write's own starts and ends); one read from its start
+    is not."""
+    rt = _runtime("read_path: direct, keep_writing_for: 30 seconds")
+    monkeypatch.setattr(rt, "batch_records", lambda _b: 40)
+    rt._starts[5] = ({"t": {0: 80, 1: 100}}, {"t": {0: 100, 1: 120}})
+    answers = iter([{("t", 0): 130, ("t", 1): 140}])
+    monkeypatch.setattr(rt, "_writer_pool", lambda: None)
+    monkeypatch.setattr(rt, "_stable_ends", lambda keys: next(answers, None))
+    # partition 0 is read from 110 (offsets 100-109 are gone), partition 1 brings nothing
+    monkeypatch.setattr(rt, "_write_ranges", lambda plan, ranges: [_row("t", 0, 110, 130)])
+    checked = []
+    monkeypatch.setattr(rt, "report_expired", lambda b, rows, planned: checked.append((b, rows, planned)) or 10)
+    rows = rt.keep_writing(_kept_plan({"t": {0: 100, 1: 120}}), 5, [_row("t", 0, 80, 100), _row("t", 1, 100, 120)])
+    assert checked == [(5, [_row("t", 0, 110, 130)], ({"t": {0: 100, 1: 120}}, {"t": {0: 130, 1: 140}}))]
+    assert rt._kept == {5: (1, 10)}
+    assert rt._ahead == {("t", 0): 130, ("t", 1): 140}
+    assert {r["partition"]: r["records_in"] for r in rows} == {0: 40, 1: 20}
+
+
+class _GoneProc:
+    """A writer process's handle for :class:`_Worker` where the process is a thread of the test."""
+
+    def poll(self):
+        return None
+
+
+def _thread_pool(monkeypatch, answers, written):
+    """A :class:`WriterPool` of two writer "processes" that are threads of this test running the writer's own
+    request loop (:func:`mirror_core.direct.answer`) over pipes: partition ("t", 0) is the first's, ("t", 1)
+    the second's. The source's stable offsets come from ``answers(keys)``, writes are recorded in
+    ``written`` (by thread) and return one row per range."""
+    import threading
+    from multiprocessing import Pipe
+
+    from mirror_core import direct
+
+    monkeypatch.setattr(direct.clients, "admin", lambda cluster: object())
+    monkeypatch.setattr(direct, "stable_ends", lambda admin, keys, group: answers(keys))
+    monkeypatch.setattr(direct, "KEEP_WRITING_POLL", 0.002)
+
+    def write(plan, ranges, reader, threads, slot, slots_used):
+        written.append((slot, [(r.partition, r.start, r.end) for r in ranges]))
+        return [_row(r.topic, r.partition, r.start, r.end) for r in ranges]
+
+    monkeypatch.setattr(direct, "write_ranges", write)
+    pool = direct.WriterPool(cluster=None, group="g", processes=2)  # type: ignore[arg-type]
+    threads = []
+    for i in range(2):
+        ours, theirs = Pipe()
+        th = threading.Thread(target=direct.answer, args=(theirs, None, "g", None, 1, i, 2), daemon=True)
+        th.start()
+        threads.append(th)
+        pool._workers.append(direct._Worker(i, _GoneProc(), ours))
+    pool._owner.update({("t", 0): 0, ("t", 1): 1})
+    return pool, threads
+
+
+def test_writer_processes_keep_writing_on_their_own_and_stop_together(monkeypatch):
+    """With writer processes each keeps writing its own partitions without waiting for the other's writes;
+    when one meets a backlog the other is asked to stop after its write (not at the end of the span), and
+    the batch reports the backlog; a stop asked of a process that has already answered is passed over by
+    its next request; the job's stop ends both."""
+    import time
+
+    ends = {("t", 0): 10, ("t", 1): 10}
+    backlog = [True]
+
+    def answers(keys):
+        for k in keys:
+            if k == ("t", 0):
+                ends[k] += 5  # a steady trickle on the first process's partition
+        if backlog and len([w for w in written if w[0] == 1]) == 3:
+            ends[("t", 1)] += 30_000  # a backlog on the second's, after its third write
+            backlog.clear()
+        elif ("t", 1) in keys:
+            ends[("t", 1)] += 1
+        return {k: ends[k] for k in keys}
+
+    written: list = []
+    pool, threads = _thread_pool(monkeypatch, answers, written)
+    plan = _kept_plan({"t": {0: 10, 1: 10}})
+    t0 = time.monotonic()
+    kept = pool.keep(plan, {("t", 0): 10, ("t", 1): 10}, 30.0, 50_000, lambda: False)
+    assert time.monotonic() - t0 < 10, "the first process was not asked to stop"
+    assert kept.ended == "backlog"
+    first = [r for slot, rs in written if slot == 0 for r in rs]
+    second = [r for slot, rs in written if slot == 1 for r in rs]
+    assert len(second) == 3 and second[0] == (1, 10, 11)
+    assert first and first[0][1] == 10 and all(a[2] == b[1] for a, b in zip(first, first[1:], strict=False))
+    assert kept.at == {("t", 0): first[-1][2], ("t", 1): 13}
+    assert kept.writes == len(first) + 3
+    by = {r["partition"]: r for r in kept.rows}
+    assert by[1]["records_in"] == 3 and by[0]["records_in"] == first[-1][2] - 10
+
+    # a stop for a process that already answered: its next request is answered as usual
+    pool._workers[0].ask_to_stop()
+    assert [r["partition"] for r in pool.write(plan, [Range("t", 0, 50, 60)])] == [0]
+    # the job's stop ends both
+    written.clear()
+    ends.update({("t", 0): 100, ("t", 1): 100})
+    asked = []
+    kept = pool.keep(plan, {("t", 0): 100, ("t", 1): 100}, 30.0, 50_000,
+                     lambda: asked.append(1) or len(asked) > 3)
+    assert kept.ended == "stop" and time.monotonic() - t0 < 20
+    for w in pool._workers:
+        w.conn.send(None)
+    for th in threads:
+        th.join(5)
+        assert not th.is_alive()
