@@ -199,11 +199,16 @@ def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters
         second.stderr[-3000:]  # + one commit marker per partition from the first run
 
 
+def _reader(bootstrap, isolation, name, **conf):
+    """A quiet consumer reading with ``isolation``, in a group of its own that it never joins or commits to."""
+    return Consumer({"bootstrap.servers": bootstrap, "group.id": f"{name}-{time.time_ns()}",
+                     "isolation.level": isolation, "enable.auto.commit": False, "log_level": 3, **conf})
+
+
 def _watermarks(bootstrap, topic, isolation):
     """A consumer whose ``get_watermark_offsets`` gives the high watermark (read_uncommitted) or the last
     stable offset (read_committed) of ``topic``'s partitions."""
-    return Consumer({"bootstrap.servers": bootstrap, "group.id": f"marks-{time.time_ns()}",
-                     "isolation.level": isolation, "log_level": 3})
+    return _reader(bootstrap, isolation, "marks")
 
 
 def _open_transactions(hw_reader, lso_reader, topic):
@@ -245,9 +250,7 @@ def _committed_total(lso_reader, topic):
 def _data_offsets(bootstrap, topic, isolation):
     """{partition: offsets of the data records} of ``topic`` read with ``isolation`` (transaction markers
     never show; read_uncommitted also returns the records of aborted transactions)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"offsets-{time.time_ns()}",
-                  "isolation.level": isolation, "enable.auto.commit": False, "enable.partition.eof": True,
-                  "log_level": 3})
+    c = _reader(bootstrap, isolation, "offsets", **{"enable.partition.eof": True})
     try:
         md = c.list_topics(topic, timeout=10).topics[topic]
         ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in md.partitions}
@@ -359,9 +362,7 @@ def _committed_past_spark(bootstrap, topic, query_dir):
     ends = read_batch_end_offsets(str(query_dir), max(planned)) if planned else {}
     if not ends:
         return {}
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"past-{time.time_ns()}",
-                  "isolation.level": "read_committed", "enable.auto.commit": False, "enable.partition.eof": True,
-                  "log_level": 3})
+    c = _reader(bootstrap, "read_committed", "past", **{"enable.partition.eof": True})
     out = {}
     try:
         for p, end in next(iter(ends.values())).items():

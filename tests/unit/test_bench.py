@@ -268,7 +268,7 @@ def test_one_round_has_no_summary():
 def test_latency_over_rounds_is_the_mean_of_the_runs_that_succeeded_with_each_round_kept():
     def lat(contender: str, rnd: int, pos: int, p50: float, p99: float, status: str = "ok") -> dict:
         return {"phase": "latency", "contender": contender, "round": rnd, "position": pos, "status": status,
-                "p50_ms": p50, "p99_ms": p99}
+                "p50_ms": p50, "p99_ms": p99, "p99_settled_ms": p99 / 2}
 
     rows = [lat("mm2-tuned", 1, 1, 20.0, 60.0), lat("mirrorflow-eos-direct", 1, 2, 200.0, 600.0),
             lat("mirrorflow-eos-direct", 2, 1, 100.0, 300.0), lat("mm2-tuned", 2, 2, 30.0, 90.0, status="failed")]
@@ -277,6 +277,7 @@ def test_latency_over_rounds_is_the_mean_of_the_runs_that_succeeded_with_each_ro
     by = {s["contender"]: s for s in summarize_latency(rows)}
     eos, mm2 = by["mirrorflow-eos-direct"], by["mm2-tuned"]
     assert (eos["p50_mean"], eos["p99_mean"], eos["positions"]) == (150.0, 450.0, [2, 1])
+    assert eos["p99_settled_mean"] == 225.0  # after the step to the measured rate
     assert eos["p50_by_round"] == [200.0, 100.0]
     assert (mm2["ok"], mm2["rounds"], mm2["p50_mean"], mm2["p50_by_round"]) == (1, 2, 20.0, [20.0, None])
     assert eos["p50_x_mm2-tuned"] == 7.5 and eos["p99_x_mm2-tuned"] == 7.5
