@@ -615,11 +615,7 @@ def keep_on(plan: Any, at: dict[tuple[str, int], int], span: float,
         if not new:
             time.sleep(min(KEEP_WRITING_POLL, left))
             continue
-        starts: dict[str, dict[int, int]] = {}
-        ends: dict[str, dict[int, int]] = {}
-        for (t, p), end in new.items():
-            starts.setdefault(t, {})[p] = kept.at[(t, p)]
-            ends.setdefault(t, {})[p] = end
+        starts, ends = _by_topic({k: kept.at[k] for k in new}), _by_topic(new)
         got = write(replace(plan, end_offsets=ends, rewound={}), batch_ranges(starts, ends))
         _note_gaps(kept, starts, ends, got)
         kept.rows = merge_rows(kept.rows, got)
@@ -795,7 +791,7 @@ class WriterPool:
             busy[w.conn] = w
         out = Kept(at=dict(at))
         failure: BaseException | None = None
-        asked = False
+        early = asked = False
         while busy:
             for conn in wait(list(busy), timeout=KEEP_WRITING_POLL * 5):
                 w = busy[conn]
@@ -806,14 +802,10 @@ class WriterPool:
                 try:
                     got = w.result()
                     out.absorb(got)
-                    early = got.ended not in ("span", "stop")
+                    early = early or got.ended not in ("span", "stop")
                 except BaseException as exc:  # noqa: BLE001 - the others stop first: nothing is left mid-write
                     failure, early = failure or exc, True
-                if early and not asked:
-                    asked = True
-                    for other in busy.values():
-                        other.ask_to_stop()
-            if busy and not asked and stopped():
+            if busy and not asked and (early or stopped()):
                 asked = True
                 for other in busy.values():
                     other.ask_to_stop()
