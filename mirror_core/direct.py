@@ -1012,9 +1012,12 @@ def answer(conn: Any, cluster: ClusterConfig, group: str, consumer_group: str | 
         return stable_ends(admin[0], keys, group)
 
     def stopped() -> bool:
-        if not conn.poll(0):
-            return False
-        conn.recv()  # the driver sends nothing else while this process keeps writing
+        try:
+            if not conn.poll(0):
+                return False
+            conn.recv()  # the driver sends nothing else while this process keeps writing
+        except EOFError:
+            pass  # the driver is gone: stop after this write (the answer then finds no one to read it)
         return True
 
     try:
@@ -1034,8 +1037,8 @@ def answer(conn: Any, cluster: ClusterConfig, group: str, consumer_group: str | 
                     conn.send(("ok", write_ranges(plan, work, reader, threads, slot, slots_used)))
             except BaseException as exc:  # noqa: BLE001 - every failure goes back to the driver
                 conn.send(("err", _transportable(exc)))
-    except EOFError:
-        pass  # the driver is gone
+    except (EOFError, ConnectionError):
+        pass  # the driver is gone (while this process waited for a request, or when it answered)
     finally:
         reader.close()
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
@@ -391,55 +391,88 @@ def _committed_past_spark(bootstrap, topic, query_dir):
     return out
 
 
+def _open_for_a_second(hw_reader, lso_reader, topic):
+    """{partition: first offset of the open transaction} of the transactions open on ``topic`` now and
+    still open, at the same offset, a second later (a commit sent just before completes within
+    milliseconds; one still open a second later is held open by its writer)."""
+    open_now = _open_transactions(hw_reader, lso_reader, topic)
+    settle = time.monotonic() + 1.0
+    while open_now and time.monotonic() < settle:
+        time.sleep(0.1)  # observing the offsets for a second
+        again = _open_transactions(hw_reader, lso_reader, topic)
+        open_now = {p: off for p, off in open_now.items() if again.get(p) == off}
+    return open_now
+
+
 def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file, holder, query_dir,
                           past_spark=False):
     """Start the streaming job and SIGKILL it while a transaction of it is open on the destination, until
     3 kills are proven mid-transaction; then stop the source producer. Starts ``holder`` after the 2nd.
+
+    A transaction of a short batch is open for milliseconds, less than it takes to ask the broker for every
+    partition's offsets, so the job is caught first: the moment a read_uncommitted watcher sees a record
+    just written, the job's processes are frozen (SIGSTOP); if a transaction of theirs is then open and
+    stays open for a second, they are killed (SIGKILL) in that state — the state a kill at the moment of
+    the freeze leaves — otherwise they go on (SIGCONT) and the watch goes on.
     ``past_spark``: kill only once the job has been seen with records committed past the newest batch Spark
-    had planned (:func:`_committed_past_spark`). Returns (records produced, attempts, {partition: first offset of the open
-    transaction} per kill, seconds, and per counted kill :func:`_written_against_spark` of ``query_dir``, the
-    query's checkpoint)."""
+    had planned (:func:`_committed_past_spark`). Returns (records produced, jobs started, {partition: first
+    offset of the open transaction} per kill, seconds, and per kill :func:`_written_against_spark` of
+    ``query_dir``, the query's checkpoint)."""
     hw_reader = _watermarks(clusters.dst_bootstrap, dst_topic, "read_uncommitted")
     lso_reader = _watermarks(clusters.dst_bootstrap, dst_topic, "read_committed")
+    watcher = _reader(clusters.dst_bootstrap, "read_uncommitted", "watch", **{"fetch.wait.max.ms": 5})
     kills: list[dict[int, int]] = []
     checkpoints: list[dict[tuple[str, int], tuple[int, int, int]]] = []
     attempts = 0
     job = None
     t0 = time.monotonic()
+
+    def watch_from_the_end():
+        md = hw_reader.list_topics(dst_topic, timeout=10).topics[dst_topic]
+        watcher.assign([TopicPartition(dst_topic, p, OFFSET_END) for p in md.partitions])
+
     try:
         while len(kills) < 3:
             attempts += 1
-            assert attempts <= 12, f"only {len(kills)} of {attempts - 1} kills hit an open transaction"
+            assert attempts <= 6, f"only {len(kills)} kills in {attempts - 1} jobs"
             job = subprocess.Popen([sys.executable, "-m", "spark_jobs.mirror_stream", str(path), "--group", gname],
                                    cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                    start_new_session=True)
-            # wait until this job has committed something and has a transaction open, then kill it hard
+            # wait until this job has committed something, then catch it with a transaction open and kill it
             base = _committed_total(lso_reader, dst_topic)
             deadline = time.monotonic() + 180
             past = not past_spark  # once seen it holds for the batch's span (5 s): not asked again (slow)
+            freezes = 0
             while True:
-                if _committed_total(lso_reader, dst_topic) > base:
-                    past = past or any(w > e for w, e in _committed_past_spark(
-                        clusters.dst_bootstrap, dst_topic, query_dir).values())
-                    if past and _open_transactions(hw_reader, lso_reader, dst_topic):
-                        break
                 assert job.poll() is None, f"the streaming job exited with {job.returncode}"
-                assert time.monotonic() < deadline, "the job neither committed nor opened a transaction in 180 s"
-                time.sleep(0.02)  # polling the brokers' offsets
+                assert time.monotonic() < deadline, \
+                    f"the job was not caught with a transaction open in 180 s ({freezes} freezes)"
+                if _committed_total(lso_reader, dst_topic) <= base:
+                    time.sleep(0.05)  # polling the brokers' offsets
+                    continue
+                past = past or any(w > e for w, e in _committed_past_spark(
+                    clusters.dst_bootstrap, dst_topic, query_dir).values())
+                if not past:
+                    continue
+                watch_from_the_end()
+                written = None
+                while written is None and time.monotonic() < deadline and job.poll() is None:
+                    m = watcher.poll(0.5)
+                    written = m if m is not None and not m.error() else None
+                if written is None:
+                    continue
+                os.killpg(job.pid, signal.SIGSTOP)
+                freezes += 1
+                open_now = _open_for_a_second(hw_reader, lso_reader, dst_topic)
+                if open_now:
+                    break
+                os.killpg(job.pid, signal.SIGCONT)
             os.killpg(job.pid, signal.SIGKILL)
             job.wait(30)
             job = None
-            # a dead process commits nothing more: a transaction still open a second later (a commit sent
-            # just before the kill completes within milliseconds) is the killed job's, open until fenced
-            open_now = _open_transactions(hw_reader, lso_reader, dst_topic)
-            settle = time.monotonic() + 1.0
-            while open_now and time.monotonic() < settle:
-                time.sleep(0.1)  # observing the offsets for a second
-                again = _open_transactions(hw_reader, lso_reader, dst_topic)
-                open_now = {p: off for p, off in open_now.items() if again.get(p) == off}
-            if open_now:
-                kills.append(open_now)
-                checkpoints.append(_written_against_spark(query_dir))
+            kills.append(open_now)
+            checkpoints.append(_written_against_spark(query_dir))
+            print(f"kill {len(kills)}: after {freezes} freezes, open at {open_now}", file=sys.stderr)
             if len(kills) == 2 and holder.ident is None:
                 holder.start()
         stop_file.touch()
@@ -450,6 +483,7 @@ def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file,
         _stop_all(job, producer, stop_file)
         hw_reader.close()
         lso_reader.close()
+        watcher.close()
 
 
 @pytest.mark.slow
@@ -492,7 +526,7 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     holder = threading.Thread(target=_hold_foreign_transactions, daemon=True,
                               args=(clusters.dst_bootstrap, f"{topic}.syncs.internal", unique("foreign"), stop_foreign))
     try:
-        total, attempts, mid_transaction_kills, kills_s, checkpoints = _kill_mid_transaction(
+        total, jobs, mid_transaction_kills, kills_s, checkpoints = _kill_mid_transaction(
             clusters, path, gname, dst_topic, producer, stop_file, holder, tmp_path / "ckpt" / gname,
             past_spark=read_path.endswith("-keep"))
         run_once(path, gname, timeout=600)  # the drain, with the foreign transaction still coming and going
@@ -501,7 +535,7 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
         if holder.ident is not None:
             holder.join(60)
     cut_short = [{tp: w for tp, w in c.items() if w[0] < w[2]} for c in checkpoints]
-    print(f"{attempts} kill attempts, {len(mid_transaction_kills)} mid-transaction, {total} records, "
+    print(f"{jobs} jobs, {len(mid_transaction_kills)} killed mid-transaction, {total} records, "
           f"kills {kills_s:.0f} s; recorded by Spark but not written at each kill (written, batch before's "
           f"end, batch end): {cut_short}", file=sys.stderr)
     # one batch is written at a time: at a kill the written log lacks at most the batch being written, and a

@@ -859,6 +859,29 @@ def _thread_pool(monkeypatch, answers, written):
     return pool, threads
 
 
+def test_a_writer_process_keeping_on_ends_quietly_when_the_driver_is_gone(monkeypatch):
+    """The job dies while a writer process keeps writing: the process stops after its write in progress and
+    ends without a traceback (its stop check reads the end of the pipe, its answer has no one to go to)."""
+    import threading
+    import time
+
+    failures: list = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: failures.append(args.exc_value))
+    written: list = []
+    pool, threads = _thread_pool(monkeypatch, lambda keys: {k: 1_000 + 5 * len(written) for k in keys}, written)
+    pool._workers[0].conn.send(("keep", _kept_plan({"t": {0: 10}}), ({("t", 0): 10}, 30.0, 50_000)))
+    deadline = time.monotonic() + 5
+    while not written and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert written, "the writer process never wrote"
+    pool._workers[0].conn.close()  # the driver is gone
+    threads[0].join(5)
+    assert not threads[0].is_alive(), "the writer process went on writing with no driver"
+    assert failures == []
+    pool._workers[1].conn.send(None)
+    threads[1].join(5)
+
+
 def test_writer_processes_keep_writing_on_their_own_and_stop_together(monkeypatch):
     """With writer processes each keeps writing its own partitions without waiting for the other's writes;
     when one meets a backlog the other is asked to stop after its write (not at the end of the span), and
