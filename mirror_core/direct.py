@@ -724,6 +724,8 @@ class WriterPool:
         self.consumer_group = consumer_group
         self._workers: list[_Worker] = []
         self._owner: dict[tuple[str, int], int] = {}
+        #: the processes' keep left running by :meth:`keep` (``leave_running``)
+        self._keeping: _Keeping | None = None
 
     def _start(self) -> list[_Worker]:
         if not self._workers:
@@ -757,6 +759,8 @@ class WriterPool:
     def write(self, plan: Any, ranges: list[Range]) -> list[dict[str, Any]]:
         """Write a micro-batch's ranges, each by the process that owns its partition; the rows of all."""
         workers = self._start()
+        if self._keeping is not None:
+            raise RuntimeError("the writer processes are still keeping on: end_keep() first")
         shares = self._share((r.topic, r.partition) for r in ranges)
         by_key = {(r.topic, r.partition): r for r in ranges}
         busy = []
@@ -776,49 +780,97 @@ class WriterPool:
         return rows
 
     def keep(self, plan: Any, at: dict[tuple[str, int], int], span: float, limit: int,
-             stopped: Callable[[], bool]) -> Kept:
+             stopped: Callable[[], bool], leave_running: bool = False) -> Kept | None:
         """:func:`keep_on` in each process for the partitions of ``at`` it owns (``limit`` shared out), the
         processes writing independently; once one ends early (a backlog, a move back, no answer, a failure) or
         ``stopped()``, the others are asked to stop after their write. What all wrote; a failure is raised
-        once all have stopped."""
-        from multiprocessing.connection import wait
+        once all have stopped. ``leave_running``: when the span is over and none ended early, the processes
+        are left writing (None is returned) until :meth:`end_keep`, which every other request waits for."""
+        import math
 
         workers = self._start()
-        busy = {}
+        if self._keeping is not None:
+            raise RuntimeError("the writer processes are still keeping on: end_keep() first")
         shares = [(w, share) for w, share in zip(workers, self._share(at), strict=True) if share]
+        keeping = _Keeping(Kept(at=dict(at)))
         for w, share in shares:
-            w.send(("keep", plan, ({k: at[k] for k in share}, span, max(1, limit // len(shares)))))
-            busy[w.conn] = w
-        out = Kept(at=dict(at))
-        failure: BaseException | None = None
-        early = asked = False
-        while busy:
-            for conn in wait(list(busy), timeout=KEEP_WRITING_POLL * 5):
-                w = busy[conn]
-                if w.pending > 1:
-                    w.settle_one()  # a warm-up's answer, before the keep's
-                    continue
-                del busy[conn]
-                try:
-                    got = w.result()
-                    out.absorb(got)
-                    early = early or got.ended not in ("span", "stop")
-                except BaseException as exc:  # noqa: BLE001 - the others stop first: nothing is left mid-write
-                    failure, early = failure or exc, True
-            if busy and not asked and (early or stopped()):
-                asked = True
-                for other in busy.values():
-                    other.ask_to_stop()
-        if failure is not None:
-            raise failure
-        return out
+            w.send(("keep", plan, ({k: at[k] for k in share}, math.inf if leave_running else span,
+                                   max(1, limit // len(shares)))))
+            keeping.busy[w.conn] = w
+        deadline = time.monotonic() + span
+        while keeping.busy:
+            keeping.take(KEEP_WRITING_POLL * 5)
+            if keeping.busy and not keeping.asked and (keeping.early or stopped()):
+                keeping.ask_all()
+            if keeping.busy and not keeping.asked and leave_running and time.monotonic() >= deadline:
+                self._keeping = keeping
+                return None
+        return keeping.result()
+
+    def end_keep(self) -> Kept | None:
+        """Ask the processes left writing by :meth:`keep` to stop after their write; what all wrote since that
+        keep began (None when none was left writing). A failure is raised once all have stopped."""
+        keeping, self._keeping = self._keeping, None
+        if keeping is None:
+            return None
+        keeping.ask_all()
+        while keeping.busy:
+            keeping.take(KEEP_WRITING_POLL * 5)
+        return keeping.result()
 
     def close(self) -> None:
-        """Ask every process to end, and wait a little for them (a stuck one is killed)."""
+        """Ask every process to end (one still keeping on stops after its write; what it wrote is not
+        reported), and wait a little for them (a stuck one is killed)."""
+        if self._keeping is not None:
+            try:
+                self.end_keep()
+            except Exception as exc:  # noqa: BLE001 - closing: what failed is already written or fenced
+                log.warning("%s: a writer process failed while keeping on: %s", self.group, exc)
         workers, self._workers = self._workers, []
         self._owner.clear()
         for w in workers:
             w.close()
+
+
+class _Keeping:
+    """The driver's side of a :meth:`WriterPool.keep`: the processes still writing (by their pipe), what those
+    that answered wrote, the first failure, whether one ended early and whether all were asked to stop."""
+
+    def __init__(self, kept: Kept):
+        self.kept = kept
+        self.busy: dict[Any, _Worker] = {}
+        self.failure: BaseException | None = None
+        self.early = False
+        self.asked = False
+
+    def take(self, timeout: float) -> None:
+        """Take the answers that come within ``timeout``."""
+        from multiprocessing.connection import wait
+
+        for conn in wait(list(self.busy), timeout=timeout):
+            w = self.busy[conn]
+            if w.pending > 1:
+                w.settle_one()  # a warm-up's answer, before the keep's
+                continue
+            del self.busy[conn]
+            try:
+                got = w.result()
+                self.kept.absorb(got)
+                self.early = self.early or got.ended not in ("span", "stop")
+            except BaseException as exc:  # noqa: BLE001 - the others stop first: nothing is left mid-write
+                self.failure, self.early = self.failure or exc, True
+
+    def ask_all(self) -> None:
+        """Ask the processes still writing to stop after their write."""
+        if not self.asked:
+            self.asked = True
+            for w in self.busy.values():
+                w.ask_to_stop()
+
+    def result(self) -> Kept:
+        if self.failure is not None:
+            raise self.failure
+        return self.kept
 
 
 class _Worker:

@@ -290,6 +290,8 @@ class MirrorRuntime:
         self._ahead: dict[tuple[str, int], int] = {}
         #: batch id -> (further writes, records found expired in them) of :meth:`keep_writing`, for its summary
         self._kept: dict[int, tuple[int, int]] = {}
+        #: where the writer processes left keeping on by the last batch began (see :meth:`end_keep`)
+        self._keeping_from: dict[tuple[str, int], int] | None = None
         #: asked between a batch's further writes (:meth:`keep_writing`): the job was asked to stop
         self.stop_requested: Callable[[], bool] = lambda: False
         #: the source's last stable offsets for :meth:`keep_writing` (one request for all its partitions)
@@ -531,6 +533,7 @@ class MirrorRuntime:
         micro-batch DataFrame is never evaluated. Call after :meth:`writer_plan` for the same batch."""
         from mirror_core.direct import Range, batch_ranges
 
+        carried = self.end_keep(batch_id)  # the batch before's writer processes, if they wrote on
         starts, ends = self._starts.get(batch_id) or (self.batch_starts(batch_id), self.batch_ends(batch_id))
         if self._first_direct:
             starts = self.replay_starts(starts, keep=set(plan.rewound))
@@ -543,7 +546,8 @@ class MirrorRuntime:
         # partitions whose end moved back (topic re-created, log truncated) have no range from Spark: they are
         # read from their first offset, as a new partition is, and their writer takes the records as new
         ranges += [Range(t, p, None, end) for (t, p), (_start, end) in sorted(plan.rewound.items()) if end > 0]
-        return self._write_ranges(plan, ranges)
+        rows = self._write_ranges(plan, ranges)
+        return after_carried(carried, rows) if carried else rows
 
     def _write_ranges(self, plan: WriterPlan, ranges: list[Any]) -> list[dict[str, Any]]:
         """Read ``ranges`` from the source and write them: by the writer processes, or by the driver."""
@@ -567,7 +571,10 @@ class MirrorRuntime:
         (:meth:`~mirror_core.direct.WriterPool.keep`); without them, the driver. Ends early, leaving the rest to
         Spark's batches, when what arrived exceeds :data:`OVERLAP_MAX_RECORDS` offsets (a backlog: Spark's
         larger batches drain it) or a partition's end moved back (Spark's next batch sees it and starts the
-        partition over). The next batch reads from where this one stopped (:func:`past_written_ahead`); a job
+        partition over). Writer processes whose span ended so are left writing while Spark records the batch and
+        plans the next (unless ``MIRRORFLOW_KEEP_THROUGH_SPARK=0``): the next batch ends their keep first
+        (:meth:`end_keep`) and counts their writes. The next batch reads from where this one stopped
+        (:func:`past_written_ahead`); a job
         that dies meanwhile starts from Spark's offset log, before those writes: exactly_once writers skip what
         their committed positions cover, at_least_once ones write it again, as after any crash. A batch of more
         offsets, with partitions whose end moved back, or with the setting off, returns ``rows`` as they are."""
@@ -588,14 +595,37 @@ class MirrorRuntime:
             return rows
         pool = self._writer_pool()
         if pool is not None:
-            kept = pool.keep(plan, at, span, OVERLAP_MAX_RECORDS, self.stop_requested)
+            kept = pool.keep(plan, at, span, OVERLAP_MAX_RECORDS, self.stop_requested,
+                             leave_running=os.environ.get("MIRRORFLOW_KEEP_THROUGH_SPARK", "1") != "0")
+            if kept is None:  # they write on while Spark plans the next batch, which ends their keep first
+                self._keeping_from = at
+                return rows
         else:
             kept = keep_on(plan, at, span, self._stable_ends, self._write_ranges, self.stop_requested,
                            OVERLAP_MAX_RECORDS)
+        self._took(batch_id, kept, at)
+        return merge_rows(rows, kept.rows) if kept.rows else rows
+
+    def end_keep(self, batch_id: int) -> list[dict[str, Any]]:
+        """Stop the writer processes left keeping on by the batch before (:meth:`keep_writing`) after their
+        write in progress and count what they wrote since that batch's own write to ``batch_id``: its rows
+        (empty when none were left writing). Where they stopped is where ``batch_id`` reads from."""
+        at, self._keeping_from = self._keeping_from, None
+        if at is None or self._pool is None:
+            return []
+        kept = self._pool.end_keep()
+        if kept is None:
+            return []
+        self._took(batch_id, kept, at)
+        return kept.rows
+
+    def _took(self, batch_id: int, kept: Any, at: dict[tuple[str, int], int]) -> None:
+        """Count a keep that began at ``at`` to ``batch_id``: the expired-record check of its writes that read
+        from past their start, where it left each partition (the next batch reads from there), its writes."""
         expired = sum(self.report_expired(batch_id, got, (starts, gap_ends)) for starts, gap_ends, got in kept.gaps)
         self._ahead.update({k: o for k, o in kept.at.items() if o > at[k]})
-        self._kept = {batch_id: (kept.writes, expired)}
-        return merge_rows(rows, kept.rows) if kept.rows else rows
+        writes, before = self._kept.get(batch_id, (0, 0))
+        self._kept = {batch_id: (writes + kept.writes, before + expired)}
 
     def _stable_ends(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int] | None:
         """The source's last stable offsets of ``keys`` (see :func:`~mirror_core.direct.stable_ends`)."""
@@ -1022,6 +1052,22 @@ def offsets_between(starts: dict[str, dict[int, int]], ends: dict[str, dict[int,
                 return None  # a new partition or topic (read from its start), or a symbolic offset
             total += max(0, end - before[p])
     return total
+
+
+def after_carried(carried: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A batch's rows (``rows``, of its own ranges) after those of the writes the batch before's writer
+    processes went on with (``carried``, earlier): counts added, positions from the batch's own write, and
+    each partition's first offset from its own write too, since the batch's expired-record check is of its
+    own ranges (the carried writes were checked on their own). Pure."""
+    from mirror_core.direct import merge_rows
+
+    own = {(r["topic"], r["partition"]): r.get("first_offset") for r in rows}
+    out = merge_rows(carried, rows)
+    for r in out:
+        key = (r["topic"], r["partition"])
+        if key in own:
+            r["first_offset"] = own[key]
+    return out
 
 
 def past_written_ahead(starts: dict[str, dict[int, int]], ends: dict[str, dict[int, int]],

@@ -859,6 +859,109 @@ def _thread_pool(monkeypatch, answers, written):
     return pool, threads
 
 
+def test_writer_processes_left_keeping_on_write_until_the_next_batch_ends_their_keep(monkeypatch):
+    """With writer processes a span that ends with none ended early leaves them writing while Spark plans
+    the next batch (``keep`` returns None at the end of the span); no other request goes to them until
+    ``end_keep``, which stops them after their write and gives everything they wrote since the keep began:
+    contiguous ranges, where each partition stands, the write count. Nothing is written after it."""
+    import time
+
+    ends = {("t", 0): 10, ("t", 1): 10}
+
+    def answers(keys):
+        for k in keys:
+            ends[k] += 3  # a steady trickle on both partitions
+        return {k: ends[k] for k in keys}
+
+    written: list = []
+    pool, threads = _thread_pool(monkeypatch, answers, written)
+    plan = _kept_plan({"t": {0: 10, 1: 10}})
+    t0 = time.monotonic()
+    assert pool.keep(plan, {("t", 0): 10, ("t", 1): 10}, 0.2, 50_000, lambda: False, leave_running=True) is None
+    assert time.monotonic() - t0 < 2
+    at_return = len(written)
+    deadline = time.monotonic() + 5
+    while len(written) < at_return + 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(written) >= at_return + 4, "the processes stopped writing when the span was over"
+    with pytest.raises(RuntimeError, match="end_keep"):
+        pool.write(plan, [Range("t", 0, 50, 60)])
+    kept = pool.end_keep()
+    assert kept is not None and kept.ended == "stop"
+    after_end = len(written)
+    time.sleep(0.1)
+    assert len(written) == after_end, "a process wrote after its keep was ended"
+    assert kept.writes == after_end
+    for slot, key in ((0, ("t", 0)), (1, ("t", 1))):
+        ranges = [r for s_, rs in written if s_ == slot for r in rs]
+        assert ranges[0][1] == 10 and all(a[2] == b[1] for a, b in zip(ranges, ranges[1:], strict=False))
+        assert kept.at[key] == ranges[-1][2]
+    assert pool.end_keep() is None
+    assert [r["partition"] for r in pool.write(plan, [Range("t", 0, kept.at[("t", 0)], 500)])] == [0]
+    for w in pool._workers:
+        w.conn.send(None)
+    for th in threads:
+        th.join(5)
+        assert not th.is_alive()
+
+
+class _LeftKeeping:
+    """A writer pool whose processes are left keeping on by every keep; ``end_keep`` gives ``kept``."""
+
+    def __init__(self, kept):
+        self.kept = kept
+        self.calls: list = []
+
+    def keep(self, plan, at, span, limit, stopped, leave_running=False):
+        self.calls.append(("keep", dict(at), leave_running))
+        return None
+
+    def end_keep(self):
+        self.calls.append(("end",))
+        kept, self.kept = self.kept, None
+        return kept
+
+    def write(self, plan, ranges):
+        self.calls.append(("write", [(r.topic, r.partition, r.start, r.end) for r in ranges]))
+        return [_row(r.topic, r.partition, r.start, r.end) for r in ranges]
+
+
+def test_the_next_batch_ends_the_keep_its_writer_processes_went_on_with_and_reads_from_where_they_stopped(
+        monkeypatch):
+    """A batch whose writer processes were left keeping on returns its own rows at once; the next batch first
+    ends that keep, then writes only what lies past where the processes stopped (a partition they took past
+    the batch's end has no range and stays ahead), and reports their writes with its own: counts added,
+    positions from its own write, the first offset of its own range (its expired-record check is of that)."""
+    from mirror_core.direct import Kept
+
+    rt = _runtime("read_path: direct, keep_writing_for: 2 seconds")
+    rt._first_direct = False
+    kept = Kept(rows=[_row("t", 0, 100, 150), _row("t", 1, 120, 124)], at={("t", 0): 150, ("t", 1): 124}, writes=7,
+                ended="stop")
+    pool = _LeftKeeping(kept)
+    rt._pool = pool
+    monkeypatch.setattr(rt, "_writer_pool", lambda: pool)
+    rt._starts[5] = ({"t": {0: 80, 1: 100}}, {"t": {0: 100, 1: 120}})
+    spark_rows = [_row("t", 0, 80, 100), _row("t", 1, 100, 120)]
+    assert rt.keep_writing(_kept_plan({"t": {0: 100, 1: 120}}), 5, spark_rows) == spark_rows
+    assert pool.calls == [("keep", {("t", 0): 100, ("t", 1): 120}, True)]
+    assert rt._kept == {}, "nothing kept is known before the next batch"
+
+    rt._starts[6] = ({"t": {0: 100, 1: 120}}, {"t": {0: 140, 1: 125}})
+    rows = rt.write_direct(_kept_plan({"t": {0: 140, 1: 125}}), 6)
+    assert pool.calls[1:] == [("end",), ("write", [("t", 1, 124, 125)])]
+    by = {r["partition"]: r for r in rows}
+    assert (by[0]["records_in"], by[0]["first_offset"], by[0]["upstream_end"]) == (50, 100, 150)
+    assert (by[1]["records_in"], by[1]["first_offset"], by[1]["upstream_end"]) == (5, 124, 125)
+    assert rt._ahead == {("t", 0): 150}
+    assert rt._kept == {6: (7, 0)}
+    # a batch with no keep left running writes as before
+    rt._starts[7] = ({"t": {0: 140, 1: 125}}, {"t": {0: 160, 1: 130}})
+    rows = rt.write_direct(_kept_plan({"t": {0: 160, 1: 130}}), 7)
+    assert pool.calls[3:] == [("write", [("t", 0, 150, 160), ("t", 1, 125, 130)])]
+    assert {r["partition"]: r["records_in"] for r in rows} == {0: 10, 1: 5}
+
+
 def test_a_writer_process_keeping_on_ends_quietly_when_the_driver_is_gone(monkeypatch):
     """The job dies while a writer process keeps writing: the process stops after its write in progress and
     ends without a traceback (its stop check reads the end of the pipe, its answer has no one to go to)."""
