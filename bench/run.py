@@ -90,8 +90,8 @@ RESULTS = ROOT / "bench" / "results"
 # their run (a dynamic setting, removed again before the next contender; see bench.workload.transaction_verification);
 # *-keep* variants with spark.keep_writing_for (KEEP_WRITING_FOR; *-keep10*: 10 seconds): a running mirror's batch
 # goes on writing what arrives for that long before it returns to Spark (latency; a --once drain does not keep
-# writing); *-keepstop* as *-keep* with the writer processes stopped at the end of each span, as before they were
-# left writing while Spark plans the next batch (MIRRORFLOW_KEEP_THROUGH_SPARK=0; an A/B of that).
+# writing); *-keepthrough* as *-keep* with the writer processes left writing while Spark records the batch and plans
+# the next (MIRRORFLOW_KEEP_THROUGH_SPARK=1; an A/B of that experiment).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
@@ -112,7 +112,7 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-writer-noverify", "mirrorflow-eos-writer-noverify-bytes",
                      "mirrorflow-eos-direct-noverify", "mirrorflow-eos-direct-noverify-bytes",
                      "mirrorflow-eos-writer-keep", "mirrorflow-eos-direct-keep", "mirrorflow-alo-direct-keep",
-                     "mirrorflow-eos-writer-keep10", "mirrorflow-eos-writer-keepstop")
+                     "mirrorflow-eos-writer-keep10", "mirrorflow-eos-writer-keepthrough")
 #: the ``-small`` variants' ``spark.max_offsets_per_trigger`` (the direct path's default batch is 500,000 records)
 SMALL_BATCH_RECORDS = 125000
 #: the ``-keep`` variants' ``spark.keep_writing_for`` (``-keep10``: 10 seconds)
@@ -133,7 +133,7 @@ LATENCY_AB = ("mirrorflow-eos-direct-pygc", "mirrorflow-eos-direct-overlap", "mi
               "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod", "mirrorflow-eos-writer-overlap",
               "mirrorflow-eos-direct-c2", "mirrorflow-eos-writer-c2", "mirrorflow-eos-writer-noverify",
               "mirrorflow-eos-direct-noverify", "mirrorflow-eos-writer-keep", "mirrorflow-eos-direct-keep",
-              "mirrorflow-alo-direct-keep", "mirrorflow-eos-writer-keep10", "mirrorflow-eos-writer-keepstop")
+              "mirrorflow-alo-direct-keep", "mirrorflow-eos-writer-keep10", "mirrorflow-eos-writer-keepthrough")
 
 
 def _variant_conf(parts: list[str]) -> dict[str, str] | None:
@@ -367,7 +367,7 @@ class Bench:
                 writer_producers=1 if "1" in parts else None,
                 overlap_writes=True if "overlap" in parts else None,
                 max_offsets_per_trigger=SMALL_BATCH_RECORDS if "small" in parts else None,
-                keep_writing_for=KEEP_WRITING_FOR if {"keep", "keepstop"} & set(parts)
+                keep_writing_for=KEEP_WRITING_FOR if {"keep", "keepthrough"} & set(parts)
                 else "10 seconds" if "keep10" in parts else None,
                 spark_conf=_variant_conf(parts)))
             cmd = mirrorflow_cmd(path, group, once=drain)
@@ -377,8 +377,8 @@ class Bench:
                 env["MIRRORFLOW_NATIVE_READ"] = "0"
             if "pygc" in parts:
                 env["MIRRORFLOW_GC"] = "0"
-            if "keepstop" in parts:
-                env["MIRRORFLOW_KEEP_THROUGH_SPARK"] = "0"
+            if "keepthrough" in parts:
+                env["MIRRORFLOW_KEEP_THROUGH_SPARK"] = "1"
         elif contender in ("mm2", "mm2-tuned", "mm2-tuned-eos"):
             tuned = contender != "mm2"
             eos = contender.endswith("-eos")

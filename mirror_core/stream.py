@@ -571,9 +571,9 @@ class MirrorRuntime:
         (:meth:`~mirror_core.direct.WriterPool.keep`); without them, the driver. Ends early, leaving the rest to
         Spark's batches, when what arrived exceeds :data:`OVERLAP_MAX_RECORDS` offsets (a backlog: Spark's
         larger batches drain it) or a partition's end moved back (Spark's next batch sees it and starts the
-        partition over). Writer processes whose span ended so are left writing while Spark records the batch and
-        plans the next (unless ``MIRRORFLOW_KEEP_THROUGH_SPARK=0``): the next batch ends their keep first
-        (:meth:`end_keep`) and counts their writes. The next batch reads from where this one stopped
+        partition over). With ``MIRRORFLOW_KEEP_THROUGH_SPARK=1`` (an experiment, off: slower on two cores, see
+        README) writer processes whose span ended so are left writing while Spark records the batch and plans
+        the next: the next batch ends their keep first (:meth:`end_keep`) and counts their writes. The next batch reads from where this one stopped
         (:func:`past_written_ahead`); a job
         that dies meanwhile starts from Spark's offset log, before those writes: exactly_once writers skip what
         their committed positions cover, at_least_once ones write it again, as after any crash. A batch of more
@@ -596,7 +596,7 @@ class MirrorRuntime:
         pool = self._writer_pool()
         if pool is not None:
             kept = pool.keep(plan, at, span, OVERLAP_MAX_RECORDS, self.stop_requested,
-                             leave_running=os.environ.get("MIRRORFLOW_KEEP_THROUGH_SPARK", "1") != "0")
+                             leave_running=os.environ.get("MIRRORFLOW_KEEP_THROUGH_SPARK") == "1")
             if kept is None:  # they write on while Spark plans the next batch, which ends their keep first
                 self._keeping_from = at
                 return rows

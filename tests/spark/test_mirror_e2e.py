@@ -405,7 +405,7 @@ def _open_for_a_second(hw_reader, lso_reader, topic):
 
 
 def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file, holder, query_dir,
-                          past_spark=False):
+                          past_spark=False, env=None):
     """Start the streaming job and SIGKILL it while a transaction of it is open on the destination, until
     3 kills are proven mid-transaction; then stop the source producer. Starts ``holder`` after the 2nd.
 
@@ -437,7 +437,7 @@ def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file,
             assert attempts <= 6, f"only {len(kills)} kills in {attempts - 1} jobs"
             job = subprocess.Popen([sys.executable, "-m", "spark_jobs.mirror_stream", str(path), "--group", gname],
                                    cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   start_new_session=True)
+                                   start_new_session=True, env=env)
             # wait until this job has committed something, then catch it with a transaction open and kill it
             base = _committed_total(lso_reader, dst_topic)
             deadline = time.monotonic() + 180
@@ -487,7 +487,8 @@ def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("read_path", ["spark", "direct", "direct-per-writer", "direct-keep", "direct-per-writer-keep"])
+@pytest.mark.parametrize("read_path", ["spark", "direct", "direct-per-writer", "direct-keep", "direct-per-writer-keep",
+                                       "direct-per-writer-keep-through"])
 def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     """SIGKILL the streaming job 3 times, each time while one of its transactions is open on the
     destination, while records stream in; every record arrives exactly once and in order.
@@ -506,7 +507,9 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     checkpoint's files after each kill), and without the overlap none may. ``direct-per-writer``: each writer
     process commits one transaction per batch for all its partitions (``transactions: per_writer``). The
     ``-keep`` ones run with ``spark.keep_writing_for``: each killed job had committed records past the newest
-    batch Spark had planned, which the restart reads again from Spark's offset log and must skip."""
+    batch Spark had planned, which the restart reads again from Spark's offset log and must skip;
+    ``-keep-through`` with ``MIRRORFLOW_KEEP_THROUGH_SPARK=1`` (the writer processes write on while Spark plans
+    the next batch)."""
     import threading
 
     topic = unique("eos")
@@ -517,7 +520,9 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
                                   "direct-per-writer": ", read_path: direct, transactions: per_writer",
                                   "direct-keep": ", read_path: direct, keep_writing_for: 5 seconds",
                                   "direct-per-writer-keep": ", read_path: direct, transactions: per_writer, "
-                                                            "keep_writing_for: 5 seconds"}[read_path])
+                                                            "keep_writing_for: 5 seconds",
+                                  "direct-per-writer-keep-through": ", read_path: direct, transactions: per_writer, "
+                                                                    "keep_writing_for: 5 seconds"}[read_path])
     gname = cfg.groups[0].name
     stop_file = tmp_path / "stop-producing"
     # a steady stream (about 1,500 records/s) until the kills are done, so every job has work in flight
@@ -528,7 +533,8 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     try:
         total, jobs, mid_transaction_kills, kills_s, checkpoints = _kill_mid_transaction(
             clusters, path, gname, dst_topic, producer, stop_file, holder, tmp_path / "ckpt" / gname,
-            past_spark=read_path.endswith("-keep"))
+            past_spark="-keep" in read_path,
+            env=os.environ | {"MIRRORFLOW_KEEP_THROUGH_SPARK": "1"} if read_path.endswith("-through") else None)
         run_once(path, gname, timeout=600)  # the drain, with the foreign transaction still coming and going
     finally:
         stop_foreign.set()

@@ -193,26 +193,27 @@ def test_sigterm_to_mirrorflow_run_ends_every_process_and_keeps_exactly_once(clu
     assert_exactly_once(clusters.dst_bootstrap, f"{topic}.mirror", total)
 
 
-@pytest.mark.parametrize("read_path", ["spark", "direct-per-writer-keep"])
+@pytest.mark.parametrize("read_path", ["spark", "direct-per-writer-keep", "direct-per-writer-keep-through"])
 def test_sigterm_to_the_jobs_whole_process_group_is_one_clean_stop(clusters, unique, tmp_path, read_path):
     """SIGTERM to every process of the job at once (``kill -TERM -<pgid>``; a service manager's default stops
     a whole control group so): the JVM leaves the stop to the driver, which finishes its batch and stops the
     query and Spark. Exit 0, one line about the stop and no Java or Python traceback (the JVM's own shutdown
     hooks used to stop Spark under the running query: a NullPointerException, py4j errors) or Spark warning
     about the start or the stop, exactly once. ``direct-per-writer-keep``: the direct path's writer processes
-    (signalled too) keep writing between Spark's batches (``spark.keep_writing_for``), and are stopped by
-    the driver's stop wherever it finds them."""
+    (signalled too) keep writing after each batch's own write (``spark.keep_writing_for``), ``-through``: and
+    while Spark plans the next batch (``MIRRORFLOW_KEEP_THROUGH_SPARK=1``); the driver's stop stops them
+    wherever it finds them."""
     topic = unique("pgstop")
     create_topic(clusters.src_bootstrap, topic, 3)
-    extra = {"spark": "", "direct-per-writer-keep": ", read_path: direct, transactions: per_writer, "
-                                                    "keep_writing_for: 2 seconds"}[read_path]
+    extra = "" if read_path == "spark" else ", read_path: direct, transactions: per_writer, keep_writing_for: 2 seconds"
+    env = private_tmp(tmp_path) | ({"MIRRORFLOW_KEEP_THROUGH_SPARK": "1"} if read_path.endswith("-through") else {})
     path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes",
                            spark=f', stop_timeout: "{STOP_TIMEOUT:.0f}s"{extra}')
     gname = cfg.groups[0].name
     producer = Producing(clusters.src_bootstrap, topic, tmp_path)
     log = tmp_path / "job.log"
     job = subprocess.Popen([sys.executable, "-m", "spark_jobs.mirror_stream", str(path), "--group", gname],
-                           cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, env=private_tmp(tmp_path),
+                           cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
                            start_new_session=True)
     try:
         wait_until("records mirrored", lambda: mirrored(clusters.dst_bootstrap, f"{topic}.mirror"), proc=job)

@@ -906,15 +906,18 @@ def test_writer_processes_left_keeping_on_write_until_the_next_batch_ends_their_
 
 
 class _LeftKeeping:
-    """A writer pool whose processes are left keeping on by every keep; ``end_keep`` gives ``kept``."""
+    """A writer pool whose processes are left keeping on by every keep asked so (others end at once, having
+    written nothing); ``end_keep`` gives ``kept``."""
 
     def __init__(self, kept):
         self.kept = kept
         self.calls: list = []
 
     def keep(self, plan, at, span, limit, stopped, leave_running=False):
+        from mirror_core.direct import Kept
+
         self.calls.append(("keep", dict(at), leave_running))
-        return None
+        return None if leave_running else Kept(at=dict(at))
 
     def end_keep(self):
         self.calls.append(("end",))
@@ -928,7 +931,8 @@ class _LeftKeeping:
 
 def test_the_next_batch_ends_the_keep_its_writer_processes_went_on_with_and_reads_from_where_they_stopped(
         monkeypatch):
-    """A batch whose writer processes were left keeping on returns its own rows at once; the next batch first
+    """``MIRRORFLOW_KEEP_THROUGH_SPARK=1`` (off by default: the processes then stop at the end of the span):
+    a batch whose writer processes were left keeping on returns its own rows at once; the next batch first
     ends that keep, then writes only what lies past where the processes stopped (a partition they took past
     the batch's end has no range and stays ahead), and reports their writes with its own: counts added,
     positions from its own write, the first offset of its own range (its expired-record check is of that)."""
@@ -943,6 +947,13 @@ def test_the_next_batch_ends_the_keep_its_writer_processes_went_on_with_and_read
     monkeypatch.setattr(rt, "_writer_pool", lambda: pool)
     rt._starts[5] = ({"t": {0: 80, 1: 100}}, {"t": {0: 100, 1: 120}})
     spark_rows = [_row("t", 0, 80, 100), _row("t", 1, 100, 120)]
+    monkeypatch.delenv("MIRRORFLOW_KEEP_THROUGH_SPARK", raising=False)
+    rt.keep_writing(_kept_plan({"t": {0: 100, 1: 120}}), 5, spark_rows)
+    assert pool.calls == [("keep", {("t", 0): 100, ("t", 1): 120}, False)], "left running by default"
+    assert rt._keeping_from is None
+    pool.calls.clear()
+    rt._kept = {}
+    monkeypatch.setenv("MIRRORFLOW_KEEP_THROUGH_SPARK", "1")
     assert rt.keep_writing(_kept_plan({"t": {0: 100, 1: 120}}), 5, spark_rows) == spark_rows
     assert pool.calls == [("keep", {("t", 0): 100, ("t", 1): 120}, True)]
     assert rt._kept == {}, "nothing kept is known before the next batch"
