@@ -242,20 +242,23 @@ def parse_batches(log_text: str) -> list[BatchLine]:
 
 
 class Running:
-    """A launched contender: its own session, its log, its memory sampler."""
+    """A launched contender: its own session, its log (opening with the command and the environment it was
+    given beyond the bench's own, ``env_extra``), its memory sampler."""
 
     def __init__(self, name: str, cmd: list[str], log: Path, cwd: Path | None = None,
                  env_extra: dict[str, str] | None = None):
         self.name = name
         self.cmd = cmd
         self.log = log
+        self.env_extra = dict(env_extra or {})
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ) | (env_extra or {})
+        env = dict(os.environ) | self.env_extra
         env.setdefault("PYSPARK_PYTHON", sys.executable)
         self.started_at = time.time()
         self.t0 = time.monotonic()
         with log.open("ab") as fh:
-            fh.write(("$ " + shlex.join(cmd) + "\n").encode())
+            given = "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(self.env_extra.items()))
+            fh.write(("$ " + given + shlex.join(cmd) + "\n").encode())
             fh.flush()
             self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          cwd=cwd or ROOT, env=env, start_new_session=True)
@@ -313,6 +316,7 @@ class NoProcess:
         self.started_at = time.time()
         self.t0 = time.monotonic()
         self.log = Path(os.devnull)
+        self.env_extra: dict[str, str] = {}
         self.mem = _NoMemory()
 
     def alive(self) -> bool:

@@ -459,7 +459,7 @@ class Bench:
 
     def drain_one(self, contender: str, topic: str, tag: str, records: int, row: dict[str, Any]) -> None:
         run, dest = self.launch(contender, topic, tag, drain=True)
-        row.update(destination_topic=dest, log=str(run.log))
+        row.update(destination_topic=dest, log=str(run.log), env=run.env_extra)
         watcher = DrainCounter(self.ep.dst_bootstrap, dest, expected=records)
         try:
             with self.console.status(f"{contender}: draining {records:,} records into {dest}") as st:
@@ -566,7 +566,7 @@ class Bench:
         else:
             run, dest = self.launch(contender, topic, "lat" if rnd == 1 else f"lat{rnd}", drain=False)
             watcher = DstWatcher(self.ep.dst_bootstrap, dest, latency=True)
-        row.update(destination_topic=dest, log=str(run.log))
+        row.update(destination_topic=dest, log=str(run.log), env=run.env_extra)
         total = int(self.args.rate * self.args.seconds)
         try:
             with self.console.status(f"{contender}: starting (warm-up records every 0.5 s)") as st:

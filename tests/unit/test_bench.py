@@ -344,3 +344,22 @@ def test_the_drain_counter_leaves_the_machine_to_the_contender_and_puts_the_mark
     # polls answered at wall 1000.1, 1001.1, 1002.1, 1003.1 with 0, 50, 250, 1000 records
     assert w.seen.at_10 == pytest.approx(1001.1 + 1.0 * (100 - 50) / 200)
     assert w.seen.at_90 == pytest.approx(1002.1 + 1.0 * (900 - 250) / 750)
+
+
+def test_a_contender_runs_with_the_environment_it_is_given_and_its_log_and_row_say_so(tmp_path: Path):
+    """A contender's switches (``MIRRORFLOW_...=...``, an A/B variant's) reach its process, open its log in
+    front of the command, and are kept for its result row (``Running.env_extra``); the floor has none."""
+    import sys
+
+    from bench.contenders import NoProcess, Running
+
+    log = tmp_path / "c.log"
+    run = Running("c", [sys.executable, "-c", "import os; print('got', os.environ['MIRRORFLOW_X'])"], log,
+                  env_extra={"MIRRORFLOW_X": "on 1"})
+    assert run.proc.wait(30) == 0
+    run.stop()
+    lines = log.read_text().splitlines()
+    assert lines[0].startswith("$ MIRRORFLOW_X='on 1' ") and lines[0].endswith(shlex.join(run.cmd))
+    assert "got on 1" in lines
+    assert run.env_extra == {"MIRRORFLOW_X": "on 1"}
+    assert NoProcess("floor").env_extra == {}
