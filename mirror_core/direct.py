@@ -735,6 +735,12 @@ class WriterPool:
                              for i in range(self.processes)]
         return self._workers
 
+    def _idle(self) -> list[_Worker]:
+        """The started processes, for a new request: none may be left keeping on (see :meth:`end_keep`)."""
+        if self._keeping is not None:
+            raise RuntimeError("the writer processes are still keeping on: end_keep() first")
+        return self._start()
+
     def _share(self, keys: Iterable[tuple[str, int]]) -> list[list[tuple[str, int]]]:
         """Each worker's partitions of ``keys``; a partition not seen before goes to the worker with fewest."""
         load = [0] * self.processes
@@ -758,9 +764,7 @@ class WriterPool:
 
     def write(self, plan: Any, ranges: list[Range]) -> list[dict[str, Any]]:
         """Write a micro-batch's ranges, each by the process that owns its partition; the rows of all."""
-        workers = self._start()
-        if self._keeping is not None:
-            raise RuntimeError("the writer processes are still keeping on: end_keep() first")
+        workers = self._idle()
         shares = self._share((r.topic, r.partition) for r in ranges)
         by_key = {(r.topic, r.partition): r for r in ranges}
         busy = []
@@ -788,9 +792,7 @@ class WriterPool:
         are left writing (None is returned) until :meth:`end_keep`, which every other request waits for."""
         import math
 
-        workers = self._start()
-        if self._keeping is not None:
-            raise RuntimeError("the writer processes are still keeping on: end_keep() first")
+        workers = self._idle()
         shares = [(w, share) for w, share in zip(workers, self._share(at), strict=True) if share]
         keeping = _Keeping(Kept(at=dict(at)))
         for w, share in shares:

@@ -573,11 +573,11 @@ class MirrorRuntime:
         larger batches drain it) or a partition's end moved back (Spark's next batch sees it and starts the
         partition over). With ``MIRRORFLOW_KEEP_THROUGH_SPARK=1`` (an experiment, off: slower on two cores, see
         README) writer processes whose span ended so are left writing while Spark records the batch and plans
-        the next: the next batch ends their keep first (:meth:`end_keep`) and counts their writes. The next batch reads from where this one stopped
-        (:func:`past_written_ahead`); a job
-        that dies meanwhile starts from Spark's offset log, before those writes: exactly_once writers skip what
-        their committed positions cover, at_least_once ones write it again, as after any crash. A batch of more
-        offsets, with partitions whose end moved back, or with the setting off, returns ``rows`` as they are."""
+        the next: the next batch ends their keep first (:meth:`end_keep`) and counts their writes. The next
+        batch reads from where this one stopped (:func:`past_written_ahead`); a job that dies meanwhile starts
+        from Spark's offset log, before those writes: exactly_once writers skip what their committed positions
+        cover, at_least_once ones write it again, as after any crash. A batch of more offsets, with partitions
+        whose end moved back, or with the setting off, returns ``rows`` as they are."""
         from mirror_core.direct import keep_on, merge_rows
 
         span = self.group.spark.keep_writing_for

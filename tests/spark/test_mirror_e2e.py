@@ -442,12 +442,14 @@ def _kill_mid_transaction(clusters, path, gname, dst_topic, producer, stop_file,
             base = _committed_total(lso_reader, dst_topic)
             deadline = time.monotonic() + 180
             past = not past_spark  # once seen it holds for the batch's span (5 s): not asked again (slow)
+            committed = False  # once this job has committed something (asked until then)
             freezes = 0
             while True:
                 assert job.poll() is None, f"the streaming job exited with {job.returncode}"
                 assert time.monotonic() < deadline, \
                     f"the job was not caught with a transaction open in 180 s ({freezes} freezes)"
-                if _committed_total(lso_reader, dst_topic) <= base:
+                committed = committed or _committed_total(lso_reader, dst_topic) > base
+                if not committed:
                     time.sleep(0.05)  # polling the brokers' offsets
                     continue
                 past = past or any(w > e for w, e in _committed_past_spark(
