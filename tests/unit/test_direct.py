@@ -1048,3 +1048,42 @@ def test_writer_processes_keep_writing_on_their_own_and_stop_together(monkeypatc
     for th in threads:
         th.join(5)
         assert not th.is_alive()
+
+
+def test_keeping_on_with_a_least_interval_starts_each_write_no_sooner_than_that_after_the_one_before(monkeypatch):
+    """``MIRRORFLOW_KEEP_MIN_INTERVAL_MS`` (an experiment, off by default): while keeping on, a write starts no
+    sooner than that after the start of the write before, and takes everything that arrived meanwhile in one
+    range per partition; unset, each write follows the one before at once. A value that is not a number of
+    milliseconds from 0 to 10,000 is refused naming the variable."""
+    import itertools
+    import time
+
+    from mirror_core.direct import KEEP_MIN_INTERVAL_ENV, keep_on
+
+    def run():
+        t0 = time.monotonic()
+        starts: list[float] = []
+        ranges: list[tuple[int, int]] = []
+
+        def stable(keys):  # ten records a millisecond arrive on the one partition
+            return {("t", 0): 100 + int((time.monotonic() - t0) * 10_000)}
+
+        def write(plan, rs):
+            starts.append(time.monotonic())
+            ranges.extend((r.start, r.end) for r in rs)
+            return [_row(r.topic, r.partition, r.start, r.end) for r in rs]
+
+        kept = keep_on(_kept_plan({"t": {0: 100}}), {("t", 0): 100}, 30, stable, write,
+                       lambda: len(starts) >= 5, 1_000_000)
+        assert kept.ended == "stop" and kept.writes == 5
+        assert [a for a, _ in ranges] == [100] + [b for _, b in ranges[:-1]]  # contiguous, from where it stood
+        return [b - a for a, b in itertools.pairwise(starts)]
+
+    monkeypatch.delenv(KEEP_MIN_INTERVAL_ENV, raising=False)
+    assert min(run()) < 0.03
+    monkeypatch.setenv(KEEP_MIN_INTERVAL_ENV, "60")
+    assert min(run()) >= 0.06
+    for bad in ("fast", "-5", "20000"):
+        monkeypatch.setenv(KEEP_MIN_INTERVAL_ENV, bad)
+        with pytest.raises(ValueError, match=f"{KEEP_MIN_INTERVAL_ENV}='{bad}'"):
+            run()
