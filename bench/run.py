@@ -91,8 +91,7 @@ RESULTS = ROOT / "bench" / "results"
 # *-keep* variants with spark.keep_writing_for (KEEP_WRITING_FOR; *-keep10*: 10 seconds): a running mirror's batch
 # goes on writing what arrives for that long before it returns to Spark (latency; a --once drain does not keep
 # writing); *-keepthrough* as *-keep* with the writer processes left writing while Spark records the batch and plans
-# the next (MIRRORFLOW_KEEP_THROUGH_SPARK=1; an A/B of that experiment); *-keepgap* (*-keepgap100*) as *-keep* with at
-# least KEEP_GAP_MS (100) ms between the starts of a process's writes (MIRRORFLOW_KEEP_MIN_INTERVAL_MS; an A/B).
+# the next (MIRRORFLOW_KEEP_THROUGH_SPARK=1; an A/B of that experiment).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
@@ -113,14 +112,11 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-writer-noverify", "mirrorflow-eos-writer-noverify-bytes",
                      "mirrorflow-eos-direct-noverify", "mirrorflow-eos-direct-noverify-bytes",
                      "mirrorflow-eos-writer-keep", "mirrorflow-eos-direct-keep", "mirrorflow-alo-direct-keep",
-                     "mirrorflow-eos-writer-keep10", "mirrorflow-eos-writer-keepthrough",
-                     "mirrorflow-eos-writer-keepgap", "mirrorflow-eos-writer-keepgap100")
+                     "mirrorflow-eos-writer-keep10", "mirrorflow-eos-writer-keepthrough")
 #: the ``-small`` variants' ``spark.max_offsets_per_trigger`` (the direct path's default batch is 500,000 records)
 SMALL_BATCH_RECORDS = 125000
 #: the ``-keep`` variants' ``spark.keep_writing_for`` (``-keep10``: 10 seconds)
 KEEP_WRITING_FOR = "2 seconds"
-#: the ``-keepgap`` variant's least time between the starts of a writer process's writes while keeping on
-KEEP_GAP_MS = 50
 #: a latency row's ``windows``: the measured window in pieces of this many seconds (by produce time)
 LATENCY_WINDOW_S = 0.25
 #: a latency row's ``p99_settled_ms``: the p99 of the records produced this many seconds or more into the window
@@ -137,8 +133,7 @@ LATENCY_AB = ("mirrorflow-eos-direct-pygc", "mirrorflow-eos-direct-overlap", "mi
               "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod", "mirrorflow-eos-writer-overlap",
               "mirrorflow-eos-direct-c2", "mirrorflow-eos-writer-c2", "mirrorflow-eos-writer-noverify",
               "mirrorflow-eos-direct-noverify", "mirrorflow-eos-writer-keep", "mirrorflow-eos-direct-keep",
-              "mirrorflow-alo-direct-keep", "mirrorflow-eos-writer-keep10", "mirrorflow-eos-writer-keepthrough",
-              "mirrorflow-eos-writer-keepgap", "mirrorflow-eos-writer-keepgap100")
+              "mirrorflow-alo-direct-keep", "mirrorflow-eos-writer-keep10", "mirrorflow-eos-writer-keepthrough")
 
 
 def _variant_conf(parts: list[str]) -> dict[str, str] | None:
@@ -372,7 +367,7 @@ class Bench:
                 writer_producers=1 if "1" in parts else None,
                 overlap_writes=True if "overlap" in parts else None,
                 max_offsets_per_trigger=SMALL_BATCH_RECORDS if "small" in parts else None,
-                keep_writing_for=KEEP_WRITING_FOR if {"keep", "keepthrough", "keepgap", "keepgap100"} & set(parts)
+                keep_writing_for=KEEP_WRITING_FOR if {"keep", "keepthrough"} & set(parts)
                 else "10 seconds" if "keep10" in parts else None,
                 spark_conf=_variant_conf(parts)))
             cmd = mirrorflow_cmd(path, group, once=drain)
@@ -384,8 +379,6 @@ class Bench:
                 env["MIRRORFLOW_GC"] = "0"
             if "keepthrough" in parts:
                 env["MIRRORFLOW_KEEP_THROUGH_SPARK"] = "1"
-            if "keepgap" in parts or "keepgap100" in parts:
-                env["MIRRORFLOW_KEEP_MIN_INTERVAL_MS"] = "100" if "keepgap100" in parts else str(KEEP_GAP_MS)
         elif contender in ("mm2", "mm2-tuned", "mm2-tuned-eos"):
             tuned = contender != "mm2"
             eos = contender.endswith("-eos")

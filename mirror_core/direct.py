@@ -20,7 +20,6 @@ logs and counts them (``report_expired``).
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -71,10 +70,6 @@ WARM_THREADS_PER_WRITER = 64
 KEEP_WRITING_POLL = 0.01
 #: ... and how long that ask may take before the batch returns to Spark
 KEEP_WRITING_TIMEOUT = 10.0
-#: an experiment, off by default (an A/B in the bench, ``-keepgap``): while keeping on, at least this many
-#: milliseconds between the starts of two writes of one process (or of the driver), so that records arriving
-#: meanwhile go into one transaction rather than several
-KEEP_MIN_INTERVAL_ENV = "MIRRORFLOW_KEEP_MIN_INTERVAL_MS"
 
 
 @dataclass(frozen=True)
@@ -593,14 +588,12 @@ def keep_on(plan: Any, at: dict[tuple[str, int], int], span: float,
     """``spark.keep_writing_for``: write what arrives on the partitions of ``at`` (where each stands), a range
     per partition from there to its last stable offset (``stable_ends``: None when the source did not answer)
     through ``write`` with a plan whose ends are that write's, for ``span`` seconds or until ``stopped()``;
-    ask again after :data:`KEEP_WRITING_POLL` when nothing arrived (and, with :data:`KEEP_MIN_INTERVAL_ENV`
-    set, no sooner than that after the start of its write before). Ends early, leaving the rest to Spark's
+    ask again after :data:`KEEP_WRITING_POLL` when nothing arrived. Ends early, leaving the rest to Spark's
     batches, when more than ``limit`` offsets arrived at once (a backlog), an end moved back (topic re-created,
     log truncated) or the source did not answer. Run by the driver, or by each writer process for its own
     partitions (:meth:`WriterPool.keep`), so that one process's write never waits for another's."""
     kept = Kept(at=dict(at))
     deadline = time.monotonic() + span
-    gap, last = keep_min_interval(), -float("inf")
     while kept.at:
         if stopped():
             kept.ended = "stop"
@@ -608,9 +601,6 @@ def keep_on(plan: Any, at: dict[tuple[str, int], int], span: float,
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        if (wait := last + gap - time.monotonic()) > 0:
-            time.sleep(min(wait, left))
-            continue
         stable = stable_ends(list(kept.at))
         if stable is None:
             kept.ended = "no answer"
@@ -626,25 +616,12 @@ def keep_on(plan: Any, at: dict[tuple[str, int], int], span: float,
             time.sleep(min(KEEP_WRITING_POLL, left))
             continue
         starts, ends = _by_topic({k: kept.at[k] for k in new}), _by_topic(new)
-        last = time.monotonic()
         got = write(replace(plan, end_offsets=ends, rewound={}), batch_ranges(starts, ends))
         _note_gaps(kept, starts, ends, got)
         kept.rows = merge_rows(kept.rows, got)
         kept.at.update(new)
         kept.writes += 1
     return kept
-
-
-def keep_min_interval() -> float:
-    """Seconds from :data:`KEEP_MIN_INTERVAL_ENV` (0 when unset)."""
-    raw = os.environ.get(KEEP_MIN_INTERVAL_ENV, "").strip()
-    try:
-        ms = float(raw) if raw else 0.0
-    except ValueError:
-        raise ValueError(f"{KEEP_MIN_INTERVAL_ENV}={raw!r}: not a number of milliseconds") from None
-    if not 0 <= ms <= 10_000:
-        raise ValueError(f"{KEEP_MIN_INTERVAL_ENV}={raw!r}: must be between 0 and 10000 milliseconds")
-    return ms / 1000
 
 
 def _note_gaps(kept: Kept, starts: dict[str, dict[int, int]], ends: dict[str, dict[int, int]],
