@@ -91,7 +91,9 @@ RESULTS = ROOT / "bench" / "results"
 # *-keep* variants with spark.keep_writing_for (KEEP_WRITING_FOR; *-keep10*: 10 seconds): a running mirror's batch
 # goes on writing what arrives for that long before it returns to Spark (latency; a --once drain does not keep
 # writing); *-keepthrough* as *-keep* with the writer processes left writing while Spark records the batch and plans
-# the next (MIRRORFLOW_KEEP_THROUGH_SPARK=1; an A/B of that experiment).
+# the next (MIRRORFLOW_KEEP_THROUGH_SPARK=1; an A/B of that experiment); *-fetch1* variants read the source with
+# librdkafka's default fetch.min.bytes of 1 (MIRRORFLOW_DIRECT_FETCH_MIN_BYTES=1) instead of mirrorflow's
+# direct.FETCH_MIN_BYTES (an A/B).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
@@ -112,7 +114,9 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-writer-noverify", "mirrorflow-eos-writer-noverify-bytes",
                      "mirrorflow-eos-direct-noverify", "mirrorflow-eos-direct-noverify-bytes",
                      "mirrorflow-eos-writer-keep", "mirrorflow-eos-direct-keep", "mirrorflow-alo-direct-keep",
-                     "mirrorflow-eos-writer-keep10", "mirrorflow-eos-writer-keepthrough")
+                     "mirrorflow-eos-writer-keep10", "mirrorflow-eos-writer-keepthrough",
+                     "mirrorflow-eos-writer-keep-fetch1", "mirrorflow-eos-writer-fetch1-bytes",
+                     "mirrorflow-eos-direct-fetch1-bytes")
 #: the ``-small`` variants' ``spark.max_offsets_per_trigger`` (the direct path's default batch is 500,000 records)
 SMALL_BATCH_RECORDS = 125000
 #: the ``-keep`` variants' ``spark.keep_writing_for`` (``-keep10``: 10 seconds)
@@ -133,7 +137,8 @@ LATENCY_AB = ("mirrorflow-eos-direct-pygc", "mirrorflow-eos-direct-overlap", "mi
               "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod", "mirrorflow-eos-writer-overlap",
               "mirrorflow-eos-direct-c2", "mirrorflow-eos-writer-c2", "mirrorflow-eos-writer-noverify",
               "mirrorflow-eos-direct-noverify", "mirrorflow-eos-writer-keep", "mirrorflow-eos-direct-keep",
-              "mirrorflow-alo-direct-keep", "mirrorflow-eos-writer-keep10", "mirrorflow-eos-writer-keepthrough")
+              "mirrorflow-alo-direct-keep", "mirrorflow-eos-writer-keep10", "mirrorflow-eos-writer-keepthrough",
+              "mirrorflow-eos-writer-keep-fetch1")
 
 
 def _variant_conf(parts: list[str]) -> dict[str, str] | None:
@@ -379,6 +384,8 @@ class Bench:
                 env["MIRRORFLOW_GC"] = "0"
             if "keepthrough" in parts:
                 env["MIRRORFLOW_KEEP_THROUGH_SPARK"] = "1"
+            if "fetch1" in parts:
+                env["MIRRORFLOW_DIRECT_FETCH_MIN_BYTES"] = "1"
         elif contender in ("mm2", "mm2-tuned", "mm2-tuned-eos"):
             tuned = contender != "mm2"
             eos = contender.endswith("-eos")

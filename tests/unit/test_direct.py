@@ -1048,3 +1048,39 @@ def test_writer_processes_keep_writing_on_their_own_and_stop_together(monkeypatc
     for th in threads:
         th.join(5)
         assert not th.is_alive()
+
+
+@pytest.mark.parametrize("native_read", ["1", "0"])
+def test_the_direct_readers_fetches_wait_for_64_kib_or_10_ms(monkeypatch, native_read):
+    """The source consumer of the direct path (the C read loop's, or confluent-kafka's with
+    ``MIRRORFLOW_NATIVE_READ=0``) asks the broker to hold each fetch until 64 KiB arrived or 10 ms passed, not to
+    answer at the first byte (librdkafka's default, a fetch per arrival); ``MIRRORFLOW_DIRECT_FETCH_MIN_BYTES``
+    sets it for an A/B, and a value that is not a whole number of bytes from 1 to 1 MiB is refused naming it."""
+    from mirror_core import clients, direct
+    from mirror_core.config import ClusterConfig
+
+    got: list[dict] = []
+
+    def capture(cluster, group_id, **extra):
+        got.append(dict(clients._consumer_config(cluster, group_id, extra)))
+        return object()
+
+    monkeypatch.setattr(clients, "native_reader", capture)
+    monkeypatch.setattr(clients, "consumer", capture)
+    monkeypatch.setattr(direct, "_Consumer", lambda c: c)
+    monkeypatch.setenv("MIRRORFLOW_NATIVE_READ", native_read)
+    cluster = ClusterConfig(kafka={"bootstrap.servers": "b:9092", "fetch.min.bytes": "1"})
+
+    def conf() -> dict:
+        direct.DirectReader(cluster, "g")._client()
+        return got.pop()
+
+    monkeypatch.delenv(direct.FETCH_MIN_BYTES_ENV, raising=False)
+    c = conf()
+    assert (c["fetch.min.bytes"], c["fetch.wait.max.ms"], c["isolation.level"]) == (65536, 10, "read_committed")
+    monkeypatch.setenv(direct.FETCH_MIN_BYTES_ENV, "1")
+    assert conf()["fetch.min.bytes"] == 1
+    for bad in ("many", "0", "2000000", "1.5"):
+        monkeypatch.setenv(direct.FETCH_MIN_BYTES_ENV, bad)
+        with pytest.raises(ValueError, match=f"{direct.FETCH_MIN_BYTES_ENV}='{bad}'"):
+            conf()
