@@ -304,6 +304,16 @@ class CpuTimeline:
         return None if a is None or b is None else b - a
 
 
+def cores_between(timelines: dict[str, CpuTimeline | None], t0: float, t1: float) -> dict[str, float | None]:
+    """Each timeline's CPU over wall times ``t0``..``t1`` in cores (CPU seconds per second; None where a
+    timeline has no samples around both ends, or is None)."""
+    out: dict[str, float | None] = {}
+    for name, timeline in timelines.items():
+        used = None if timeline is None or t1 <= t0 else timeline.between(t0, t1)
+        out[name] = None if used is None else round(used / (t1 - t0), 2)
+    return out
+
+
 class PidsCpu:
     """A :class:`CpuTimeline` of fixed processes (the brokers and registries), sampled in the background, and
     one of their system CPU alone (``system``)."""

@@ -172,11 +172,16 @@ def throughput_table(rows: list[dict[str, Any]]) -> Table:
     return t
 
 
+def _cores(cores: dict[str, Any]) -> str:
+    """A latency row's cores while the rate ran: the contender's, the source brokers', the destination's."""
+    return "/".join(_f(cores.get(k), "{:.2f}") for k in ("mirror", "src_brokers", "dst_brokers"))
+
+
 def latency_table(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="Continuous replication latency (dst consume time - src produce call, fixed rate)")
     rounds = any((r.get("round") or 1) > 1 for r in rows if r["phase"] == "latency")
     for col in ("contender", *(("round",) if rounds else ()), "rate/s", "received", "p50 ms", "p99 ms", "p99 after 2 s", "max ms", "ready s", "peak RSS MB",
-                "p50 x MM2", "p99 x MM2", "p99 x MM2 tuned", "p50 x raw", "load 1m", "status"):
+                "cores mirror/src/dst", "p50 x MM2", "p99 x MM2", "p99 x MM2 tuned", "p50 x raw", "load 1m", "status"):
         t.add_column(col, justify="left" if col in ("contender", "status") else "right",
                      no_wrap=col == "contender", min_width=20 if col == "contender" else None)
     for r in rows:
@@ -186,7 +191,7 @@ def latency_table(rows: list[dict[str, Any]]) -> Table:
                   f"{_f(r.get('received'))}/{_f(r.get('sent'))}",
                   _f(r.get("p50_ms"), "{:.1f}"), _f(r.get("p99_ms"), "{:.1f}"), _f(r.get("p99_settled_ms"), "{:.1f}"),
                   _f(r.get("max_ms"), "{:.1f}"), _f(r.get("ready_s"), "{:.1f}"), _f((r.get("memory") or {}).get("peak_rss_mb")),
-                  _f(r.get(f"p50_x_{MM2}"), "{:.2f}"), _f(r.get(f"p99_x_{MM2}"), "{:.2f}"),
+                  _cores(r.get("cores") or {}), _f(r.get(f"p50_x_{MM2}"), "{:.2f}"), _f(r.get(f"p99_x_{MM2}"), "{:.2f}"),
                   _f(r.get(f"p99_x_{MM2_TUNED}"), "{:.2f}"), _f(r.get(f"p50_x_{RAW}"), "{:.2f}"), _load(r),
                   r.get("status", "?") if r.get("status") == "ok" else f"[red]{r.get('status')}: {r.get('error', '')[:60]}")
     return t

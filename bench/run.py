@@ -48,6 +48,7 @@ from bench.observe import (  # noqa: E402
     DrainCounter,
     DstWatcher,
     PidsCpu,
+    cores_between,
     latency_windows,
     percentile,
     settle_page_cache,
@@ -575,6 +576,7 @@ class Bench:
             watcher = DstWatcher(self.ep.dst_bootstrap, dest, latency=True)
         row.update(destination_topic=dest, log=str(run.log), env=run.env_extra)
         total = int(self.args.rate * self.args.seconds)
+        produced_from = time.time()
         try:
             with self.console.status(f"{contender}: starting (warm-up records every 0.5 s)") as st:
                 # 1. wait until the contender delivers at all
@@ -598,6 +600,7 @@ class Bench:
                     watcher.poll(0.05)
                 st.update(f"{contender}: {self.args.rate:.0f} rec/s for {self.args.seconds:.0f}s")
                 producer.run(self.args.rate, self.args.seconds)
+                produced_from = time.time()
 
                 def tick(a: Arrivals) -> None:
                     st.update(f"{contender}: {len(a.measured):,}/{total:,} measured records arrived "
@@ -624,6 +627,12 @@ class Bench:
         # the measured rate, which every mirror (not the floor) meets with a tail of its own
         settled = [ms for seq, ms in watcher.seen.measured.items() if seq >= self.args.rate * LATENCY_SETTLE_S]
         row["p99_settled_ms"] = _r(percentile(settled, 99))
+        # where the cores went while the measured rate ran (its first seconds left out, as for the p99 above):
+        # the contender's processes, each side's brokers, the registries, the harness itself
+        row["cores"] = cores_between(
+            {"mirror": getattr(run.mem, "cpu", None), **{r: t.cpu for r, t in self.role_cpu.items()},
+             "harness": self.harness_cpu.cpu if self.harness_cpu else None},
+            produced_from + LATENCY_SETTLE_S, produced_from + self.args.seconds)
         row["windows"] = latency_windows(watcher.seen.measured, self.args.rate, LATENCY_WINDOW_S)
         if ok:
             row["status"] = "ok"

@@ -363,3 +363,31 @@ def test_a_contender_runs_with_the_environment_it_is_given_and_its_log_and_row_s
     assert "got on 1" in lines
     assert run.env_extra == {"MIRRORFLOW_X": "on 1"}
     assert NoProcess("floor").env_extra == {}
+
+
+def test_a_latency_rows_cores_are_each_timelines_cpu_over_the_window_and_shown_in_its_table():
+    """``cores_between``: CPU seconds over a wall-time window per second of it, per timeline (interpolated
+    between samples), None for a timeline without samples around both ends or none at all; the latency
+    table shows the contender's, the source brokers' and the destination brokers' ("-" where unknown)."""
+    from rich.console import Console
+
+    from bench.observe import CpuTimeline, cores_between
+    from bench.report import latency_table
+
+    def timeline(*samples: tuple[float, float]) -> CpuTimeline:
+        t = CpuTimeline()
+        t.series = list(samples)
+        return t
+
+    busy = timeline((100.0, 10.0), (102.0, 12.0), (110.0, 14.0))  # a core, then a quarter of one
+    late = timeline((104.0, 0.0), (110.0, 3.0))
+    got = cores_between({"mirror": busy, "src_brokers": late, "harness": None}, 101.0, 106.0)
+    assert got == {"mirror": round((12.0 + 1.0 - 11.0) / 5, 2), "src_brokers": None, "harness": None}
+    assert cores_between({"mirror": busy}, 106.0, 106.0) == {"mirror": None}
+
+    row = {"phase": "latency", "contender": "mirrorflow-eos", "status": "ok", "p50_ms": 50.0, "p99_ms": 90.0,
+           "cores": {"mirror": 0.4, "src_brokers": 0.55, "dst_brokers": None}}
+    console = Console(width=400, record=True)
+    console.print(latency_table([row]))
+    text = console.export_text()
+    assert "cores mirror/src/dst" in text and "0.40/0.55/-" in text
