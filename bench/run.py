@@ -576,7 +576,6 @@ class Bench:
             watcher = DstWatcher(self.ep.dst_bootstrap, dest, latency=True)
         row.update(destination_topic=dest, log=str(run.log), env=run.env_extra)
         total = int(self.args.rate * self.args.seconds)
-        produced_from = time.time()
         try:
             with self.console.status(f"{contender}: starting (warm-up records every 0.5 s)") as st:
                 # 1. wait until the contender delivers at all
