@@ -53,7 +53,7 @@ QUEUED_KBYTES = 32768
 #: the consumer's fetches wait on the broker for this many bytes or its 10 ms (``fetch.wait.max.ms``), whichever
 #: comes first. With librdkafka's default of 1 byte a running mirror's consumer fetched again the moment anything
 #: had arrived, and at 10,000 records/s over 24 partitions that cost the source broker 0.1-0.3 of a core more
-#: (0.65-0.83 against 0.43-0.59; README, Today's figures); a backlog fills it at once, so drains do not wait
+#: (0.65-0.83 against 0.43-0.59; docs/benchmarks.md); a backlog fills it at once, so drains do not wait
 FETCH_MIN_BYTES = 65536
 #: overrides :data:`FETCH_MIN_BYTES`, for an A/B (the bench's ``-fetch1`` variants: librdkafka's default)
 FETCH_MIN_BYTES_ENV = "MIRRORFLOW_DIRECT_FETCH_MIN_BYTES"
