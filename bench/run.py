@@ -627,11 +627,12 @@ class Bench:
         settled = [ms for seq, ms in watcher.seen.measured.items() if seq >= self.args.rate * LATENCY_SETTLE_S]
         row["p99_settled_ms"] = _r(percentile(settled, 99))
         # where the cores went while the measured rate ran (its first seconds left out, as for the p99 above):
-        # the contender's processes, each side's brokers, the registries, the harness itself
-        row["cores"] = cores_between(
-            {"mirror": getattr(run.mem, "cpu", None), **{r: t.cpu for r, t in self.role_cpu.items()},
-             "harness": self.harness_cpu.cpu if self.harness_cpu else None},
-            produced_from + LATENCY_SETTLE_S, produced_from + self.args.seconds)
+        # the contender's processes, each side's brokers, the registries, the harness itself; and the same over
+        # those first seconds (``cores_step``), the step from the warm-up's trickle to the rate
+        timelines = {"mirror": getattr(run.mem, "cpu", None), **{r: t.cpu for r, t in self.role_cpu.items()},
+                     "harness": self.harness_cpu.cpu if self.harness_cpu else None}
+        row["cores"] = cores_between(timelines, produced_from + LATENCY_SETTLE_S, produced_from + self.args.seconds)
+        row["cores_step"] = cores_between(timelines, produced_from, produced_from + LATENCY_SETTLE_S)
         row["windows"] = latency_windows(watcher.seen.measured, self.args.rate, LATENCY_WINDOW_S)
         if ok:
             row["status"] = "ok"
