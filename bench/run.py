@@ -126,6 +126,8 @@ KEEP_WRITING_FOR = "2 seconds"
 LATENCY_WINDOW_S = 0.25
 #: a latency row's ``p99_settled_ms``: the p99 of the records produced this many seconds or more into the window
 LATENCY_SETTLE_S = 2.0
+#: how long past the measured window a latency row waits for the CPU samplers' next samples
+CORES_GRACE_S = 0.6
 #: the topic each broker is warmed on (see bench.workload.warm_broker)
 WARM_TOPIC = "bench.warm"
 WARM_PARTITIONS = 6
@@ -613,6 +615,9 @@ class Bench:
                 ok = watcher.wait_for(lambda a: len(a.measured) >= total,
                                       time.monotonic() + self.args.seconds + 120, run.alive, tick)
                 producer.join(30)
+                # the CPU samplers (every 0.25 s) past the window's end before the contender stops, or a row whose
+                # records all arrived within a sample of it (the floor) has no cores over its window
+                time.sleep(max(0.0, produced_from + self.args.seconds + CORES_GRACE_S - time.time()))
         finally:
             producer.stop()
             watcher.close()
