@@ -172,6 +172,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=float, default=None,
                     help="seconds of trickle after a contender's first delivery, before the measured window "
                          "(the same for every contender; default 10, --quick 1)")
+    ap.add_argument("--ramp-seconds", type=float, default=0.0,
+                    help="produce at the measured rate, unmeasured, for this long right before the measured window, "
+                         "so that it measures a mirror already running at its rate (default 0: the window starts "
+                         "with the step from the warm-up's trickle to the rate)")
     ap.add_argument("--trigger", default="200 milliseconds", help="mirrorflow's Spark trigger in the latency phase")
     ap.add_argument("--driver-max", type=int, default=None,
                     help="mirrorflow's spark.driver_batch_max_records (default: the product default)")
@@ -599,6 +603,13 @@ class Bench:
                 while time.monotonic() < warm_until:
                     producer.warm()
                     watcher.poll(0.05)
+                if self.args.ramp_seconds:
+                    # 3. optionally, the rate already, unmeasured: the window then starts on a mirror at its rate
+                    st.update(f"{contender}: {self.args.rate:.0f} rec/s unmeasured for {self.args.ramp_seconds:.0f}s")
+                    producer.run(self.args.rate, self.args.ramp_seconds, measured=False)
+                    while not producer.done():
+                        watcher.poll(0.05)
+                    row["ramp_s"] = self.args.ramp_seconds
                 st.update(f"{contender}: {self.args.rate:.0f} rec/s for {self.args.seconds:.0f}s")
                 producer.run(self.args.rate, self.args.seconds)
                 produced_from = time.time()

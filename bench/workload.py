@@ -140,9 +140,14 @@ class RateProducer:
         self._warm += 1
         self.p.poll(0)
 
-    def run(self, rate: float, seconds: float) -> None:
-        """Start producing ``rate`` records/s for ``seconds`` in the background."""
+    def run(self, rate: float, seconds: float, measured: bool = True) -> None:
+        """Start producing ``rate`` records/s for ``seconds`` in the background; ``measured=False``: records
+        with unmeasured keys (``r...``), not counted in ``sent``, and no flush at the end (a measured run
+        started right after continues the rate)."""
         total = int(rate * seconds)
+
+        def key(seq: int) -> bytes:
+            return measured_key(seq, time.time_ns()) if measured else b"r%09d" % seq
 
         def loop() -> None:
             t0 = time.monotonic()
@@ -150,12 +155,14 @@ class RateProducer:
             while seq < total and not self._stop.is_set():
                 due = min(total, int((time.monotonic() - t0) * rate) + 1)
                 while seq < due:
-                    _produce(self.p, self.topic, measured_key(seq, time.time_ns()), self.value, seq % self.partitions)
+                    _produce(self.p, self.topic, key(seq), self.value, seq % self.partitions)
                     seq += 1
-                self.sent = seq
+                if measured:
+                    self.sent = seq
                 self.p.poll(0)
                 time.sleep(0.002)
-            self.p.flush(30)
+            if measured:
+                self.p.flush(30)
 
         self._thread = threading.Thread(target=loop, name="rate-producer", daemon=True)
         self._thread.start()

@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 from fastavro import schemaless_reader
 
+import bench.workload
 from bench.contenders import (
     Endpoints,
     kcat_cmd,
@@ -23,7 +24,7 @@ from bench.contenders import (
 from bench.observe import cpu_seconds, latency_windows, percentile, unwritten_mb
 from bench.report import add_ratios, summarize, summarize_latency
 from bench.run import round_order
-from bench.workload import PARSED, make_value, measured_key, parse_measured_key
+from bench.workload import PARSED, RateProducer, make_value, measured_key, parse_measured_key
 from mirror_core.config import parse_config
 
 EP = Endpoints("127.0.0.1:1", "127.0.0.1:2", "http://127.0.0.1:3/apis/ccompat/v7", "http://127.0.0.1:4/apis/ccompat/v7")
@@ -391,3 +392,21 @@ def test_a_latency_rows_cores_are_each_timelines_cpu_over_the_window_and_shown_i
     console.print(latency_table([row]))
     text = console.export_text()
     assert "cores mirror/src/dst" in text and "0.40/0.55/-" in text
+
+
+def test_rate_producer_ramp_records_are_not_measured(monkeypatch):
+    """``--ramp-seconds``: the records before the measured window carry keys the watcher does not time, and do
+    not count as sent; the measured run after it numbers its records from 0 again."""
+    keys: list[bytes] = []
+    monkeypatch.setattr(bench.workload, "_produce", lambda p, topic, key, value, partition: keys.append(key))
+    rp = RateProducer("127.0.0.1:1", "t", 4, schema_id=1, size=10)
+    rp.run(2000, 0.05, measured=False)
+    rp.join(5)
+    ramp = list(keys)
+    assert len(ramp) == 100 and rp.sent == 0
+    assert all(parse_measured_key(k) is None for k in ramp)
+    keys.clear()
+    rp.run(2000, 0.05)
+    rp.join(5)
+    assert rp.sent == 100
+    assert [parse_measured_key(k)[0] for k in keys] == list(range(100))
