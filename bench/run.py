@@ -141,7 +141,7 @@ LATENCY_AB = ("mirrorflow-eos-direct-pygc", "mirrorflow-eos-direct-overlap", "mi
               "mirrorflow-eos-direct-c2", "mirrorflow-eos-writer-c2", "mirrorflow-eos-writer-noverify",
               "mirrorflow-eos-direct-noverify", "mirrorflow-eos-writer-keep", "mirrorflow-eos-direct-keep",
               "mirrorflow-alo-direct-keep", "mirrorflow-eos-writer-keep10", "mirrorflow-eos-writer-keepthrough",
-              "mirrorflow-eos-writer-keep-fetch1")
+              "mirrorflow-eos-writer-keep-fetch1", "mm2-tuned-eos")
 
 
 def _variant_conf(parts: list[str]) -> dict[str, str] | None:
