@@ -73,8 +73,9 @@ WRITER_TXN_RECORDS = 100000
 #: positions when a writer starts
 WARM_THREADS_PER_WRITER = 64
 #: ``spark.keep_writing_for``: how long a batch that keeps writing waits before it asks the source again when
-#: nothing new had arrived (a record's latency grows by up to this; each ask is one request per source broker,
-#: by each writer process for its own partitions)
+#: nothing new had arrived (a record's latency grows by up to this; each ask is one request per source broker).
+#: A writer process does not ask the source: it waits up to this long for its consumer's next fetch
+#: (:meth:`DirectReader.arrived`), which brings records as they arrive
 KEEP_WRITING_POLL = 0.01
 #: ... and how long that ask may take before the batch returns to Spark
 KEEP_WRITING_TIMEOUT = 10.0
@@ -195,8 +196,6 @@ class DirectReader:
         and values), and ``deliver(range, None)`` when a range is complete. Returns the seconds spent reading
         (consume and splitting, not in ``deliver``). On any error the consumer is closed (the next batch
         starts clean) and the error raised."""
-        from confluent_kafka import KafkaError
-
         if not ranges:
             return 0.0
         try:
@@ -266,17 +265,11 @@ class DirectReader:
                 completed: dict[tuple[str, int], None] = {}  # in the order completed
                 for item in items:
                     if item[0] == native.EVENT:
-                        _, topic, part, offset, code, name, text = item
-                        key = (topic, part)
-                        if code == KafkaError._PARTITION_EOF:
-                            self._eof[key] = max(self._eof.get(key, -1), offset)
-                            if key in open_ and key not in completed and offset >= by_key[key].end:
-                                completed[key] = None  # the partition's end is at or past the range's end
-                            continue
-                        if code == KafkaError.GROUP_AUTHORIZATION_FAILED or topic is None:
-                            log.debug("%s: direct read: %s", self.group, text)  # retried by the client
-                            continue
-                        raise KafkaOperationError(f"reading {topic}[{part}]: {text}", name)
+                        ended = self._event(item)
+                        if ended is not None and ended in open_ and ended not in completed and \
+                                self._eof[ended] >= by_key[ended].end:
+                            completed[ended] = None  # the partition's end is at or past the range's end
+                        continue
                     run = Columns(*item[3:])
                     key = (item[1], item[2])
                     if key in open_ and key not in completed:
@@ -284,13 +277,8 @@ class DirectReader:
                         if take(key, run):
                             completed[key] = None
                         continue
-                    # a partition done (or not in this batch): its records are kept for its next range,
-                    # never dropped (that range continues from them); paused when many are kept
-                    ahead = self._ahead.setdefault(key, [])
-                    before = sum(map(len, ahead))
-                    ahead.append(run)
-                    if before < AHEAD_RECORDS <= before + len(run):
-                        c.pause([key])
+                    # a partition done (or not in this batch): kept for its next range
+                    self._keep_ahead(c, key, run)
                 for key in touched:
                     if key not in completed and (held[key] >= CHUNK_RECORDS
                                                  or held_bytes[key] >= CHUNK_READ_BYTES):
@@ -304,6 +292,70 @@ class DirectReader:
                     stuck = ", ".join(f"{t}[{p}] up to {by_key[(t, p)].end}" for t, p in sorted(open_))
                     raise KafkaOperationError(f"reading {stuck}: no progress in {self.stall_timeout:.0f}s")
             return spent
+        except BaseException:
+            self.close()
+            raise
+
+    def _event(self, item: tuple[Any, ...]) -> tuple[str, int] | None:
+        """A consumer event: the partition whose end it reports (kept in :attr:`_eof`), None for one the
+        client retries by itself; anything else is raised."""
+        from confluent_kafka import KafkaError
+
+        _, topic, part, offset, code, name, text = item
+        if code == KafkaError._PARTITION_EOF:
+            key = (topic, part)
+            self._eof[key] = max(self._eof.get(key, -1), offset)
+            return key
+        if code == KafkaError.GROUP_AUTHORIZATION_FAILED or topic is None:
+            log.debug("%s: direct read: %s", self.group, text)  # retried by the client
+            return None
+        raise KafkaOperationError(f"reading {topic}[{part}]: {text}", name)
+
+    def _keep_ahead(self, c: Any, key: tuple[str, int], run: Columns) -> None:
+        """Records of a partition with no open range: kept for its next range, never dropped (that range
+        continues from them); the partition is paused when more than :data:`AHEAD_RECORDS` are kept."""
+        ahead = self._ahead.setdefault(key, [])
+        before = sum(map(len, ahead))
+        ahead.append(run)
+        if before < AHEAD_RECORDS <= before + len(run):
+            c.pause([key])
+
+    def arrived(self, at: dict[tuple[str, int], int], wait: float) -> dict[tuple[str, int], int]:
+        """``spark.keep_writing_for`` in a writer process: how far each partition of ``at`` (where it stands)
+        can be read from what the consumer has fetched, without asking the source: past the last record
+        held for it, or the partition's end when the consumer reported one further (trailing transaction
+        markers); where it stands when nothing new came. Takes what librdkafka has fetched and, when none of
+        the partitions has anything new, waits up to ``wait`` seconds for the next fetch. A partition the
+        reader does not stand at ``at`` on (no range of it read here, or read elsewhere since) is assigned or
+        sought there first. What is taken is kept for the ranges that follow (:meth:`read` hands them over),
+        so a range up to these ends reads nothing again; a read_committed consumer never returns a record
+        above the last stable offset, so the ends are stable offsets, as the source's own answer would be.
+        A partition moved back on the source (re-created, truncated) is not seen here but by Spark's next
+        batch, at the end of the span. On any error the consumer is closed and the error raised."""
+        try:
+            c = self._client()
+            elsewhere = [Range(t, p, o, o) for (t, p), o in at.items() if self._next.get((t, p)) != o]
+            if elsewhere:
+                self._position(elsewhere)
+                self._next.update({(r.topic, r.partition): r.end for r in elsewhere})
+            deadline = time.monotonic() + wait
+            count, timeout = CHUNK_RECORDS, 0.0  # first what is there, without waiting
+            while True:
+                items = c.consume(count, timeout)
+                if count == 1 and items:
+                    items += c.consume(CHUNK_RECORDS, 0.0)  # the rest of the fetch the first came with
+                for item in items:
+                    if item[0] == native.EVENT:
+                        self._event(item)
+                    else:
+                        self._keep_ahead(c, (item[1], item[2]), Columns(*item[3:]))
+                ends = {key: max(o, self._eof.get(key, -1), *(run.offsets[-1] + 1 for run in self._ahead.get(key, ())
+                                                               if run.offsets)) for key, o in at.items()}
+                left = deadline - time.monotonic()
+                if left <= 0 or any(ends[key] > o for key, o in at.items()):
+                    return ends
+                # the next fetch: librdkafka's batch consume waits for its full count, so one item first
+                count, timeout = 1, left
         except BaseException:
             self.close()
             raise
@@ -600,16 +652,18 @@ class Kept:
 
 
 def keep_on(plan: Any, at: dict[tuple[str, int], int], span: float,
-            stable_ends: Callable[[list[tuple[str, int]]], dict[tuple[str, int], int] | None],
+            stable_ends: Callable[[dict[tuple[str, int], int]], dict[tuple[str, int], int] | None],
             write: Callable[[Any, list[Range]], list[dict[str, Any]]], stopped: Callable[[], bool],
-            limit: int) -> Kept:
+            limit: int, poll: float | None = None) -> Kept:
     """``spark.keep_writing_for``: write what arrives on the partitions of ``at`` (where each stands), a range
-    per partition from there to its last stable offset (``stable_ends``: None when the source did not answer)
-    through ``write`` with a plan whose ends are that write's, for ``span`` seconds or until ``stopped()``;
-    ask again after :data:`KEEP_WRITING_POLL` when nothing arrived. Ends early, leaving the rest to Spark's
-    batches, when more than ``limit`` offsets arrived at once (a backlog), an end moved back (topic re-created,
-    log truncated) or the source did not answer. Run by the driver, or by each writer process for its own
-    partitions (:meth:`WriterPool.keep`), so that one process's write never waits for another's."""
+    per partition from there to its last stable offset (``stable_ends(where each stands)``: None when the
+    source did not answer) through ``write`` with a plan whose ends are that write's, for ``span`` seconds or
+    until ``stopped()``; ask again after ``poll`` seconds (:data:`KEEP_WRITING_POLL`; 0 for a
+    ``stable_ends`` that waits for records itself, :meth:`DirectReader.arrived`) when nothing arrived. Ends
+    early, leaving the rest to Spark's batches, when more than ``limit`` offsets arrived at once (a backlog),
+    an end moved back (topic re-created, log truncated) or the source did not answer. Run by the driver, or by
+    each writer process for its own partitions (:meth:`WriterPool.keep`), so that one process's write never
+    waits for another's."""
     kept = Kept(at=dict(at))
     deadline = time.monotonic() + span
     while kept.at:
@@ -619,7 +673,7 @@ def keep_on(plan: Any, at: dict[tuple[str, int], int], span: float,
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        stable = stable_ends(list(kept.at))
+        stable = stable_ends(dict(kept.at))
         if stable is None:
             kept.ended = "no answer"
             break
@@ -631,7 +685,9 @@ def keep_on(plan: Any, at: dict[tuple[str, int], int], span: float,
             kept.ended = "backlog"
             break
         if not new:
-            time.sleep(min(KEEP_WRITING_POLL, left))
+            pause = KEEP_WRITING_POLL if poll is None else poll
+            if pause > 0:
+                time.sleep(min(pause, left))
             continue
         starts, ends = _by_topic({k: kept.at[k] for k in new}), _by_topic(new)
         got = write(replace(plan, end_offsets=ends, rewound={}), batch_ranges(starts, ends))
@@ -1075,12 +1131,6 @@ def answer(conn: Any, cluster: ClusterConfig, group: str, consumer_group: str | 
     from mirror_core.stream import BatchWriter
 
     reader = DirectReader(cluster, group, consumer_group=consumer_group)
-    admin: list[Any] = []
-
-    def ask(keys: list[tuple[str, int]]) -> dict[tuple[str, int], int] | None:
-        if not admin:
-            admin.append(clients.admin(cluster))
-        return stable_ends(admin[0], keys, group)
 
     def stopped() -> bool:
         try:
@@ -1102,8 +1152,10 @@ def answer(conn: Any, cluster: ClusterConfig, group: str, consumer_group: str | 
                     conn.send(("ok", None))
                 elif kind == "keep":
                     at, span, limit = work
-                    conn.send(("ok", keep_on(plan, at, span, ask, lambda p, r: write_ranges(
-                        p, r, reader, threads, slot, slots_used), stopped, limit)))
+                    # what arrived is what the reader's consumer fetched: no request to the source per write
+                    conn.send(("ok", keep_on(plan, at, span, lambda at: reader.arrived(at, KEEP_WRITING_POLL),
+                                             lambda p, r: write_ranges(p, r, reader, threads, slot, slots_used),
+                                             stopped, limit, poll=0)))
                 else:
                     conn.send(("ok", write_ranges(plan, work, reader, threads, slot, slots_used)))
             except BaseException as exc:  # noqa: BLE001 - every failure goes back to the driver

@@ -627,13 +627,14 @@ class MirrorRuntime:
         writes, before = self._kept.get(batch_id, (0, 0))
         self._kept = {batch_id: (writes + kept.writes, before + expired)}
 
-    def _stable_ends(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int] | None:
-        """The source's last stable offsets of ``keys`` (see :func:`~mirror_core.direct.stable_ends`)."""
+    def _stable_ends(self, at: dict[tuple[str, int], int]) -> dict[tuple[str, int], int] | None:
+        """The source's last stable offsets of the partitions of ``at`` (see
+        :func:`~mirror_core.direct.stable_ends`)."""
         from mirror_core.direct import stable_ends
 
         if self._src_admin is None:
             self._src_admin = clients.admin(self.src)
-        return stable_ends(self._src_admin, keys, self.group.name)
+        return stable_ends(self._src_admin, list(at), self.group.name)
 
     def written_log(self) -> WrittenLog:
         if self._written is None:

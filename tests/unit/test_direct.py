@@ -129,6 +129,98 @@ def test_the_reader_hands_over_large_records_in_chunks_bounded_by_bytes(monkeypa
     assert sizes == [20 * len(big)] * 5
 
 
+class _QueuedConsumer:
+    """The C read loop's consumer over a script: each consume() takes the next entry of ``fetches`` (a list of
+    items: runs and events); records the calls (count, timeout), the assignments and the pauses."""
+
+    def __init__(self, fetches):
+        self.fetches = list(fetches)
+        self.calls: list[tuple[int, float]] = []
+        self.assigned: list[tuple[str, int, int]] = []
+        self.paused: list[tuple[str, int]] = []
+
+    def assignment(self):
+        return [(t, p) for t, p, _ in self.assigned]
+
+    def assign(self, parts) -> None:
+        self.assigned += parts
+
+    def unassign(self, parts) -> None:
+        pass
+
+    def resume(self, parts) -> None:
+        pass
+
+    def pause(self, parts) -> None:
+        self.paused += parts
+
+    def consume(self, count, timeout):
+        self.calls.append((count, timeout))
+        if not self.fetches:
+            time.sleep(timeout)
+            return []
+        return self.fetches.pop(0)
+
+
+def _run_of(part, offsets):
+    from mirror_core import native
+
+    n = len(offsets)
+    return (native.RUN, "t", part, list(offsets), [None] * n, [b"v"] * n, [0] * n, None)
+
+
+def test_a_writer_process_that_keeps_writing_takes_what_its_consumer_fetched_without_asking_the_source():
+    """``spark.keep_writing_for`` in a writer process: the ends of the next write are what the reader's own
+    consumer fetched (past the last record held, or the partition's reported end when transaction markers
+    follow it), with no request to the source; what was taken is handed over by the next read of those ranges
+    without consuming it again; when nothing arrived it waits for the next fetch, up to the wait it was
+    given; a partition the reader did not stand at is assigned there first."""
+    from mirror_core import native
+    from mirror_core.direct import DirectReader
+
+    eof = (native.EVENT, "t", 1, 30, -191, "_PARTITION_EOF", "end")
+    c = _QueuedConsumer([[_run_of(0, range(10, 15)), _run_of(1, [20, 21]), eof]])
+    reader = DirectReader(cluster=None, group="g")  # type: ignore[arg-type] - the consumer is the fake
+    reader._consumer = c
+    reader._next.update({("t", 0): 10, ("t", 1): 20})
+    c.assigned += [("t", 0, 10), ("t", 1, 20)]
+
+    ends = reader.arrived({("t", 0): 10, ("t", 1): 20}, wait=5.0)
+    assert ends == {("t", 0): 15, ("t", 1): 30}  # partition 1: its records, then markers to 30
+    assert c.calls == [(CHUNK_RECORDS, 0.0)], "waited although records had arrived"
+
+    got: dict[int, list[int]] = {}
+    done: list[int] = []
+
+    def deliver(r, cols, size=None):
+        if cols is None:
+            done.append(r.partition)
+        else:
+            got.setdefault(r.partition, []).extend(cols.offsets)
+
+    reader.read([Range("t", 0, 10, 15), Range("t", 1, 20, 30)], deliver)
+    assert got == {0: [10, 11, 12, 13, 14], 1: [20, 21]} and sorted(done) == [0, 1]
+    assert len(c.calls) == 1, "the read consumed again what arrived() had taken"
+
+    # nothing new: it waits for the next fetch (one item first, then the rest of that fetch), then answers
+    c.fetches = [[], [_run_of(0, [15])], [_run_of(0, [16, 17])]]
+    c.calls.clear()
+    t0 = time.monotonic()
+    assert reader.arrived({("t", 0): 15, ("t", 1): 30}, wait=5.0) == {("t", 0): 18, ("t", 1): 30}
+    assert c.calls[0] == (CHUNK_RECORDS, 0.0) and c.calls[1][0] == 1 and c.calls[1][1] > 4
+    assert c.calls[2] == (CHUNK_RECORDS, 0.0) and time.monotonic() - t0 < 4
+    # nothing at all: where each stands, after the wait
+    c.calls.clear()
+    t0 = time.monotonic()
+    assert reader.arrived({("t", 0): 18}, wait=0.05) == {("t", 0): 18}
+    assert 0.05 <= time.monotonic() - t0 < 2 and [n for n, _ in c.calls] == [CHUNK_RECORDS, 1]
+
+    # a partition the reader does not stand at: assigned at where it stands, before anything is taken
+    c.fetches = [[_run_of(2, [40, 41])]]
+    assert reader.arrived({("t", 2): 40}, wait=1.0) == {("t", 2): 42}
+    assert ("t", 2, 40) in c.assigned and reader._next[("t", 2)] == 40
+
+
 class _FakeReader:
     """Delivers up to ``chunks`` chunks of one record for each range (for at most 30 s); counts them."""
 
@@ -831,16 +923,22 @@ class _GoneProc:
 def _thread_pool(monkeypatch, answers, written):
     """A :class:`WriterPool` of two writer "processes" that are threads of this test running the writer's own
     request loop (:func:`mirror_core.direct.answer`) over pipes: partition ("t", 0) is the first's, ("t", 1)
-    the second's. The source's stable offsets come from ``answers(keys)``, writes are recorded in
+    the second's. What each process's reader finds arrived comes from ``answers(keys)`` (it waits
+    2 ms when nothing did, as the reader waits for its consumer's next fetch), writes are recorded in
     ``written`` (by thread) and return one row per range."""
     import threading
+    import time
     from multiprocessing import Pipe
 
     from mirror_core import direct
 
-    monkeypatch.setattr(direct.clients, "admin", lambda cluster: object())
-    monkeypatch.setattr(direct, "stable_ends", lambda admin, keys, group: answers(keys))
-    monkeypatch.setattr(direct, "KEEP_WRITING_POLL", 0.002)
+    def arrived(reader, at, wait):
+        ends = answers(list(at))
+        if all(ends[k] <= o for k, o in at.items()):
+            time.sleep(0.002)
+        return ends
+
+    monkeypatch.setattr(direct.DirectReader, "arrived", arrived)
 
     def write(plan, ranges, reader, threads, slot, slots_used):
         written.append((slot, [(r.partition, r.start, r.end) for r in ranges]))
