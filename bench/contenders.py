@@ -46,7 +46,8 @@ def mirrorflow_yaml(ep: Endpoints, *, group: str, source_topic: str, destination
                     driver_batch_max_records: int | None = None, read_path: str = "spark",
                     transactions: str = "per_partition", writer_producers: int | None = None,
                     overlap_writes: bool | None = None, spark_conf: dict[str, str] | None = None,
-                    max_offsets_per_trigger: int | None = None, keep_writing_for: str | None = None) -> str:
+                    max_offsets_per_trigger: int | None = None, keep_writing_for: str | None = None,
+                    direct_processes: int | None = None) -> str:
     """A mirrors YAML with one group mirroring ``source_topic`` to ``destination_topic``."""
     def reg(url: str | None) -> str:
         return f"\n    schema_registry: {{url: \"{url}\"}}" if url else ""
@@ -60,6 +61,8 @@ def mirrorflow_yaml(ep: Endpoints, *, group: str, source_topic: str, destination
         producers += f"\n      overlap_writes: {str(overlap_writes).lower()}"
     if keep_writing_for is not None:
         producers += f"\n      keep_writing_for: \"{keep_writing_for}\""
+    if direct_processes is not None:
+        producers += f"\n      direct_processes: {direct_processes}"
     conf = ", ".join(f'{k}: "{v}"' for k, v in {"spark.ui.showConsoleProgress": "false", **(spark_conf or {})}.items())
     return f"""clusters:
   src:

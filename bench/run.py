@@ -94,7 +94,8 @@ RESULTS = ROOT / "bench" / "results"
 # writing); *-keepthrough* as *-keep* with the writer processes left writing while Spark records the batch and plans
 # the next (MIRRORFLOW_KEEP_THROUGH_SPARK=1; an A/B of that experiment); *-fetch1* variants read the source with
 # librdkafka's default fetch.min.bytes of 1 (MIRRORFLOW_DIRECT_FETCH_MIN_BYTES=1) instead of mirrorflow's
-# direct.FETCH_MIN_BYTES (an A/B).
+# direct.FETCH_MIN_BYTES (an A/B); *-p3* and *-p4* variants run 3 or 4 writer processes (spark.direct_processes)
+# instead of one per core.
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
@@ -117,7 +118,8 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-writer-keep", "mirrorflow-eos-direct-keep", "mirrorflow-alo-direct-keep",
                      "mirrorflow-eos-writer-keep10", "mirrorflow-eos-writer-keepthrough",
                      "mirrorflow-eos-writer-keep-fetch1", "mirrorflow-eos-writer-fetch1-bytes",
-                     "mirrorflow-eos-direct-fetch1-bytes")
+                     "mirrorflow-eos-direct-fetch1-bytes", "mirrorflow-eos-writer-keep-p3",
+                     "mirrorflow-eos-writer-keep-p4")
 #: the ``-small`` variants' ``spark.max_offsets_per_trigger`` (the direct path's default batch is 500,000 records)
 SMALL_BATCH_RECORDS = 125000
 #: the ``-keep`` variants' ``spark.keep_writing_for`` (``-keep10``: 10 seconds)
@@ -141,7 +143,8 @@ LATENCY_AB = ("mirrorflow-eos-direct-pygc", "mirrorflow-eos-direct-overlap", "mi
               "mirrorflow-eos-direct-c2", "mirrorflow-eos-writer-c2", "mirrorflow-eos-writer-noverify",
               "mirrorflow-eos-direct-noverify", "mirrorflow-eos-writer-keep", "mirrorflow-eos-direct-keep",
               "mirrorflow-alo-direct-keep", "mirrorflow-eos-writer-keep10", "mirrorflow-eos-writer-keepthrough",
-              "mirrorflow-eos-writer-keep-fetch1", "mm2-tuned-eos")
+              "mirrorflow-eos-writer-keep-fetch1", "mm2-tuned-eos", "mirrorflow-eos-writer-keep-p3",
+              "mirrorflow-eos-writer-keep-p4")
 
 
 def _variant_conf(parts: list[str]) -> dict[str, str] | None:
@@ -381,7 +384,8 @@ class Bench:
                 max_offsets_per_trigger=SMALL_BATCH_RECORDS if "small" in parts else None,
                 keep_writing_for=KEEP_WRITING_FOR if {"keep", "keepthrough"} & set(parts)
                 else "10 seconds" if "keep10" in parts else None,
-                spark_conf=_variant_conf(parts)))
+                spark_conf=_variant_conf(parts),
+                direct_processes=3 if "p3" in parts else 4 if "p4" in parts else None))
             cmd = mirrorflow_cmd(path, group, once=drain)
             if "py" in parts:
                 env["MIRRORFLOW_NATIVE"] = "0"

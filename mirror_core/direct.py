@@ -48,6 +48,8 @@ POLL_SECONDS = 0.02
 #: records of a partition kept past its range's end (for its next range) before the partition is paused
 #: until then: a pause and resume costs the partition a fetch restart (up to a second)
 AHEAD_RECORDS = 10000
+#: :meth:`DirectReader.arrived` takes at most this many further chunks of what the consumer holds at once
+ARRIVED_ROUNDS = 10
 #: the consumer's prefetch across all partitions (librdkafka's default is 64 MiB)
 QUEUED_KBYTES = 32768
 #: the consumer's fetches wait on the broker for this many bytes or its 10 ms (``fetch.wait.max.ms``), whichever
@@ -342,8 +344,13 @@ class DirectReader:
             count, timeout = CHUNK_RECORDS, 0.0  # first what is there, without waiting
             while True:
                 items = c.consume(count, timeout)
-                if count == 1 and items:
-                    items += c.consume(CHUNK_RECORDS, 0.0)  # the rest of the fetch the first came with
+                # then the rest of what was fetched: of the fetch the first item came with, or all a full
+                # chunk leaves (a backlog shows in the ends, up to what the consumer holds; see AHEAD_RECORDS)
+                more, rounds = bool(items) if count == 1 else _messages(items) >= count, 0
+                while more and rounds < ARRIVED_ROUNDS:
+                    got = c.consume(CHUNK_RECORDS, 0.0)
+                    items += got
+                    more, rounds = _messages(got) >= CHUNK_RECORDS, rounds + 1
                 for item in items:
                     if item[0] == native.EVENT:
                         self._event(item)
@@ -369,6 +376,11 @@ def fetch_min_bytes() -> int:
     if not raw.isdigit() or not 1 <= int(raw) <= 1024 * 1024:
         raise ValueError(f"{FETCH_MIN_BYTES_ENV}={raw!r}: must be a whole number of bytes from 1 to 1048576")
     return int(raw)
+
+
+def _messages(items: list[tuple[Any, ...]]) -> int:
+    """The messages (records and events) in what the consumer returned, as its ``count`` counts them."""
+    return sum(1 if item[0] == native.EVENT else len(item[3]) for item in items)
 
 
 def _size(cols: Columns) -> int:

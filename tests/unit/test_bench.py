@@ -89,6 +89,13 @@ def test_mirrorflow_yaml_is_a_valid_mirrors_config(tmp_path: Path):
     spark = parse_config(yaml.safe_load(one), env={}).group("bench-eos-writer-1-s100").spark
     assert (spark.transactions, spark.writer_producers) == ("per_writer", 1)
     assert g.spark.writer_producers == 2  # unset: the default
+    p3 = mirrorflow_yaml(EP, group="bench-eos-writer-keep-p3-s100", source_topic="bench.s100",
+                         destination_topic="bench.s100.p", delivery="exactly_once", value_serde="bytes",
+                         trigger="1 second", checkpoint_dir=tmp_path, read_path="direct", transactions="per_writer",
+                         keep_writing_for="2 seconds", direct_processes=3)
+    spark = parse_config(yaml.safe_load(p3), env={}).group("bench-eos-writer-keep-p3-s100").spark
+    assert (spark.direct_processes, spark.keep_writing_for) == (3, 2.0)
+    assert g.spark.direct_processes == 0  # unset: one per core
     chmod = mirrorflow_yaml(EP, group="bench-eos-chmod-s100", source_topic="bench.s100", destination_topic="bench.s100.c",
                             delivery="exactly_once", value_serde="avro", trigger="1 second", checkpoint_dir=tmp_path,
                             spark_conf={"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"})

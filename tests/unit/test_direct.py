@@ -215,6 +215,14 @@ def test_a_writer_process_that_keeps_writing_takes_what_its_consumer_fetched_wit
     assert reader.arrived({("t", 0): 18}, wait=0.05) == {("t", 0): 18}
     assert 0.05 <= time.monotonic() - t0 < 2 and [n for n, _ in c.calls] == [CHUNK_RECORDS, 1]
 
+    # a backlog: what the consumer holds is taken, chunk after chunk, without waiting (keep_on sees it)
+    c.fetches = [[_run_of(0, range(18, 18 + CHUNK_RECORDS))], [_run_of(0, range(18 + CHUNK_RECORDS, 30_000))]]
+    c.calls.clear()
+    assert reader.arrived({("t", 0): 18}, wait=5.0) == {("t", 0): 30_000}
+    assert c.calls == [(CHUNK_RECORDS, 0.0)] * 2 and ("t", 0) in c.paused  # past AHEAD_RECORDS: paused
+    reader._ahead.clear()
+    reader._next[("t", 0)] = 30_000
+
     # a partition the reader does not stand at: assigned at where it stands, before anything is taken
     c.fetches = [[_run_of(2, [40, 41])]]
     assert reader.arrived({("t", 2): 40}, wait=1.0) == {("t", 2): 42}
