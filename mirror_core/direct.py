@@ -491,6 +491,8 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
         return held[key] > QUEUED_BYTES_PER_PARTITION and (pending[key] > QUEUED_CHUNKS_PER_PARTITION
                                                            or held[key] > QUEUED_BYTES_PER_PARTITION_MAX)
 
+    complete: set[tuple[str, int]] = set()  # ranges the reader read to their end
+
     def run(r: Range, q: queue.SimpleQueue[tuple[Columns, int] | None]) -> None:
         key = (r.topic, r.partition)
         while (item := q.get()) is not None:
@@ -506,9 +508,11 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
                     held[key] -= size
                     pending[key] -= 1
                     written.notify_all()
-        if not stop.is_set():
+        # trailing markers / aborted records: the position to the range's end, once the reader reached it (not
+        # when the read failed part way: the records it did not read are still to be written)
+        if not stop.is_set() and key in complete:
             try:
-                bw.finish(r.topic, r.partition)  # trailing markers / aborted records: position to the end
+                bw.finish(r.topic, r.partition)
             except BaseException as exc:
                 failed.append(exc)
                 stop.set()
@@ -526,6 +530,7 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
                 held[key] = pending[key] = 0
                 runs[key] = pool.submit(run, r, q)
             if cols is None:
+                complete.add(key)
                 q.put(None)
                 return
             if size is None:
@@ -626,10 +631,12 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     # the last transaction also moves the position of partitions whose records went out in an earlier one
     # and whose range ended after them (trailing transaction markers)
     advance: dict[tuple[str, int], tuple[Columns, int]] = {}
+    # and of partitions whose range held no records at all (only markers or aborted records), from where each
+    # stands (nothing moves when it stands at the end already, or nothing was mirrored yet)
     for key in complete - pieces.keys():
         r = bw.results.get(key)
         s = plan.settings.get(key[0])
-        if r is not None and r.upstream_end is not None and r.upstream_end < by_key[key].end and s is not None:
+        if s is not None and (r is None or (r.upstream_end is not None and r.upstream_end < by_key[key].end)):
             advance[key] = (Columns([], [], [], []), by_key[key].end)
     cut(advance)
     for topic, part in sorted(complete):

@@ -1013,6 +1013,21 @@ class PartitionWriter:
         with partition_lock(self.s, partition):
             self._advance(partition, upstream_end, last_downstream)
 
+    def advance_idle(self, partition: int, upstream_end: int) -> int | None:
+        """A range of the partition read to ``upstream_end`` that held no records (transaction markers, aborted
+        records): move the committed position there from where it stands, so the mirror's lag reaches 0 on a
+        source whose last offsets are markers. Returns the last downstream offset the new sync maps to, or
+        None when nothing moved: nothing mirrored yet, the position already at or past ``upstream_end``, or an
+        at-least-once partition (its writer keeps no position between writes)."""
+        if self.s.delivery != "exactly_once":
+            return None
+        with partition_lock(self.s, partition):
+            position = self._position(_producer(self.s, partition)[1], partition)
+            if position is None or position.downstream is None or position.upstream >= upstream_end:
+                return None
+            self._advance(partition, upstream_end, position.downstream - 1)
+            return position.downstream - 1
+
     def _advance(self, partition: int, upstream_end: int, last_downstream: int) -> None:
         sync = OffsetSync(self.s.source_topic, partition, upstream_end, last_downstream + 1)
         producer, key = _producer(self.s, partition, gapless=self._gapless())

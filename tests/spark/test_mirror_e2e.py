@@ -678,3 +678,89 @@ def test_a_batch_recorded_but_cut_short_is_written_again_on_a_quiet_source(clust
     assert batches[0]["replayed_skipped"] == batches[0]["records"], batches
     got = read_all(clusters.dst_bootstrap, f"{topic}.mirror")[0]
     assert [m.key() for m in got] == [b"%d" % i for i in range(1000)]  # each once, in order
+
+
+@pytest.mark.parametrize("writers", ["transactions: per_writer", "transactions: per_partition, direct_processes: 1"],
+                         ids=["writer-processes-per-writer", "driver-per-partition"])
+def test_keeping_on_mirrors_a_transactional_source_exactly_and_past_its_markers(
+        clusters, unique, tmp_path, writers):
+    """``spark.keep_writing_for`` on the direct read path, kept on by writer processes (each writes what its
+    consumer fetched, with no request to the source) or by the driver (up to the source's last stable offsets,
+    partition by partition transactions). A source written in transactions, committed and aborted
+    ones taking turns while the job keeps writing, the last one aborted: every committed record arrives once
+    and in order, no aborted one does, and replication lag (what ``mirrorflow lag`` shows, from the offset
+    syncs) reaches 0 while the batch is still keeping on: the mirror's positions stand past each partition's
+    last markers, even when a write's range held only markers and aborted records (no record to write)."""
+    from mirror_core.checkpoint import load_sync_store, topic_mappings
+    from mirror_core.health import replication_lag
+
+    topic = unique("keeptxn")
+    dst_topic = f"{topic}.mirror"
+    create_topic(clusters.src_bootstrap, topic, 3)
+    path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes",
+                           spark=f", read_path: direct, {writers}, keep_writing_for: 60 seconds")
+    g = cfg.groups[0]
+    p = Producer({"bootstrap.servers": clusters.src_bootstrap, "enable.idempotence": True})
+    p.produce(topic, key=b"first", value=b"v", partition=0)
+    assert p.flush(30) == 0
+    log = tmp_path / "job.log"
+    with log.open("wb") as out:
+        job = subprocess.Popen([sys.executable, "-m", "spark_jobs.mirror_stream", str(path), "--group", g.name],
+                               cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while _dst_count(clusters.dst_bootstrap, dst_topic) < 1:  # the first batch is written: it keeps on
+            assert job.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the first record was not mirrored in 180 s"
+            time.sleep(0.2)
+        started = time.monotonic()
+        tp = Producer({"bootstrap.servers": clusters.src_bootstrap, "transactional.id": unique("src-tx")})
+        tp.init_transactions(30)
+        want: dict[int, list[bytes]] = {0: [b"first"], 1: [], 2: []}
+        for i in range(20):
+            tp.begin_transaction()
+            for j in range(6):
+                key = b"c%d-%d" % (i, j)
+                tp.produce(topic, key=key, value=b"v", partition=j % 3)
+                want[j % 3].append(key)
+            tp.commit_transaction(30)
+            tp.begin_transaction()
+            for j in range(3):
+                tp.produce(topic, key=b"aborted", value=b"x", partition=j)
+            tp.flush(30)
+            tp.abort_transaction(30)
+            time.sleep(0.05)
+        tp.begin_transaction()
+        for j in range(3):
+            tp.produce(topic, key=b"last", value=b"v", partition=j)
+            want[j].append(b"last")
+        tp.commit_transaction(30)
+        time.sleep(1)  # written on its own: the abort's range holds no record
+        tp.begin_transaction()
+        for j in range(3):
+            tp.produce(topic, key=b"aborted", value=b"x", partition=j)
+        tp.flush(30)
+        tp.abort_transaction(30)
+        total = sum(map(len, want.values()))
+        while _dst_count(clusters.dst_bootstrap, dst_topic) < total:
+            assert job.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the committed records were not all mirrored"
+            time.sleep(0.2)
+        # the lag the syncs show: 0 on every partition, the source's end past the last abort marker
+        lag = None
+        while time.monotonic() - started < 50:
+            lag = replication_lag(cfg, g, load_sync_store(cfg, g), topic_mappings(cfg, g))
+            if all(x.lag_records == 0 for x in lag.partitions):
+                break
+            time.sleep(0.5)
+        assert lag is not None and len(lag.partitions) == 3
+        assert all(x.lag_records == 0 and x.mirrored_to == x.source_end for x in lag.partitions), lag.partitions
+        assert time.monotonic() - started < 55, "lag reached 0 only after the keep's span, with Spark's batch"
+    finally:
+        os.killpg(job.pid, signal.SIGTERM)
+        job.wait(120)
+    got = read_all(clusters.dst_bootstrap, dst_topic)
+    assert {part: [m.key() for m in ms] for part, ms in got.items()} == want
+    batches = [ast.literal_eval(line.split(f"{g.name} batch ", 1)[1].split(": ", 1)[1])
+               for line in log.read_text().splitlines() if f"{g.name} batch " in line and ": {" in line]
+    assert any(b.get("kept_writing") for b in batches), log.read_text()[-3000:]

@@ -278,6 +278,53 @@ def test_ranges_of_topics_passed_over_are_written_as_nothing():
     assert write_ranges(plan, [Range("t", 0, 0, 3)], _FakeReader(chunks=3)) == []
 
 
+class _RecordingWriter:
+    """Stands in for :class:`mirror_core.stream.BatchWriter`: records what it is fed and which partitions'
+    positions it is asked to move to their range's end."""
+
+    fed: list = []
+    finished: list = []
+
+    def __init__(self, plan) -> None:
+        pass
+
+    def feed(self, topic, part, cols) -> None:
+        self.fed.append((part, list(cols.offsets)))
+
+    def finish(self, topic, part) -> None:
+        self.finished.append(part)
+
+    def rows(self, read_ms):
+        return []
+
+
+def test_a_read_that_fails_part_way_moves_no_position_to_its_ranges_end(monkeypatch):
+    """The reader fails (a stalled fetch) after partition 0's range was read to its end and while partition 1's
+    was still being read: partition 0's position moves past its trailing markers to its range's end, and
+    partition 1's does not (its unread records would be taken as mirrored and skipped when the batch is
+    written again); what was read of partition 1 is still written, and the reader's error is raised."""
+    from mirror_core import direct, stream
+    from mirror_core.errors import KafkaOperationError
+    from mirror_core.replicate import Columns
+    from mirror_core.stream import WriterPlan
+
+    monkeypatch.setattr(stream, "BatchWriter", _RecordingWriter)
+    _RecordingWriter.fed, _RecordingWriter.finished = [], []
+
+    class Reader:
+        def read(self, rs, deliver) -> float:
+            deliver(rs[0], Columns([0, 1], [None] * 2, [b"v"] * 2, [0] * 2))
+            deliver(rs[0], None)  # partition 0: read to its end (offsets 2-4 are markers)
+            deliver(rs[1], Columns([0, 1], [None] * 2, [b"v"] * 2, [0] * 2))
+            raise KafkaOperationError("reading t[1]: no progress in 30s")
+
+    plan = WriterPlan({}, {}, {"t": {0: 5, 1: 5}}, {}, None, group="g")
+    with pytest.raises(KafkaOperationError, match=r"t\[1\]"):
+        direct.write_ranges(plan, [Range("t", 0, 0, 5), Range("t", 1, 0, 5)], Reader())
+    assert _RecordingWriter.finished == [0]
+    assert sorted(_RecordingWriter.fed) == [(0, [0, 1]), (1, [0, 1])]
+
+
 class _SlowWriter:
     """Stands in for :class:`mirror_core.stream.BatchWriter`: records what it is fed, and feeds partition 0
     only once ``gate`` is set."""
