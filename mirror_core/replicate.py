@@ -1021,8 +1021,9 @@ class PartitionWriter:
         at-least-once partition (its writer keeps no position between writes)."""
         if self.s.delivery != "exactly_once":
             return None
-        with partition_lock(self.s, partition):
-            position = self._position(_producer(self.s, partition)[1], partition)
+        with partition_lock(self.s, partition):  # reentrant: prepare takes it too
+            self.prepare(partition)  # the producer first (it fences any zombie), then the committed position
+            position = _POSITIONS.get(self.s.transactional_id_for(partition))
             if position is None or position.downstream is None or position.upstream >= upstream_end:
                 return None
             self._advance(partition, upstream_end, position.downstream - 1)
