@@ -95,7 +95,8 @@ RESULTS = ROOT / "bench" / "results"
 # the next (MIRRORFLOW_KEEP_THROUGH_SPARK=1; an A/B of that experiment); *-fetch1* variants read the source with
 # librdkafka's default fetch.min.bytes of 1 (MIRRORFLOW_DIRECT_FETCH_MIN_BYTES=1) instead of mirrorflow's
 # direct.FETCH_MIN_BYTES (an A/B); *-p3* and *-p4* variants run 3 or 4 writer processes (spark.direct_processes)
-# instead of one per core.
+# instead of one per core; *-txnflat* variants cut writer transactions at direct.WRITER_TXN_RECORDS records
+# whatever their partitions (MIRRORFLOW_WRITER_TXN_PER_PARTITION=0; an A/B of direct.writer_txn_records).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
@@ -119,7 +120,8 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-writer-keep10", "mirrorflow-eos-writer-keepthrough",
                      "mirrorflow-eos-writer-keep-fetch1", "mirrorflow-eos-writer-fetch1-bytes",
                      "mirrorflow-eos-direct-fetch1-bytes", "mirrorflow-eos-writer-keep-p3",
-                     "mirrorflow-eos-writer-keep-p4")
+                     "mirrorflow-eos-writer-keep-p4", "mirrorflow-eos-writer-txnflat",
+                     "mirrorflow-eos-writer-txnflat-bytes")
 #: the ``-small`` variants' ``spark.max_offsets_per_trigger`` (the direct path's default batch is 500,000 records)
 SMALL_BATCH_RECORDS = 125000
 #: the ``-keep`` variants' ``spark.keep_writing_for`` (``-keep10``: 10 seconds)
@@ -397,6 +399,8 @@ class Bench:
                 env["MIRRORFLOW_KEEP_THROUGH_SPARK"] = "1"
             if "fetch1" in parts:
                 env["MIRRORFLOW_DIRECT_FETCH_MIN_BYTES"] = "1"
+            if "txnflat" in parts:
+                env["MIRRORFLOW_WRITER_TXN_PER_PARTITION"] = "0"
         elif contender in ("mm2", "mm2-tuned", "mm2-tuned-eos"):
             tuned = contender != "mm2"
             eos = contender.endswith("-eos")

@@ -69,8 +69,16 @@ QUEUED_BYTES_PER_PARTITION = 16 * 1024 * 1024
 QUEUED_CHUNKS_PER_PARTITION = 3
 QUEUED_BYTES_PER_PARTITION_MAX = 64 * 1024 * 1024
 #: ``transactions: per_writer``: a writer transaction holds at most about this many records (and
-#: ``replicate.CHUNK_BYTES`` of keys and values)
+#: ``replicate.CHUNK_BYTES`` of keys and values) ...
 WRITER_TXN_RECORDS = 100000
+#: ... or, when it spans many partitions, this many a partition (still within ``CHUNK_BYTES``): librdkafka
+#: sends each partition's records in a produce request of its own, and the broker answers one request of a
+#: connection at a time, so at 500 partitions a transaction of 100,000 records went out as 500 requests of 200
+#: records each (see :func:`writer_txn_records`)
+WRITER_TXN_RECORDS_PER_PARTITION = 4000
+#: overrides :data:`WRITER_TXN_RECORDS_PER_PARTITION`, for an A/B (the bench's ``-txnflat`` variants: 0, a
+#: transaction of at most ``WRITER_TXN_RECORDS`` whatever its partitions)
+WRITER_TXN_PER_PARTITION_ENV = "MIRRORFLOW_WRITER_TXN_PER_PARTITION"
 #: ``transactions: per_writer``: threads that fence the partitions' own transactional ids and read their
 #: positions when a writer starts
 WARM_THREADS_PER_WRITER = 64
@@ -368,6 +376,17 @@ class DirectReader:
             raise
 
 
+def writer_txn_records(partitions: int) -> int:
+    """How many records a writer transaction over ``partitions`` partitions holds at most:
+    :data:`WRITER_TXN_RECORDS`, or :data:`WRITER_TXN_RECORDS_PER_PARTITION` (:data:`WRITER_TXN_PER_PARTITION_ENV`
+    when set, a whole number) times ``partitions`` when that is more."""
+    raw = os.environ.get(WRITER_TXN_PER_PARTITION_ENV, "").strip()
+    if raw and not raw.isdigit():
+        raise ValueError(f"{WRITER_TXN_PER_PARTITION_ENV}={raw!r}: must be a whole number of records")
+    per = int(raw) if raw else WRITER_TXN_RECORDS_PER_PARTITION
+    return max(WRITER_TXN_RECORDS, per * partitions)
+
+
 def fetch_min_bytes() -> int:
     """:data:`FETCH_MIN_BYTES`, or :data:`FETCH_MIN_BYTES_ENV` when set (a whole number of bytes, 1 to 1 MiB)."""
     raw = os.environ.get(FETCH_MIN_BYTES_ENV, "").strip()
@@ -512,7 +531,7 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
         # when the read failed part way: the records it did not read are still to be written)
         if not stop.is_set() and key in complete:
             try:
-                bw.finish(r.topic, r.partition)
+                bw.finish(r.topic, r.partition, r.start)
             except BaseException as exc:
                 failed.append(exc)
                 stop.set()
@@ -569,7 +588,7 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     """``transactions: per_writer``: read the ranges and write the exactly-once partitions' records in
     transactions of this writer's producer (``slot``; see :meth:`~mirror_core.stream.BatchWriter.write_shared`),
     each holding every partition's records read since the last one: at the end of the read, or sooner when
-    they reach :data:`WRITER_TXN_RECORDS` records or ``CHUNK_BYTES`` of keys and values (memory and transaction
+    they reach :func:`writer_txn_records` records or ``CHUNK_BYTES`` of keys and values (memory and transaction
     size stay bounded whatever the batch). At-least-once partitions are written at the same cuts through one
     idempotent producer of the writer (flushed once for all of them, no transaction). What a shared producer
     cannot write (see :meth:`~mirror_core.stream.BatchWriter.write_shared`) is written partition by partition,
@@ -591,6 +610,7 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     pieces: dict[tuple[str, int], list[Columns]] = {}
     complete: set[tuple[str, int]] = set()
     held = [0, 0]  # records, bytes
+    most = writer_txn_records(len(ranges))
 
     def cut(advance: dict[tuple[str, int], tuple[Columns, int]] | None = None) -> None:
         shared: dict[str, dict[tuple[str, int], tuple[Columns, int]]] = {"exactly_once": {}, "at_least_once": {}}
@@ -621,7 +641,7 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
             return
         # what is held goes out before more is taken (not as soon as it is over the bounds): a range's last
         # records and its end, which the reader hands over one after the other, then share a transaction
-        if held[0] >= WRITER_TXN_RECORDS or held[1] >= CHUNK_BYTES:
+        if held[0] >= most or held[1] >= CHUNK_BYTES:
             cut()
         pieces.setdefault(key, []).append(cols)
         held[0] += len(cols)
@@ -640,7 +660,8 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
             advance[key] = (Columns([], [], [], []), by_key[key].end)
     cut(advance)
     for topic, part in sorted(complete):
-        bw.finish(topic, part)  # what was written partition by partition: past its trailing markers
+        # what was written partition by partition: past its trailing markers
+        bw.finish(topic, part, by_key[(topic, part)].start)
     return bw.rows(read_s * 1000)
 
 

@@ -1013,17 +1013,24 @@ class PartitionWriter:
         with partition_lock(self.s, partition):
             self._advance(partition, upstream_end, last_downstream)
 
-    def advance_idle(self, partition: int, upstream_end: int) -> int | None:
-        """A range of the partition read to ``upstream_end`` that held no records (transaction markers, aborted
-        records): move the committed position there from where it stands, so the mirror's lag reaches 0 on a
-        source whose last offsets are markers. Returns the last downstream offset the new sync maps to, or
-        None when nothing moved: nothing mirrored yet, the position already at or past ``upstream_end``, or an
-        at-least-once partition (its writer keeps no position between writes)."""
-        if self.s.delivery != "exactly_once":
-            return None
+    def advance_idle(self, partition: int, upstream_end: int, start: int | None = None) -> int | None:
+        """A range of the partition ``[start, upstream_end)`` read to its end that held no records (transaction
+        markers, aborted records): move the position there from where it stands, so the mirror's lag reaches 0
+        on a source whose last offsets are markers. Returns the last downstream offset the new sync maps to, or
+        None when nothing moved: nothing mirrored yet, or the position already at or past ``upstream_end``.
+
+        exactly_once: from the committed position. at_least_once: from where this process's last write of the
+        partition left it (kept in memory, not read back), and only when that write reached the range's
+        ``start``: nothing short of it was left to another process or a write that failed. After a restart, an
+        at-least-once position moves with the partition's next record."""
         with partition_lock(self.s, partition):  # reentrant: prepare takes it too
-            self.prepare(partition)  # the producer first (it fences any zombie), then the committed position
-            position = _POSITIONS.get(self.s.transactional_id_for(partition))
+            if self.s.delivery == "exactly_once":
+                self.prepare(partition)  # the producer first (it fences any zombie), then the committed position
+                position = _POSITIONS.get(self.s.transactional_id_for(partition))
+            else:
+                position = _POSITIONS.get(_alo_key(self.s, partition))
+                if start is None or (position is not None and position.upstream < start):
+                    return None
             if position is None or position.downstream is None or position.upstream >= upstream_end:
                 return None
             self._advance(partition, upstream_end, position.downstream - 1)
@@ -1042,6 +1049,7 @@ class PartitionWriter:
             self._emit_sync(producer, sync)
             if self._flush(producer, self._ack_wait()):
                 raise WriterError(f"{self.s.mirror}: offset sync not acknowledged within {self._ack_wait():.0f} s")
+            _POSITIONS[_alo_key(self.s, partition)] = Position(upstream_end, last_downstream + 1)
 
     def _emit_sync(self, producer: Producer, sync: OffsetSync) -> None:
         """An offset sync in MM2's format (all on the sync topic's partition 0), naming our destination in

@@ -1617,15 +1617,16 @@ class BatchWriter:
                 _merge(self.results, r)
         return set(left)
 
-    def finish(self, topic: str, part: int) -> None:
-        """The partition's range was read to its end: move the position past trailing transaction markers /
-        aborted records to the batch end, from the last record written, or, when the range held no records at
-        all, from where the partition stands (:meth:`~mirror_core.replicate.PartitionWriter.advance_idle`)."""
+    def finish(self, topic: str, part: int, start: int | None = None) -> None:
+        """The partition's range (from ``start``) was read to its end: move the position past trailing
+        transaction markers / aborted records to the batch end, from the last record written, or, when the
+        range held no records at all, from where the partition stands
+        (:meth:`~mirror_core.replicate.PartitionWriter.advance_idle`)."""
         r = self.results.get((topic, part))
         end = self.plan.end_offsets.get(topic, {}).get(part)
         s = self.plan.settings.get(topic)
         if r is None and end is not None and s is not None:
-            last = self._writer(topic, s).advance_idle(part, end)
+            last = self._writer(topic, s).advance_idle(part, end, start)
             if last is not None:
                 with self._lock:
                     self.results[(topic, part)] = BatchResult(topic, part, upstream_end=end, last_downstream=last)

@@ -232,6 +232,7 @@ def test_direct_batches_mirror_committed_records_once_and_a_replay_adds_nothing(
 
     if processes == 1:
         monkeypatch.setattr(direct, "WRITER_TXN_RECORDS", 7)
+        monkeypatch.setattr(direct, "WRITER_TXN_RECORDS_PER_PARTITION", 0)
 
     topic = unique("ddir")
     create_topic(clusters.src_bootstrap, topic, 2)

@@ -680,24 +680,31 @@ def test_a_batch_recorded_but_cut_short_is_written_again_on_a_quiet_source(clust
     assert [m.key() for m in got] == [b"%d" % i for i in range(1000)]  # each once, in order
 
 
-@pytest.mark.parametrize("writers", ["transactions: per_writer", "transactions: per_partition, direct_processes: 1"],
-                         ids=["writer-processes-per-writer", "driver-per-partition"])
+@pytest.mark.parametrize("delivery,writers", [
+    ("exactly_once", "transactions: per_writer"),
+    ("exactly_once", "transactions: per_partition, direct_processes: 1"),
+    ("at_least_once", "transactions: per_writer"),
+    ("at_least_once", "transactions: per_partition, direct_processes: 1"),
+], ids=["writer-processes-per-writer", "driver-per-partition", "at-least-once-writer-processes",
+        "at-least-once-driver"])
 def test_keeping_on_mirrors_a_transactional_source_exactly_and_past_its_markers(
-        clusters, unique, tmp_path, writers):
+        clusters, unique, tmp_path, delivery, writers):
     """``spark.keep_writing_for`` on the direct read path, kept on by writer processes (each writes what its
     consumer fetched, with no request to the source) or by the driver (up to the source's last stable offsets,
-    partition by partition transactions). A source written in transactions, committed and aborted
+    partition by partition), exactly_once (in transactions) and at_least_once (one shared idempotent producer
+    per writer process, or a producer per partition). A source written in transactions, committed and aborted
     ones taking turns while the job keeps writing, the last one aborted: every committed record arrives once
-    and in order, no aborted one does, and replication lag (what ``mirrorflow lag`` shows, from the offset
-    syncs) reaches 0 while the batch is still keeping on: the mirror's positions stand past each partition's
-    last markers, even when a write's range held only markers and aborted records (no record to write)."""
+    (nothing failed: at_least_once writes nothing twice either) and in order, no aborted one does, and
+    replication lag (what ``mirrorflow lag`` shows, from the offset syncs) reaches 0 while the batch is still
+    keeping on: the mirror's positions stand past each partition's last markers, even when a write's range
+    held only markers and aborted records (no record to write)."""
     from mirror_core.checkpoint import load_sync_store, topic_mappings
     from mirror_core.health import replication_lag
 
     topic = unique("keeptxn")
     dst_topic = f"{topic}.mirror"
     create_topic(clusters.src_bootstrap, topic, 3)
-    path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes",
+    path, cfg = group_yaml(clusters, tmp_path, topic, delivery=delivery, value_serde="bytes",
                            spark=f", read_path: direct, {writers}, keep_writing_for: 60 seconds")
     g = cfg.groups[0]
     p = Producer({"bootstrap.servers": clusters.src_bootstrap, "enable.idempotence": True})

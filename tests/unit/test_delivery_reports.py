@@ -372,6 +372,30 @@ def test_at_least_once_prepare_starts_the_producer_its_chunks_go_through(monkeyp
     assert _syncs(gapless if c_loop else usual) == [OffsetSync("t", 1, 12, 6)]
 
 
+def test_at_least_once_a_range_of_only_markers_moves_the_position_from_the_last_write(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """at_least_once on the direct path: a range that held no record (transaction markers, aborted records)
+    moves the partition's offset sync to its end from where this process's last write left it, so lag
+    reaches 0; not when that write stopped short of the range's start (another process or a failed write
+    covered what is between), nor for a partition this process has not written (after a restart)."""
+    broker = _Broker()
+    writer = _writer(monkeypatch, broker, delivery="at_least_once")
+    # the producer's key is where the partition's at-least-once position is kept, as replicate._producer's
+    monkeypatch.setattr(replicate, "_producer", lambda s, p, gapless=False: (broker, replicate._alo_key(s, p)))
+    monkeypatch.setattr(native, "available", lambda: False)
+    writer.write(1, _cols([3, 4, 5]), upstream_end=6)
+    assert writer.advance_idle(1, 9, start=6) == 2  # the last mirrored record is at downstream 2
+    assert _syncs(broker)[-1] == OffsetSync("t", 1, 9, 3)
+    sent = len(broker.txn)
+    assert writer.advance_idle(1, 9, start=6) is None  # already there
+    assert writer.advance_idle(1, 14, start=10) is None  # [9, 10) is not known written here
+    assert writer.advance_idle(2, 5, start=0) is None  # nothing written of partition 2 by this process
+    assert writer.advance_idle(1, 14, start=None) is None
+    assert len(broker.txn) == sent
+    writer.advance(1, 11, 2)  # trailing markers after a write: the position moves with them
+    assert writer.advance_idle(1, 13, start=11) == 2 and _syncs(broker)[-1] == OffsetSync("t", 1, 13, 3)
+
+
 def _served_after_a_fatal_error(fatal: KafkaException, callbacks: int) -> None:
     """What confluent-kafka's ``flush`` raises when a producer's fatal error is served among delivery reports:
     its error callback leaves the error pending, and each delivery callback that runs after it fails at its

@@ -291,7 +291,7 @@ class _RecordingWriter:
     def feed(self, topic, part, cols) -> None:
         self.fed.append((part, list(cols.offsets)))
 
-    def finish(self, topic, part) -> None:
+    def finish(self, topic, part, start=None) -> None:
         self.finished.append(part)
 
     def rows(self, read_ms):
@@ -340,7 +340,7 @@ class _SlowWriter:
             assert self.gate.wait(30)
         self.fed.append((part, len(cols)))
 
-    def finish(self, topic, part) -> None:
+    def finish(self, topic, part, start=None) -> None:
         pass
 
     def rows(self, read_ms):
@@ -689,20 +689,17 @@ class _SharedWriter:
     def feed(self, topic, part, cols) -> None:
         raise AssertionError("nothing is written partition by partition here")
 
-    def finish(self, topic, part) -> None:
+    def finish(self, topic, part, start=None) -> None:
         pass
 
     def rows(self, read_ms):
         return []
 
 
-def test_per_writer_a_failed_cut_stops_the_read_and_is_raised(monkeypatch):
-    """``transactions: per_writer``, a transaction cut after every record: the first cut fails; the read stops
-    there, nothing more is written, and the writer's own error is raised."""
-    from types import SimpleNamespace
-
+def _per_writer_cuts(monkeypatch, most: int, per_partition: int) -> None:
+    """``write_ranges_per_writer`` with :class:`_SharedWriter` noting its cuts, a writer transaction that needs
+    no broker, and transactions cut at ``most`` records or ``per_partition`` a partition."""
     from mirror_core import direct, replicate, stream
-    from mirror_core.stream import WriterPlan
 
     class Txn:
         def __init__(self, *args, **kwargs) -> None:
@@ -711,9 +708,21 @@ def test_per_writer_a_failed_cut_stops_the_read_and_is_raised(monkeypatch):
         def fence_unused(self) -> None:
             pass
 
-    monkeypatch.setattr(direct, "WRITER_TXN_RECORDS", 1)
+    monkeypatch.setattr(direct, "WRITER_TXN_RECORDS", most)
+    monkeypatch.setattr(direct, "WRITER_TXN_RECORDS_PER_PARTITION", per_partition)
     monkeypatch.setattr(replicate, "WriterTransaction", Txn)
     monkeypatch.setattr(stream, "BatchWriter", _SharedWriter)
+
+
+def test_per_writer_a_failed_cut_stops_the_read_and_is_raised(monkeypatch):
+    """``transactions: per_writer``, a transaction cut after every record: the first cut fails; the read stops
+    there, nothing more is written, and the writer's own error is raised."""
+    from types import SimpleNamespace
+
+    from mirror_core import direct
+    from mirror_core.stream import WriterPlan
+
+    _per_writer_cuts(monkeypatch, most=1, per_partition=0)
     _SharedWriter.fail, _SharedWriter.cuts = RuntimeError("the destination refused the transaction"), []
     plan = WriterPlan({"t": SimpleNamespace(delivery="exactly_once")}, {}, {"t": {0: 10}}, {}, None, group="g",
                       transactions="per_writer")
@@ -721,6 +730,32 @@ def test_per_writer_a_failed_cut_stops_the_read_and_is_raised(monkeypatch):
     with pytest.raises(RuntimeError, match="refused the transaction"):
         direct.write_ranges_per_writer(plan, [Range("t", 0, 0, 10**9)], reader, 0, 1)
     assert reader.stopped_by is not None and _SharedWriter.cuts == [[0]]
+
+
+def test_per_writer_a_transaction_over_many_partitions_holds_more_records(monkeypatch):
+    """``transactions: per_writer``: a transaction is cut at ``WRITER_TXN_RECORDS`` records, or at
+    ``WRITER_TXN_RECORDS_PER_PARTITION`` a partition when it spans enough partitions for that to be more (each
+    partition's records go to the broker in a request of their own: fewer, larger requests)."""
+    from types import SimpleNamespace
+
+    from mirror_core import direct
+    from mirror_core.stream import WriterPlan
+
+    _per_writer_cuts(monkeypatch, most=6, per_partition=2)
+    for partitions, cut in ((2, 6), (3, 6), (5, 10)):
+        _SharedWriter.fail, _SharedWriter.cuts = None, []
+        plan = WriterPlan({"t": SimpleNamespace(delivery="exactly_once")}, {}, {"t": {p: 10 for p in range(partitions)}},
+                          {}, None, group="g", transactions="per_writer")
+        ranges = [Range("t", p, 0, 10) for p in range(partitions)]
+        direct.write_ranges_per_writer(plan, ranges, _FakeReader(chunks=10), 0, 1)
+        assert [len(c) for c in _SharedWriter.cuts[:-1]] == [cut] * (10 * partitions // cut - (
+            10 * partitions % cut == 0)), (partitions, _SharedWriter.cuts)
+        assert sum(map(len, _SharedWriter.cuts)) == 10 * partitions
+    monkeypatch.setenv(direct.WRITER_TXN_PER_PARTITION_ENV, "0")  # the bench's -txnflat A/B
+    assert direct.writer_txn_records(5) == 6
+    monkeypatch.setenv(direct.WRITER_TXN_PER_PARTITION_ENV, "many")
+    with pytest.raises(ValueError, match="MIRRORFLOW_WRITER_TXN_PER_PARTITION='many'"):
+        direct.writer_txn_records(5)
 
 
 def _shared_writer(monkeypatch, cap: int, lost, producer_config=None):

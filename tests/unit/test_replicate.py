@@ -1006,6 +1006,8 @@ def _write_past_trailing_markers(monkeypatch, s, store: dict[int, OffsetSync]) -
     from mirror_core.stream import BatchWriter, WriterPlan
 
     monkeypatch.setattr(direct, "WRITER_TXN_RECORDS", 7)
+    monkeypatch.setattr(direct, "WRITER_TXN_RECORDS_PER_PARTITION", 0)
+
     writer = replicate.PartitionWriter(s, ids({}), lambda t, p: store.get(p), downstream_end=lambda t, p: 0,
                                        destination_high=lambda t, p: 999)
     monkeypatch.setattr(BatchWriter, "_writer", lambda self, topic, _s: self._writers.setdefault(topic, writer))
@@ -1062,6 +1064,7 @@ def _twenty_records_in_three_transactions(monkeypatch, s, store: dict[int, Offse
 
     monkeypatch.setattr(replicate, "Producer", producer)
     monkeypatch.setattr(direct, "WRITER_TXN_RECORDS", 7)
+    monkeypatch.setattr(direct, "WRITER_TXN_RECORDS_PER_PARTITION", 0)
     writer = replicate.PartitionWriter(s, ids({}), lambda t, p: store.get(p), downstream_end=lambda t, p: 0,
                                        destination_high=lambda t, p: 999)
     monkeypatch.setattr(BatchWriter, "_writer", lambda self, topic, _s: self._writers.setdefault(topic, writer))
