@@ -57,6 +57,10 @@ class Arrivals:
     # the window the throughput figure is taken over, free of start-up and of the last straggling batch
     at_10: float | None = None
     at_90: float | None = None
+    #: the most records that became visible at once (between two looks at the destination): a transaction
+    #: that commits a large share of the drain makes the 10 %/90 % window a measure of when its commits
+    #: landed, not of the pace (see bench.report.rate)
+    largest_step: int = 0
 
 
 #: librdkafka stops fetching for ``fetch.queue.backoff.ms`` (default 1000) whenever its prefetch queue is
@@ -122,6 +126,7 @@ class DstWatcher:
         """The count seen at ``now`` (epoch seconds): first/last arrival and the 10 %/90 % marks."""
         if count <= self.seen.count:
             return
+        self.seen.largest_step = max(self.seen.largest_step, count - self.seen.count)
         self.seen.count = count
         self.seen.first_at = self.seen.first_at or now
         self.seen.last_at = now

@@ -23,7 +23,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def rate(row: dict[str, Any]) -> float | None:
     """The throughput a row is compared by: records/s over the 10 %-90 % window of the destination count
-    when the drain was long enough to have one, else the steady figure (data path start -> last record)."""
+    when the drain was long enough to have one, else the steady figure (data path start -> last record).
+    Also the steady figure when the window is coarse (``window_coarse``: a tenth of the records or more became
+    visible at once, so the window is a few commits apart and may even fall between two of them)."""
+    if row.get("window_coarse"):
+        return row.get("records_per_s")
     return row.get("records_per_s_window") or row.get("records_per_s")
 
 
@@ -150,7 +154,8 @@ def throughput_table(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="Drain throughput (same pre-loaded data; 10-90% = window between 10 % and 90 % of the records "
                     "visible on the destination, ratios use it; steady = data path start -> last record visible; "
                     "CPU us/rec = CPU time of the contender's processes over the window per record in it, servers = "
-                    "of both clusters' brokers and registries)")
+                    "of both clusters' brokers and registries; ~ = a coarse window, a tenth of the records or more "
+                    "became visible at once: that row's ratios use its steady figure)")
     rounds = any((r.get("round") or 1) > 1 for r in rows)
     for col in ("value B", "contender", *(("round",) if rounds else ()), "records", "rec/s 10-90%", "rec/s steady", "MB/s steady", "CPU us/rec",
                 "servers us/rec", "wall s", "startup s", "peak RSS MB", "x MM2", "x MM2 tuned", "x raw", "load 1m",
@@ -161,7 +166,7 @@ def throughput_table(rows: list[dict[str, Any]]) -> Table:
         if r["phase"] != "throughput":
             continue
         t.add_row(str(r["size"]), r["contender"], *((f"{r.get('round')}.{r.get('position')}",) if rounds else ()),
-                  _f(r.get("records")), _f(r.get("records_per_s_window")),
+                  _f(r.get("records")), _f(r.get("records_per_s_window")) + (" ~" if r.get("window_coarse") else ""),
                   _f(r.get("records_per_s")), _f(r.get("mb_per_s"), "{:.2f}"),
                   _f((r.get("cpu_window") or {}).get("mirror_us_per_record"), "{:.1f}"),
                   _f((r.get("cpu_window") or {}).get("servers_us_per_record"), "{:.1f}"),

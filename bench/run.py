@@ -122,6 +122,10 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-direct-fetch1-bytes", "mirrorflow-eos-writer-keep-p3",
                      "mirrorflow-eos-writer-keep-p4", "mirrorflow-eos-writer-txnflat",
                      "mirrorflow-eos-writer-txnflat-bytes")
+#: a drain whose destination count rose by this share of its records or more at once (a transaction's commit
+#: between two looks) is compared by its steady figure: its 10-90 % window is a few such steps apart, and
+#: measures when they landed more than the pace (see bench.report.rate)
+COARSE_STEP_SHARE = 0.1
 #: the ``-small`` variants' ``spark.max_offsets_per_trigger`` (the direct path's default batch is 500,000 records)
 SMALL_BATCH_RECORDS = 125000
 #: the ``-keep`` variants' ``spark.keep_writing_for`` (``-keep10``: 10 seconds)
@@ -541,6 +545,9 @@ class Bench:
         if seen.at_10 is not None and seen.at_90 is not None and seen.at_90 > seen.at_10:
             window = seen.at_90 - seen.at_10
             row.update(window_s=round(window, 2), records_per_s_window=round(0.8 * records / window))
+            row["largest_step_share"] = round(seen.largest_step / records, 3)
+            if row["largest_step_share"] >= COARSE_STEP_SHARE:
+                row["window_coarse"] = True
             mirror_cpu = run.mem.cpu.between(seen.at_10, seen.at_90)
             by_role = {role: t.cpu.between(seen.at_10, seen.at_90) for role, t in self.role_cpu.items()}
             # all the servers: the sum of the roles (None when a role has no figure for the window)

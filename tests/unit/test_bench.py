@@ -206,6 +206,28 @@ def test_ratios_use_the_10_to_90_percent_window_and_compare_with_both_mm2_conten
     assert rows[4]["p99_x_mm2-tuned"] == 2.0
 
 
+def test_a_drain_whose_records_became_visible_in_large_steps_is_compared_by_its_steady_figure():
+    """A mirror that commits a large share of the drain in one transaction makes the 10-90 % window the gap
+    between two commits (it can even fall between two polls): such a row is marked coarse and its ratios use
+    the steady figure, in every round's ratio and in the table."""
+    from bench.report import rate, throughput_table
+
+    rows = [
+        {"phase": "throughput", "contender": "mm2-tuned", "size": 100, "status": "ok", "records_per_s": 180,
+         "records_per_s_window": 200},
+        {"phase": "throughput", "contender": "mirrorflow-eos-writer-bytes", "size": 100, "status": "ok",
+         "records_per_s": 300, "records_per_s_window": 900, "window_coarse": True},
+        {"phase": "throughput", "contender": "mirrorflow-alo-writer-bytes", "size": 100, "status": "ok",
+         "records_per_s": 300, "records_per_s_window": 400},
+    ]
+    add_ratios(rows)
+    assert rate(rows[1]) == 300 and rows[1]["x_mm2-tuned"] == 1.5
+    assert rows[2]["x_mm2-tuned"] == 2.0  # a fine window is still what counts
+    cells = [list(col.cells) for col in throughput_table(rows).columns]
+    window = next(c for col, c in zip(throughput_table(rows).columns, cells, strict=True) if col.header == "rec/s 10-90%")
+    assert window == ["200", "900 ~", "400"]
+
+
 def test_the_watcher_marks_when_10_and_90_percent_of_the_expected_records_arrived():
     from bench.observe import DstWatcher
 
@@ -352,6 +374,7 @@ def test_the_drain_counter_leaves_the_machine_to_the_contender_and_puts_the_mark
     # polls answered at wall 1000.1, 1001.1, 1002.1, 1003.1 with 0, 50, 250, 1000 records
     assert w.seen.at_10 == pytest.approx(1001.1 + 1.0 * (100 - 50) / 200)
     assert w.seen.at_90 == pytest.approx(1002.1 + 1.0 * (900 - 250) / 750)
+    assert w.seen.largest_step == 750  # the most that became visible between two polls
 
 
 def test_a_contender_runs_with_the_environment_it_is_given_and_its_log_and_row_say_so(tmp_path: Path):
