@@ -580,7 +580,7 @@ def _producer(s: WriterSettings, partition: int, gapless: bool = False) -> tuple
             _drop_producer(txid)  # another size limit (its batches would be rejected again) or partition count
         if txid not in _PRODUCERS:
             p = Producer(s.producer_config | base | {"transactional.id": txid, "transaction.timeout.ms": 60000,
-                                                     "logger": _PARTITION_TXN_LOG})
+                                                     "logger": _TXN_LOG})
             # metadata first: librdkafka's coordinator lookup otherwise often races the swap of the
             # bootstrap connection for the broker's own and waits out a 500 ms retry timer
             p.list_topics(s.destination_topic, timeout=30)
@@ -605,10 +605,10 @@ def _producer(s: WriterSettings, partition: int, gapless: bool = False) -> tuple
 
 #: the gapless producers' librdkafka log: the fatal error of a record lost is expected (see _producer)
 _GAPLESS_LOG = LibrdkafkaLog(expected=("gap-less guarantee",))
-#: an exactly-once partition producer's librdkafka log: a fence by a newer producer with the partition's
-#: transactional id is expected (Spark's tasks move partitions between Python workers); the writer says
-#: so itself when it writes the chunk again (see PartitionWriter._write_transactional)
-_PARTITION_TXN_LOG = LibrdkafkaLog(expected=("old epoch", "fenced by a newer instance"))
+#: a transactional producer's librdkafka log: a fence by a newer producer with its transactional id is
+#: expected (Spark's tasks move partitions between Python workers); the writer says so itself when it writes
+#: the chunk or transaction again (see PartitionWriter._write_transactional, BatchWriter.write_shared)
+_TXN_LOG = LibrdkafkaLog(expected=("old epoch", "fenced by a newer instance"))
 
 
 def _alo_key(s: WriterSettings, partition: int) -> str:
@@ -798,7 +798,7 @@ class WriterTransaction:
                              | {"enable.gapless.guarantee": True, "logger": _GAPLESS_LOG})
             else:
                 p = Producer(self.producer_config | _base_config(self.limit)
-                             | {"transactional.id": key, "transaction.timeout.ms": 60000})
+                             | {"transactional.id": key, "transaction.timeout.ms": 60000, "logger": _TXN_LOG})
                 p.init_transactions(60)
             _PRODUCERS[key] = p
             _PRODUCER_LIMITS[key] = self.limit

@@ -1400,7 +1400,13 @@ class BatchWriter:
         as two transactions of half as many, halved again at each further timeout, for as long as a
         partition's own writer would wait for a destination that does not answer (the producers' delivery
         timeout, from the first); then the batch fails. Not partition by partition, which at thousands of
-        partitions starts a producer for each."""
+        partitions starts a producer for each.
+
+        A transaction that fails with a producer error (fenced, a fatal error, an error that aborts it, a commit
+        that timed out) is written again once the same way (on a new producer after a fatal error); its
+        partitions are written partition by partition only when that fails too (the per-partition writer
+        retries and says what is wrong). Without that second try, a transaction the broker had timed out at
+        1,000 partitions started a producer for every partition and took minutes."""
         items = list(parts.items())
         left: set[tuple[str, int]] = set()
         for i in range(0, len(items), SHARED_TXN_PARTITIONS):
@@ -1411,17 +1417,26 @@ class BatchWriter:
                              ) -> set[tuple[str, int]]:
         from confluent_kafka import KafkaException
 
-        todo = [parts]
+        #: pieces to write, each with whether it is already a second try after a producer error
+        todo = [(parts, False)]
         left: set[tuple[str, int]] = set()
         since: float | None = None
         limit = delivery_timeout(txn.producer_config)
         while todo:
-            piece = todo.pop(0)
+            piece, again = todo.pop(0)
             try:
-                left |= self._write_shared(txn, piece)
+                left |= self._write_shared(txn, piece, once_more=not again)
                 continue
             except _AgainWithReports:
-                todo.insert(0, piece)  # aborted; reporting every record now, it cannot meet this again
+                todo.insert(0, (piece, again))  # aborted; reporting every record now, it cannot meet this again
+                continue
+            except _ProducerFailed as exc:
+                halves = _halves(piece)
+                log.warning("%s: the writer's transaction of %d partitions failed (%s); writing them again as %s "
+                            "(then, should that fail too, partition by partition)", self.plan.group, len(piece),
+                            exc.why, _as_transactions(halves))
+                todo[0:0] = [(half, True) for half in halves]
+                time.sleep(SHARED_RETRY_PAUSE)
                 continue
             except _AckTimeout as exc:
                 why = f"{exc.remaining} records not acknowledged within {exc.wait:.0f} s"
@@ -1436,18 +1451,16 @@ class BatchWriter:
                 raise NotAcknowledged(f"{self.plan.group}: the writer's transaction of {what}: {why}, "
                                       f"and the destination has not kept up for {now - since:.0f} s; nothing of "
                                       f"it is visible")
-            halves = [piece] if len(piece) < 2 else [
-                dict(list(piece.items())[:len(piece) // 2]), dict(list(piece.items())[len(piece) // 2:])]
+            halves = _halves(piece)
             log.warning("%s: the writer's transaction of %d partitions was lost (%s); writing them again as %s "
-                        "(waited %.0f s of up to %.0f s)", self.plan.group, len(piece), why,
-                        f"two transactions of {len(halves[0])} and {len(halves[-1])}" if len(halves) > 1 else "one",
+                        "(waited %.0f s of up to %.0f s)", self.plan.group, len(piece), why, _as_transactions(halves),
                         now - since, limit)
-            todo[0:0] = halves
+            todo[0:0] = [(half, again) for half in halves]
             time.sleep(SHARED_RETRY_PAUSE)
         return left
 
-    def _write_shared(self, txn: WriterTransaction, parts: dict[tuple[str, int], tuple[Columns, int]]
-                      ) -> set[tuple[str, int]]:
+    def _write_shared(self, txn: WriterTransaction, parts: dict[tuple[str, int], tuple[Columns, int]],
+                      once_more: bool = False) -> set[tuple[str, int]]:
         """One transaction of ``txn``'s producer holding ``parts``: records, dead letters and every partition's
         offset syncs commit together, or nothing does.
 
@@ -1457,7 +1470,8 @@ class BatchWriter:
         (it retries, fences, learns the size limit, dead-letters) and says what is wrong when it cannot. A failure
         that one partition's writer would raise as well (``on_error: fail``, a dead letter not delivered, the
         destination topic gone) is raised here, after the abort; records not acknowledged within the wait raise
-        :class:`_AckTimeout`, after the abort.
+        :class:`_AckTimeout`, after the abort. With ``once_more``, a producer error of the transaction raises
+        :class:`_ProducerFailed` (the producer replaced, nothing committed) instead of handing every partition back.
 
         With ``txn.transactional`` False (the writer's at-least-once partitions): the same, with the shared
         idempotent producer and no transaction: the records, then the offset syncs, are flushed once for all
@@ -1593,9 +1607,13 @@ class BatchWriter:
                 raise _AgainWithReports() from None
             return set(parts)
         except KafkaException as exc:
-            # fenced, fatal, abortable or a timeout: a new producer next batch; this one partition by partition,
-            # from positions read again (a commit that reported an error may have gone through)
+            # fenced, fatal, abortable or a timeout: from positions read again (a commit that reported an error
+            # may have gone through), once more on a new producer, else partition by partition
             forget()
+            if transactional and once_more:
+                if exc.args[0].fatal() or not _abort_quietly(producer):
+                    txn.drop()
+                raise _ProducerFailed(exc.args[0].str()) from None
             log.warning("%s: the writer %s failed (%s); writing the batch partition by partition",
                         self.plan.group, "transaction" if transactional else "write", exc.args[0].str())
             if exc.args[0].fatal() or not transactional or not _abort_quietly(producer):
@@ -1644,6 +1662,28 @@ class BatchWriter:
 class _AgainWithReports(Exception):  # noqa: N818  # internal signal, never leaves the writer
     """``transactions: per_writer``: the writer transaction was aborted and is to be written again, now that
     the writer reports every record."""
+
+
+class _ProducerFailed(Exception):  # noqa: N818  # internal signal, never leaves the writer
+    """``transactions: per_writer``, exactly_once: the writer transaction failed with a producer error (its
+    producer aborted it or was replaced; a commit that reported an error may have gone through, so its partitions'
+    positions are read again): it is to be written again once."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+def _halves(piece: dict[tuple[str, int], tuple[Columns, int]]) -> list[dict[tuple[str, int], tuple[Columns, int]]]:
+    """A writer transaction's partitions as two transactions of half as many (one, when it has one partition)."""
+    if len(piece) < 2:
+        return [piece]
+    items = list(piece.items())
+    return [dict(items[:len(items) // 2]), dict(items[len(items) // 2:])]
+
+
+def _as_transactions(pieces: list[dict[tuple[str, int], tuple[Columns, int]]]) -> str:
+    return f"two transactions of {len(pieces[0])} and {len(pieces[-1])}" if len(pieces) > 1 else "one"
 
 
 class _AckTimeout(_Unmapped):  # noqa: N818  # internal signal, never leaves the writer

@@ -373,6 +373,50 @@ def test_per_writer_falls_back_to_partition_transactions_without_losing_or_doubl
         rt.close()
 
 
+def four_partitions_per_writer(clusters, unique, tmp_path: Path, stem: str
+                               ) -> tuple[str, str, dict[int, list[bytes]], MirrorRuntime]:
+    """A source topic of 4 partitions with 20 records each (keys ``<partition>-<i>``) and a prepared exactly_once
+    ``per_writer`` mirror of it in one writer process: the topic, the mirror's name, the keys each partition
+    should arrive with, the runtime."""
+    topic = unique(stem)
+    create_topic(clusters.src_bootstrap, topic, 4)
+    p = Producer({"bootstrap.servers": clusters.src_bootstrap})
+    want = {part: [f"{part}-{i}".encode() for i in range(20)] for part in range(4)}
+    for part, keys in want.items():
+        for k in keys:
+            p.produce(topic, key=k, value=b"x", partition=part)
+    assert p.flush(30) == 0
+    name = unique(stem).replace("-", "")
+    cfg, g = one_group(clusters, name, topic, tmp_path, processes=1, transactions="per_writer")
+    rt = MirrorRuntime(cfg, g)
+    rt.prepare()
+    return topic, name, want, rt
+
+
+def write_with_flush(rt: MirrorRuntime, topic: str, flush, caplog, monkeypatch) -> tuple[dict, list[str]]:
+    """Batch 0 of :func:`four_partitions_per_writer`'s mirror (every record), with the writer's ``flush_within``
+    replaced by ``flush``: its summary and the lines logged."""
+    from mirror_core import stream
+
+    monkeypatch.setattr(stream, "SHARED_RETRY_PAUSE", 0.0)
+    write_initial_offsets(rt, {topic: {q: 0 for q in range(4)}})
+    write_offset_log(rt, 0, {topic: {q: 20 for q in range(4)}})
+    with caplog.at_level(logging.INFO, logger="mirror_core.stream"), monkeypatch.context() as mp:
+        mp.setattr(stream, "flush_within", flush)
+        summary = rt.after_batch(0, rt.write_direct(rt.writer_plan(0), 0), 1.0)
+    return summary, [r.getMessage() for r in caplog.records]
+
+
+def assert_once_and_a_replay_adds_nothing(clusters, rt: MirrorRuntime, topic: str, want: dict[int, list[bytes]]
+                                          ) -> None:
+    """Every record of batch 0 arrived once, in order, and a replay of the batch adds nothing."""
+    got = read_dst(clusters.dst_bootstrap, f"{topic}.m", 4)
+    assert got == want
+    again = rt.after_batch(0, rt.write_direct(rt.writer_plan(0), 0), 1.0)
+    assert again["mirrored"] == 0 and again["replayed_skipped"] == sum(map(len, want.values()))
+    assert read_dst(clusters.dst_bootstrap, f"{topic}.m", 4) == got
+
+
 def test_per_writer_a_transaction_not_acknowledged_in_time_is_written_again_in_halves_exactly_once(
         clusters, unique, tmp_path, caplog, monkeypatch):
     """``transactions: per_writer``: the writer's one transaction over four partitions is not acknowledged
@@ -382,18 +426,7 @@ def test_per_writer_a_transaction_not_acknowledged_in_time_is_written_again_in_h
     the lost transaction is visible, and a replay of the batch adds nothing."""
     from mirror_core import replicate, stream
 
-    topic = unique("dpwto")
-    create_topic(clusters.src_bootstrap, topic, 4)
-    p = Producer({"bootstrap.servers": clusters.src_bootstrap})
-    want = {part: [f"{part}-{i}".encode() for i in range(20)] for part in range(4)}
-    for part, keys in want.items():
-        for k in keys:
-            p.produce(topic, key=k, value=b"x", partition=part)
-    assert p.flush(30) == 0
-    name = unique("dpwto").replace("-", "")
-    cfg, g = one_group(clusters, name, topic, tmp_path, processes=1, transactions="per_writer")
-    rt = MirrorRuntime(cfg, g)
-    rt.prepare()
+    topic, name, want, rt = four_partitions_per_writer(clusters, unique, tmp_path, "dpwto")
     real = stream.flush_within
     flushed: list[tuple[object, int]] = []
 
@@ -402,24 +435,50 @@ def test_per_writer_a_transaction_not_acknowledged_in_time_is_written_again_in_h
         flushed.append((producer, left))
         return 1 if len(flushed) == 1 else left  # the first: one record "not acknowledged"
 
-    monkeypatch.setattr(stream, "SHARED_RETRY_PAUSE", 0.0)
     try:
-        write_initial_offsets(rt, {topic: {q: 0 for q in range(4)}})
-        write_offset_log(rt, 0, {topic: {q: 20 for q in range(4)}})
-        with caplog.at_level(logging.INFO, logger="mirror_core.stream"), monkeypatch.context() as mp:
-            mp.setattr(stream, "flush_within", late)
-            summary = rt.after_batch(0, rt.write_direct(rt.writer_plan(0), 0), 1.0)
-        lines = [r.getMessage() for r in caplog.records]
+        summary, lines = write_with_flush(rt, topic, late, caplog, monkeypatch)
         assert any("transaction of 4 partitions was lost (1 records not acknowledged within 60 s); writing them "
                    "again as two transactions of 2 and 2" in line for line in lines), lines
         assert not any("partition by partition" in line for line in lines), lines
         assert [left for _p, left in flushed] == [0, 0, 0] and summary["mirrored"] == 80
         assert all(prod is not flushed[0][0] for prod in replicate._PRODUCERS.values())  # replaced
-        got = read_dst(clusters.dst_bootstrap, f"{topic}.m", 4)
-        assert got == want
-        again = rt.after_batch(0, rt.write_direct(rt.writer_plan(0), 0), 1.0)  # a replay of the batch
-        assert again["mirrored"] == 0 and again["replayed_skipped"] == 80
-        assert read_dst(clusters.dst_bootstrap, f"{topic}.m", 4) == got
+        assert_once_and_a_replay_adds_nothing(clusters, rt, topic, want)
+    finally:
+        rt.close()
+
+
+def test_per_writer_a_transaction_whose_producer_was_fenced_is_written_again_not_partition_by_partition(
+        clusters, unique, tmp_path, caplog, monkeypatch):
+    """``transactions: per_writer``: once the writer's transaction over four partitions has all its records
+    acknowledged, another producer takes the writer's transactional id (as a writer of a later job would), so
+    the commit fails: the producer was fenced. The transaction is written again on a new producer, as two
+    transactions of two partitions, not partition by partition (at thousands of partitions that starts a
+    producer for each), and one line says so. Every record arrives once, in order, and a replay of the batch adds
+    nothing."""
+    from mirror_core import replicate, stream
+
+    topic, name, want, rt = four_partitions_per_writer(clusters, unique, tmp_path, "dpwf")
+    real = stream.flush_within
+    fenced: list[str] = []
+
+    def fence_first(producer, timeout, who, check=None):
+        left = real(producer, timeout, who, check)
+        if not fenced:
+            txid = next(k for k, v in replicate._PRODUCERS.items() if v is producer)
+            replicate.fence_transactional_id({"bootstrap.servers": clusters.dst_bootstrap}, txid)
+            fenced.append(txid)
+        return left
+
+    try:
+        summary, lines = write_with_flush(rt, topic, fence_first, caplog, monkeypatch)
+        assert fenced == [f"mirrorflow.{name}:src::writer-0"]
+        assert any("transaction of 4 partitions failed" in line and "writing them again as two transactions of 2 "
+                   "and 2" in line for line in lines), lines
+        assert not any("writing the batch partition by partition" in line for line in lines), lines
+        # one line says it: librdkafka's own line of the fence is not shown as well
+        assert not [r for r in caplog.records if r.name == "librdkafka" and r.levelno >= logging.WARNING]
+        assert summary["mirrored"] == 80
+        assert_once_and_a_replay_adds_nothing(clusters, rt, topic, want)
     finally:
         rt.close()
 

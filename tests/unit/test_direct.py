@@ -760,7 +760,9 @@ def test_per_writer_a_transaction_over_many_partitions_holds_more_records(monkey
 
 def _shared_writer(monkeypatch, cap: int, lost, producer_config=None):
     """A :class:`mirror_core.stream.BatchWriter` whose one-transaction write notes the partitions of each
-    transaction it is given and raises what ``lost(partitions)`` returns (None: it committed)."""
+    transaction it is given (and, in ``once_more``, whether a producer error may still be tried again) and raises
+    what ``lost(partitions)`` returns (None: it committed; :data:`HANDED_BACK`: it hands every partition back, as
+    after a producer error on a second try)."""
     from types import SimpleNamespace
 
     from mirror_core import stream
@@ -771,10 +773,14 @@ def _shared_writer(monkeypatch, cap: int, lost, producer_config=None):
     bw = BatchWriter(WriterPlan({}, {}, {}, {}, None, group="g", transactions="per_writer"))
     tried: list[list[int]] = []
     committed: list[int] = []
+    bw.once_more = []  # type: ignore[attr-defined]
 
-    def once(txn, parts) -> set:
+    def once(txn, parts, once_more=False) -> set:
         tried.append([p for _t, p in parts])
+        bw.once_more.append(once_more)  # type: ignore[attr-defined]
         exc = lost(len(parts))
+        if exc is HANDED_BACK:
+            return set(parts)
         if exc is not None:
             raise exc
         committed.extend(p for _t, p in parts)
@@ -783,6 +789,9 @@ def _shared_writer(monkeypatch, cap: int, lost, producer_config=None):
     bw._write_shared = once  # type: ignore[method-assign]
     txn = SimpleNamespace(producer_config=producer_config or {})
     return bw, txn, tried, committed
+
+
+HANDED_BACK = object()
 
 
 def _parts(n: int) -> dict:
@@ -813,6 +822,35 @@ def test_per_writer_a_lost_transaction_is_written_again_in_halves(monkeypatch, c
     lines = [r.getMessage() for r in caplog.records]
     assert any("transaction of 8 partitions was lost (7 records not acknowledged within 60 s); writing them again "
                "as two transactions of 4 and 4" in line for line in lines), lines
+
+
+def test_per_writer_a_transaction_that_failed_is_written_again_once_before_partition_by_partition(monkeypatch,
+                                                                                                 caplog):
+    """A writer transaction that failed with a producer error (here: fenced) is written again once, as two
+    transactions of half its partitions; a half that fails again is handed back to be written partition by
+    partition, the other half commits. Nothing is tried a third time."""
+    import logging
+
+    from mirror_core.stream import _AckTimeout, _ProducerFailed
+
+    outcomes = iter([_ProducerFailed("fenced by a newer instance"), HANDED_BACK, None])
+    bw, txn, tried, committed = _shared_writer(monkeypatch, 1000, lambda n: next(outcomes))
+    with caplog.at_level(logging.WARNING, logger="mirror_core.stream"):
+        assert bw.write_shared(txn, _parts(8)) == {("t", p) for p in (0, 1, 2, 3)}
+    assert tried == [list(range(8)), [0, 1, 2, 3], [4, 5, 6, 7]]
+    assert bw.once_more == [True, False, False]  # type: ignore[attr-defined]
+    assert committed == [4, 5, 6, 7]
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("transaction of 8 partitions failed (fenced by a newer instance); writing them again as two "
+               "transactions of 4 and 4" in line for line in lines), lines
+
+    # a timeout after a producer error halves as before, and still does not try a producer error a second time
+    outcomes = iter([_ProducerFailed("fenced"), _AckTimeout(1, 60.0), None, None, None])
+    bw, txn, tried, committed = _shared_writer(monkeypatch, 1000, lambda n: next(outcomes))
+    assert bw.write_shared(txn, _parts(4)) == {("t", 3)}
+    assert tried == [[0, 1, 2, 3], [0, 1], [0], [1], [2, 3]]
+    assert bw.once_more == [True, False, False, False, False]  # type: ignore[attr-defined]
+    assert committed == [0, 1, 2, 3]
 
 
 def test_per_writer_a_destination_that_never_acknowledges_fails_the_batch_after_the_delivery_timeout(monkeypatch):
