@@ -33,7 +33,7 @@ from typing import Any
 from mirror_core import clients, native
 from mirror_core.config import ClusterConfig
 from mirror_core.errors import KafkaOperationError
-from mirror_core.replicate import Columns, quiet_gc
+from mirror_core.replicate import CHUNK_BYTES, Columns, quiet_gc
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,11 @@ WRITER_TXN_RECORDS_PER_PARTITION = 4000
 #: overrides :data:`WRITER_TXN_RECORDS_PER_PARTITION`, for an A/B (the bench's ``-txnflat`` variants: 0, a
 #: transaction of at most ``WRITER_TXN_RECORDS`` whatever its partitions)
 WRITER_TXN_PER_PARTITION_ENV = "MIRRORFLOW_WRITER_TXN_PER_PARTITION"
+#: ... and at most about this many bytes of keys and values a partition when that is more than
+#: ``replicate.CHUNK_BYTES`` (0: ``CHUNK_BYTES`` whatever its partitions); see :func:`writer_txn_bytes`
+WRITER_TXN_BYTES_PER_PARTITION = 0
+#: overrides :data:`WRITER_TXN_BYTES_PER_PARTITION`, for an A/B (the bench's ``-big`` variants)
+WRITER_TXN_BYTES_PER_PARTITION_ENV = "MIRRORFLOW_WRITER_TXN_BYTES_PER_PARTITION"
 #: ``transactions: per_writer``: threads that fence the partitions' own transactional ids and read their
 #: positions when a writer starts
 WARM_THREADS_PER_WRITER = 64
@@ -380,11 +385,24 @@ def writer_txn_records(partitions: int) -> int:
     """How many records a writer transaction over ``partitions`` partitions holds at most:
     :data:`WRITER_TXN_RECORDS`, or :data:`WRITER_TXN_RECORDS_PER_PARTITION` (:data:`WRITER_TXN_PER_PARTITION_ENV`
     when set, a whole number) times ``partitions`` when that is more."""
-    raw = os.environ.get(WRITER_TXN_PER_PARTITION_ENV, "").strip()
-    if raw and not raw.isdigit():
-        raise ValueError(f"{WRITER_TXN_PER_PARTITION_ENV}={raw!r}: must be a whole number of records")
-    per = int(raw) if raw else WRITER_TXN_RECORDS_PER_PARTITION
+    per = whole_number_env(WRITER_TXN_PER_PARTITION_ENV, WRITER_TXN_RECORDS_PER_PARTITION, "records")
     return max(WRITER_TXN_RECORDS, per * partitions)
+
+
+def writer_txn_bytes(partitions: int) -> int:
+    """How many bytes of keys and values a writer transaction over ``partitions`` partitions holds at most:
+    ``replicate.CHUNK_BYTES``, or :data:`WRITER_TXN_BYTES_PER_PARTITION`
+    (:data:`WRITER_TXN_BYTES_PER_PARTITION_ENV` when set) times ``partitions`` when that is more."""
+    per = whole_number_env(WRITER_TXN_BYTES_PER_PARTITION_ENV, WRITER_TXN_BYTES_PER_PARTITION, "bytes")
+    return max(CHUNK_BYTES, per * partitions)
+
+
+def whole_number_env(name: str, default: int, unit: str) -> int:
+    """The environment variable ``name`` as a whole number of ``unit``, or ``default`` when it is unset."""
+    raw = os.environ.get(name, "").strip()
+    if raw and not raw.isdigit():
+        raise ValueError(f"{name}={raw!r}: must be a whole number of {unit}")
+    return int(raw) if raw else default
 
 
 def fetch_min_bytes() -> int:
@@ -588,8 +606,8 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     """``transactions: per_writer``: read the ranges and write the exactly-once partitions' records in
     transactions of this writer's producer (``slot``; see :meth:`~mirror_core.stream.BatchWriter.write_shared`),
     each holding every partition's records read since the last one: at the end of the read, or sooner when
-    they reach :func:`writer_txn_records` records or ``CHUNK_BYTES`` of keys and values (memory and transaction
-    size stay bounded whatever the batch). At-least-once partitions are written at the same cuts through one
+    they reach :func:`writer_txn_records` records or :func:`writer_txn_bytes` of keys and values (memory and
+    transaction size stay bounded whatever the batch). At-least-once partitions are written at the same cuts through one
     idempotent producer of the writer (flushed once for all of them, no transaction). What a shared producer
     cannot write (see :meth:`~mirror_core.stream.BatchWriter.write_shared`) is written partition by partition,
     as on the ``per_partition`` path.
@@ -599,7 +617,7 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     one was measured and is slower: with 24 partitions of 100-byte records the drain fell from 563,087 to
     431,316 records/s (exactly_once, three rounds) at more CPU a record (2.4-3.1 µs against 2.1), and at 1 KB
     it was even (the two threads take turns at the interpreter lock)."""
-    from mirror_core.replicate import CHUNK_BYTES, Columns, WriterTransaction
+    from mirror_core.replicate import Columns, WriterTransaction
     from mirror_core.stream import BatchWriter
 
     bw = BatchWriter(plan)
@@ -610,7 +628,7 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     pieces: dict[tuple[str, int], list[Columns]] = {}
     complete: set[tuple[str, int]] = set()
     held = [0, 0]  # records, bytes
-    most = writer_txn_records(len(ranges))
+    most, most_bytes = writer_txn_records(len(ranges)), writer_txn_bytes(len(ranges))
 
     def cut(advance: dict[tuple[str, int], tuple[Columns, int]] | None = None) -> None:
         shared: dict[str, dict[tuple[str, int], tuple[Columns, int]]] = {"exactly_once": {}, "at_least_once": {}}
@@ -641,7 +659,7 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
             return
         # what is held goes out before more is taken (not as soon as it is over the bounds): a range's last
         # records and its end, which the reader hands over one after the other, then share a transaction
-        if held[0] >= most or held[1] >= CHUNK_BYTES:
+        if held[0] >= most or held[1] >= most_bytes:
             cut()
         pieces.setdefault(key, []).append(cols)
         held[0] += len(cols)

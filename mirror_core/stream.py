@@ -88,6 +88,11 @@ SHARED_TXN_PARTITIONS = 1000
 SHARED_RETRY_PAUSE = 1.0
 #: the batch cap of ``read_path: direct`` on a ``local[...]`` master (see :func:`effective_max_offsets`)
 DIRECT_BATCH_RECORDS = 500_000
+#: ... or this many records a partition of the group when that is more (0: :data:`DIRECT_BATCH_RECORDS`
+#: whatever the partitions); :data:`DIRECT_BATCH_PER_PARTITION_ENV` overrides it, for an A/B (the bench's
+#: ``-big`` variants)
+DIRECT_BATCH_RECORDS_PER_PARTITION = 0
+DIRECT_BATCH_PER_PARTITION_ENV = "MIRRORFLOW_DIRECT_BATCH_PER_PARTITION"
 
 
 @dataclass(frozen=True)
@@ -424,7 +429,7 @@ class MirrorRuntime:
             "startingOffsets": "earliest",
             "failOnDataLoss": "false",
         }
-        cap = effective_max_offsets(self.group.spark)
+        cap = effective_max_offsets(self.group.spark, sum(s.source_partitions for s in self.settings.values()))
         if cap:
             opts["maxOffsetsPerTrigger"] = str(cap)
         explicit = [m.source_topic for m in self.mirrors if not m.is_flow and m.source_topic]
@@ -1157,17 +1162,21 @@ def replay_starts(starts: dict[str, dict[int, int]], written: dict[str, dict[int
     return out
 
 
-def effective_max_offsets(spark: Any) -> int | None:
+def effective_max_offsets(spark: Any, partitions: int = 0) -> int | None:
     """The records cap per micro-batch: the configured one; unset on a ``local[...]`` master, the driver
     batch size, so a backlog goes through the driver's warm writer in driver-sized batches (the tasks
     would share the same cores and add a Python-worker hop) -- with ``read_path: direct``, where nothing
-    is collected and the driver always writes, :data:`DIRECT_BATCH_RECORDS`, so Spark's planning and
-    logs between batches (0.1-0.25 s) stay small next to the writing; unset elsewhere, none (large
-    batches are written by tasks spread over the executors, or read by the driver in chunks)."""
+    is collected and the driver always writes, :data:`DIRECT_BATCH_RECORDS` (or
+    :data:`DIRECT_BATCH_RECORDS_PER_PARTITION` times the group's ``partitions`` when that is more), so
+    Spark's planning and logs between batches (0.1-0.25 s) stay small next to the writing; unset elsewhere,
+    none (large batches are written by tasks spread over the executors, or read by the driver in chunks)."""
     if spark.max_offsets_per_trigger:
         return int(spark.max_offsets_per_trigger)
     if spark.master.startswith("local") and getattr(spark, "read_path", "spark") == "direct":
-        return DIRECT_BATCH_RECORDS
+        from mirror_core.direct import whole_number_env
+
+        per = whole_number_env(DIRECT_BATCH_PER_PARTITION_ENV, DIRECT_BATCH_RECORDS_PER_PARTITION, "records")
+        return max(DIRECT_BATCH_RECORDS, per * partitions)
     if spark.master.startswith("local") and spark.driver_batch_max_records:
         return int(spark.driver_batch_max_records)
     return None
@@ -1428,7 +1437,9 @@ class BatchWriter:
                 left |= self._write_shared(txn, piece, once_more=not again)
                 continue
             except _AgainWithReports:
-                todo.insert(0, (piece, again))  # aborted; reporting every record now, it cannot meet this again
+                # aborted; reporting every record now, it cannot meet this again. A report a record is slower than
+                # the C loop's runs: in halves, so a large transaction's rewrite stays inside its timeout
+                todo[0:0] = [(half, again) for half in _halves(piece)]
                 continue
             except _ProducerFailed as exc:
                 halves = _halves(piece)

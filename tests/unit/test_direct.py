@@ -758,6 +758,23 @@ def test_per_writer_a_transaction_over_many_partitions_holds_more_records(monkey
         direct.writer_txn_records(5)
 
 
+def test_per_writer_a_transaction_over_many_partitions_may_hold_more_bytes(monkeypatch):
+    """A writer transaction holds ``CHUNK_BYTES`` of keys and values at most, or, when
+    ``WRITER_TXN_BYTES_PER_PARTITION`` is set (the bench's ``-big`` A/B), that many a partition when more."""
+    from mirror_core import direct
+
+    monkeypatch.setattr(direct, "CHUNK_BYTES", 1000)
+    assert [direct.writer_txn_bytes(n) for n in (1, 1000)] == [1000, 1000]  # the default: flat
+    monkeypatch.setattr(direct, "WRITER_TXN_BYTES_PER_PARTITION", 30)
+    assert [direct.writer_txn_bytes(n) for n in (1, 33, 34, 1000)] == [1000, 1000, 1020, 30000]
+    monkeypatch.setenv(direct.WRITER_TXN_BYTES_PER_PARTITION_ENV, "0")
+    assert direct.writer_txn_bytes(1000) == 1000
+    monkeypatch.setenv(direct.WRITER_TXN_BYTES_PER_PARTITION_ENV, "1e6")
+    with pytest.raises(ValueError, match="MIRRORFLOW_WRITER_TXN_BYTES_PER_PARTITION='1e6': must be a whole number "
+                                         "of bytes"):
+        direct.writer_txn_bytes(5)
+
+
 def _shared_writer(monkeypatch, cap: int, lost, producer_config=None):
     """A :class:`mirror_core.stream.BatchWriter` whose one-transaction write notes the partitions of each
     transaction it is given (and, in ``once_more``, whether a producer error may still be tried again) and raises
