@@ -1167,6 +1167,11 @@ class PartitionWriter:
                     _FENCED_PARTITIONS.add(key)
             return self._position(key, partition)
 
+    def position_known(self, partition: int) -> bool:
+        """``transactions: per_writer``: the partition's committed position is known in this process (read by
+        the warm-up or an earlier write, and not forgotten since)."""
+        return self.s.transactional_id_for(partition) in _POSITIONS
+
     def stage(self, partition: int, cols: Columns, upstream_end: int, producer: Producer, in_c: bool = False
               ) -> tuple[BatchResult, Staged | None]:
         """Produce the records of ``cols`` past the partition's committed position into ``producer``'s open

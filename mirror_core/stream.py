@@ -1503,6 +1503,8 @@ class BatchWriter:
             w = self._writer(topic, self.plan.settings[topic])
             w.resolve_ids(cols)  # a registry outage is waited out before the transaction opens
             todo.append((w, part, cols, upstream_end))
+        if transactional:
+            self._read_positions([(w, part) for w, part, _cols, _end in todo if not w.position_known(part)])
         producer = txn.producer()
         # at_least_once: until the producer delivers or fails every record (a destination outage is ridden out)
         config = todo[0][0].s.producer_config if todo else {}
@@ -1645,6 +1647,30 @@ class BatchWriter:
                 r.commit_ms += share
                 _merge(self.results, r)
         return set(left)
+
+    def _read_positions(self, unknown: list[tuple[PartitionWriter, int]]) -> None:
+        """``transactions: per_writer``: read the committed positions of ``unknown`` (partitions whose position
+        this process does not know: forgotten after a failed transaction) before the transaction opens, several
+        at once. Read one by one inside it, as its records were staged, 250 of them took past the transaction's
+        60 s timeout at 1,000 partitions (a lookup reads the offset-sync topic), so the broker aborted it and the
+        retry met the same. A lookup that fails here is only skipped: the staging reads it again and meets its
+        error where a failure is handled."""
+        if not unknown:
+            return
+        from mirror_core.direct import WARM_THREADS_PER_WRITER
+
+        def one(item: tuple[PartitionWriter, int]) -> None:
+            try:
+                item[0].prepare_shared(item[1])
+            except Exception as exc:  # noqa: BLE001 - read again, and met, by the staging
+                log.debug("%s: position of %s[%d] not read ahead: %s", self.plan.group, item[0].s.source_topic,
+                          item[1], exc)
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(max_workers=min(WARM_THREADS_PER_WRITER, len(unknown)),
+                                thread_name_prefix="mirrorflow-positions") as pool:
+            list(pool.map(one, unknown))
+        log.debug("%s: %d positions read again in %.1f s", self.plan.group, len(unknown), time.monotonic() - t0)
 
     def finish(self, topic: str, part: int, start: int | None = None) -> None:
         """The partition's range (from ``start``) was read to its end: move the position past trailing

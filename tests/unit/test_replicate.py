@@ -1004,6 +1004,60 @@ def test_per_writer_commit_that_reports_an_error_but_went_through_writes_nothing
     assert [r["replayed_skipped"] for r in bw.rows()] == [10, 10]
 
 
+def test_per_writer_positions_not_known_are_read_together_before_the_transaction_opens(monkeypatch) -> None:
+    """``transactions: per_writer``: the positions a writer does not know (none at first; after a failed
+    transaction it forgets them) are read before its transaction opens, several at once: read one by one as
+    each partition's records were staged, 250 of them ran past the transaction's timeout. A replay after the
+    positions were forgotten writes nothing twice."""
+    import threading
+
+    from mirror_core.replicate import Columns, WriterTransaction
+    from mirror_core.stream import BatchWriter, WriterPlan
+
+    s = settings(value_serde="bytes", source_partitions=4, destination_partitions=4)
+    store, commits, _per_partition = _per_writer_fakes(monkeypatch)
+    events: list[str] = []
+    together = threading.Barrier(2, timeout=5)
+    met: list[bool] = []
+
+    def lookup(_t: str, p: int) -> OffsetSync | None:
+        events.append("lookup")
+        if not met:
+            try:
+                together.wait()  # two lookups at once, or a broken barrier after 5 s
+                met.append(True)
+            except threading.BrokenBarrierError:
+                met.append(False)
+        return store.get(p)
+
+    writer_producer = replicate.Producer
+
+    class Noting(writer_producer):  # type: ignore[misc, valid-type]
+        def begin_transaction(self) -> None:
+            events.append("begin")
+            super().begin_transaction()
+
+    monkeypatch.setattr(replicate, "Producer", Noting)
+    plan = WriterPlan({"t": s}, {}, {"t": {p: 10 for p in range(4)}}, {}, None, group="g", transactions="per_writer")
+    bw = BatchWriter(plan)
+    w = bw._writers["t"] = replicate.PartitionWriter(s, ids({}), lookup, downstream_end=lambda t, p: 0,
+                                                     destination_high=lambda t, p: 999)
+    shared = {("t", p): (Columns(list(range(10)), [b"k"] * 10, [b"v"] * 10, [1_700_000_000_000] * 10), 10)
+              for p in range(4)}
+    assert bw.write_shared(WriterTransaction([s], 0, 1), shared) == set()
+    assert events == ["lookup"] * 4 + ["begin"] and met and all(met)
+    assert {p: (x.upstream_offset, x.downstream_offset) for p, x in store.items()} == {p: (10, 10) for p in range(4)}
+
+    events.clear()
+    for p in range(4):
+        w.forget_position(p)  # as after a failed transaction
+    bw.results.clear()
+    assert bw.write_shared(WriterTransaction([s], 0, 1), shared) == set()
+    assert events == ["lookup"] * 4 + ["begin"]
+    assert [r["replayed_skipped"] for r in bw.rows()] == [10] * 4
+    assert [t for c in commits for t in c].count("t") == 40  # nothing of the records a second time
+
+
 def _write_past_trailing_markers(monkeypatch, s, store: dict[int, OffsetSync]) -> list[dict]:
     """``transactions: per_writer`` with transactions cut every 7 records: a fake reader hands over partition
     0's records (offsets 0-9), then partition 1's (0-9; partition 0's go out first, its end not known yet),
