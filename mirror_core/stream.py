@@ -1514,9 +1514,17 @@ class BatchWriter:
         #: at-least-once partitions to write partition by partition (their records could not be settled), and why
         left: dict[tuple[str, int], str] = {}
 
-        def forget() -> None:
-            for w, part, _cols, _end in todo:
-                w.forget_position(part)
+        #: the commit was asked for: its outcome is not known after an error (it may have gone through). Before
+        #: that nothing of the transaction can commit (an abort, a timeout, a new producer's fence all end it)
+        committing = False
+
+        def forget(positions: bool = True) -> None:
+            """Forget the positions (unless ``positions`` is False, for a transaction that cannot have committed
+            and is written again here: they still hold, and reading 250 again took 10-20 s at 1,000
+            partitions) and hand back what an at-least-once write settled."""
+            if positions:
+                for w, part, _cols, _end in todo:
+                    w.forget_position(part)
             if not transactional:  # every partition is handed back: what its dead letters got acknowledged
                 for w, st in staged:
                     w.hand_back(st)
@@ -1566,6 +1574,7 @@ class BatchWriter:
                 t2 = time.monotonic()
                 with clients.fatal_unmasked():
                     if transactional:
+                        committing = True
                         producer.commit_transaction(60)
                     remaining = 0 if transactional else flush_within(producer, wait, self.plan.group)
                 if transactional:
@@ -1592,12 +1601,12 @@ class BatchWriter:
                 raise
         except _AckTimeout:
             # the transaction is lost (an abort would wait for the destination too): a new producer fences it
-            forget()
+            forget(positions=False)
             txn.drop()
             raise
         except _Unmapped as exc:
-            forget()
             again = transactional and isinstance(exc, _RunsUnproven) and len(txn.txids) > 1
+            forget(positions=not again)
             if again:
                 # the other producer's commit markers landed among records produced without reports: this
                 # writer reports every record from now on (one producer alone never meets its own markers), and
@@ -1620,13 +1629,14 @@ class BatchWriter:
                 raise _AgainWithReports() from None
             return set(parts)
         except KafkaException as exc:
-            # fenced, fatal, abortable or a timeout: from positions read again (a commit that reported an error
-            # may have gone through), once more on a new producer, else partition by partition
-            forget()
+            # fenced, fatal, abortable or a timeout: once more on a new producer, else partition by partition; from
+            # positions read again if the commit was asked for (one that reported an error may have gone through)
             if transactional and once_more:
+                forget(positions=committing)
                 if exc.args[0].fatal() or not _abort_quietly(producer):
                     txn.drop()
                 raise _ProducerFailed(exc.args[0].str()) from None
+            forget()
             log.warning("%s: the writer %s failed (%s); writing the batch partition by partition",
                         self.plan.group, "transaction" if transactional else "write", exc.args[0].str())
             if exc.args[0].fatal() or not transactional or not _abort_quietly(producer):
