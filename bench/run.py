@@ -97,9 +97,9 @@ RESULTS = ROOT / "bench" / "results"
 # direct.FETCH_MIN_BYTES (an A/B); *-p3* and *-p4* variants run 3 or 4 writer processes (spark.direct_processes)
 # instead of one per core; *-txnflat* variants cut writer transactions at direct.WRITER_TXN_RECORDS records
 # whatever their partitions (MIRRORFLOW_WRITER_TXN_PER_PARTITION=0; an A/B of direct.writer_txn_records);
-# *-big* variants read micro-batches of BIG_BATCH_PER_PARTITION records a partition and cut writer transactions at
-# BIG_TXN_BYTES_PER_PARTITION a partition of a writer, where that is more than the defaults (at 1,000 partitions:
-# 2,000,000-record batches, 128 MiB transactions; an A/B of larger shares a partition at many partitions).
+# *-flat* variants read micro-batches of stream.DIRECT_BATCH_RECORDS and cut writer transactions at
+# replicate.CHUNK_BYTES whatever the partitions (MIRRORFLOW_DIRECT_BATCH_PER_PARTITION=0,
+# MIRRORFLOW_WRITER_TXN_BYTES_PER_PARTITION=0; an A/B of the larger shares a partition at many partitions).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
@@ -124,17 +124,14 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-writer-keep-fetch1", "mirrorflow-eos-writer-fetch1-bytes",
                      "mirrorflow-eos-direct-fetch1-bytes", "mirrorflow-eos-writer-keep-p3",
                      "mirrorflow-eos-writer-keep-p4", "mirrorflow-eos-writer-txnflat",
-                     "mirrorflow-eos-writer-txnflat-bytes", "mirrorflow-eos-writer-big",
-                     "mirrorflow-eos-writer-big-bytes")
+                     "mirrorflow-eos-writer-txnflat-bytes", "mirrorflow-eos-writer-flat",
+                     "mirrorflow-eos-writer-flat-bytes")
 #: a drain whose destination count rose by this share of its records or more at once (a transaction's commit
 #: between two looks) is compared by its steady figure: its 10-90 % window is a few such steps apart, and
 #: measures when they landed more than the pace (see bench.report.rate)
 COARSE_STEP_SHARE = 0.1
 #: the ``-small`` variants' ``spark.max_offsets_per_trigger`` (the direct path's default batch is 500,000 records)
 SMALL_BATCH_RECORDS = 125000
-#: the ``-big`` variants' records a partition in a micro-batch, and bytes a partition in a writer transaction
-BIG_BATCH_PER_PARTITION = 2000
-BIG_TXN_BYTES_PER_PARTITION = 256 * 1024
 #: the ``-keep`` variants' ``spark.keep_writing_for`` (``-keep10``: 10 seconds)
 KEEP_WRITING_FOR = "2 seconds"
 #: a latency row's ``windows``: the measured window in pieces of this many seconds (by produce time)
@@ -412,9 +409,9 @@ class Bench:
                 env["MIRRORFLOW_DIRECT_FETCH_MIN_BYTES"] = "1"
             if "txnflat" in parts:
                 env["MIRRORFLOW_WRITER_TXN_PER_PARTITION"] = "0"
-            if "big" in parts:
-                env["MIRRORFLOW_DIRECT_BATCH_PER_PARTITION"] = str(BIG_BATCH_PER_PARTITION)
-                env["MIRRORFLOW_WRITER_TXN_BYTES_PER_PARTITION"] = str(BIG_TXN_BYTES_PER_PARTITION)
+            if "flat" in parts:
+                env["MIRRORFLOW_DIRECT_BATCH_PER_PARTITION"] = "0"
+                env["MIRRORFLOW_WRITER_TXN_BYTES_PER_PARTITION"] = "0"
         elif contender in ("mm2", "mm2-tuned", "mm2-tuned-eos"):
             tuned = contender != "mm2"
             eos = contender.endswith("-eos")

@@ -88,10 +88,11 @@ SHARED_TXN_PARTITIONS = 1000
 SHARED_RETRY_PAUSE = 1.0
 #: the batch cap of ``read_path: direct`` on a ``local[...]`` master (see :func:`effective_max_offsets`)
 DIRECT_BATCH_RECORDS = 500_000
-#: ... or this many records a partition of the group when that is more (0: :data:`DIRECT_BATCH_RECORDS`
-#: whatever the partitions); :data:`DIRECT_BATCH_PER_PARTITION_ENV` overrides it, for an A/B (the bench's
-#: ``-big`` variants)
-DIRECT_BATCH_RECORDS_PER_PARTITION = 0
+#: ... or this many records a partition of the group when that is more (from 250 partitions): at 1,000 partitions
+#: a batch of 500,000 records was 500 a partition, each written as a batch of its own with a commit marker (see
+#: ``direct.WRITER_TXN_BYTES_PER_PARTITION``). :data:`DIRECT_BATCH_PER_PARTITION_ENV` overrides it, for an A/B
+#: (the bench's ``-flat`` variants: 0, :data:`DIRECT_BATCH_RECORDS` whatever the partitions)
+DIRECT_BATCH_RECORDS_PER_PARTITION = 2000
 DIRECT_BATCH_PER_PARTITION_ENV = "MIRRORFLOW_DIRECT_BATCH_PER_PARTITION"
 
 

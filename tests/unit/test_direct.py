@@ -759,12 +759,13 @@ def test_per_writer_a_transaction_over_many_partitions_holds_more_records(monkey
 
 
 def test_per_writer_a_transaction_over_many_partitions_may_hold_more_bytes(monkeypatch):
-    """A writer transaction holds ``CHUNK_BYTES`` of keys and values at most, or, when
-    ``WRITER_TXN_BYTES_PER_PARTITION`` is set (the bench's ``-big`` A/B), that many a partition when more."""
+    """A writer transaction holds ``CHUNK_BYTES`` of keys and values at most, or
+    ``WRITER_TXN_BYTES_PER_PARTITION`` a partition when that is more: 32 MiB up to 128 partitions, 125 MiB at 500
+    (a writer's share of 1,000); the bench's ``-flat`` A/B sets it to 0."""
     from mirror_core import direct
 
+    assert [direct.writer_txn_bytes(n) >> 20 for n in (1, 128, 500)] == [32, 32, 125]
     monkeypatch.setattr(direct, "CHUNK_BYTES", 1000)
-    assert [direct.writer_txn_bytes(n) for n in (1, 1000)] == [1000, 1000]  # the default: flat
     monkeypatch.setattr(direct, "WRITER_TXN_BYTES_PER_PARTITION", 30)
     assert [direct.writer_txn_bytes(n) for n in (1, 33, 34, 1000)] == [1000, 1000, 1020, 30000]
     monkeypatch.setenv(direct.WRITER_TXN_BYTES_PER_PARTITION_ENV, "0")

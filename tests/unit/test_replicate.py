@@ -421,14 +421,14 @@ def test_batch_cap_defaults_to_the_driver_batch_on_local_masters() -> None:
     assert effective_max_offsets(SparkConfig(master="local[2]", read_path="direct")) == 500_000
     assert effective_max_offsets(SparkConfig(master="local[2]", read_path="direct", max_offsets_per_trigger=7)) == 7
     assert effective_max_offsets(SparkConfig(master="spark://m:7077", read_path="direct")) is None
-    # ... or, when set (the bench's -big A/B), so many records a partition of the group when that is more
-    assert effective_max_offsets(SparkConfig(master="local[2]", read_path="direct"), 1000) == 500_000
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(stream.DIRECT_BATCH_PER_PARTITION_ENV, "2000")
-        assert [effective_max_offsets(SparkConfig(master="local[2]", read_path="direct"), n)
-                for n in (6, 1000)] == [500_000, 2_000_000]
-        assert effective_max_offsets(SparkConfig(master="local[2]", read_path="direct",
-                                                 max_offsets_per_trigger=7), 1000) == 7
+    # ... or 2,000 records a partition of the group when that is more (from 250 partitions)
+    assert [effective_max_offsets(SparkConfig(master="local[2]", read_path="direct"), n)
+            for n in (6, 250, 1000)] == [500_000, 500_000, 2_000_000]
+    assert effective_max_offsets(SparkConfig(master="local[2]", read_path="direct", max_offsets_per_trigger=7),
+                                 1000) == 7
+    with pytest.MonkeyPatch.context() as mp:  # the bench's -flat A/B
+        mp.setenv(stream.DIRECT_BATCH_PER_PARTITION_ENV, "0")
+        assert effective_max_offsets(SparkConfig(master="local[2]", read_path="direct"), 1000) == 500_000
 
 
 def test_driver_or_tasks_decided_from_the_spark_checkpoint(tmp_path) -> None:
