@@ -1438,8 +1438,9 @@ class BatchWriter:
                 left |= self._write_shared(txn, piece, once_more=not again)
                 continue
             except _AgainWithReports:
-                # aborted; reporting every record now, it cannot meet this again. A report a record is slower than
-                # the C loop's runs: in halves, so a large transaction's rewrite stays inside its timeout
+                # aborted; reporting every record now, it cannot meet this again. In halves: a writer transaction may
+                # hold 125 MiB, and its rewrite (after an abort, every record reported) keeps further from the
+                # 60 s timeout so
                 todo[0:0] = [(half, again) for half in _halves(piece)]
                 continue
             except _ProducerFailed as exc:
@@ -1483,7 +1484,8 @@ class BatchWriter:
         that one partition's writer would raise as well (``on_error: fail``, a dead letter not delivered, the
         destination topic gone) is raised here, after the abort; records not acknowledged within the wait raise
         :class:`_AckTimeout`, after the abort. With ``once_more``, a producer error of the transaction raises
-        :class:`_ProducerFailed` (the producer replaced, nothing committed) instead of handing every partition back.
+        :class:`_ProducerFailed` (after the abort, or with the producer replaced) instead of handing every partition
+        back.
 
         With ``txn.transactional`` False (the writer's at-least-once partitions): the same, with the shared
         idempotent producer and no transaction: the records, then the offset syncs, are flushed once for all
@@ -1714,8 +1716,8 @@ class _AgainWithReports(Exception):  # noqa: N818  # internal signal, never leav
 
 class _ProducerFailed(Exception):  # noqa: N818  # internal signal, never leaves the writer
     """``transactions: per_writer``, exactly_once: the writer transaction failed with a producer error (its
-    producer aborted it or was replaced; a commit that reported an error may have gone through, so its partitions'
-    positions are read again): it is to be written again once."""
+    producer aborted it or was replaced; when the error came from the commit, which may have gone through, its
+    partitions' positions are read again): it is to be written again once."""
 
     def __init__(self, why: str) -> None:
         super().__init__(why)
