@@ -57,12 +57,12 @@ from bench.observe import (  # noqa: E402
 from bench.workload import (  # noqa: E402
     SCHEMA,
     VERIFICATION,
-    WARM_TRANSACTIONS,
     Loaded,
     RateProducer,
     load,
     transaction_verification,
     warm_broker,
+    warm_shape,
 )
 from mirror_core import artifacts, local, local_spark  # noqa: E402
 from mirror_core.logs import quiet_library_warnings  # noqa: E402
@@ -142,7 +142,6 @@ LATENCY_SETTLE_S = 2.0
 CORES_GRACE_S = 0.6
 #: the topic each broker is warmed on (see bench.workload.warm_broker)
 WARM_TOPIC = "bench.warm"
-WARM_PARTITIONS = 6
 FLOOR = "floor"  # no mirror: the watcher reads the source topic itself (what the measurement adds)
 LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-direct", "mirrorflow-alo-direct",
                       "mirrorflow-eos-writer", "mm2", "mm2-tuned", "raw-python", "kcat")
@@ -326,14 +325,16 @@ class Bench:
         values of the run's drain sizes by turns."""
         t0 = time.monotonic()
         sides = (("src", self.ep.src_bootstrap), ("dst", self.ep.dst_bootstrap))
+        partitions, transactions, per_partition = warm_shape(self.args.partitions)
         for _side, bootstrap in sides:
-            self.create_topic(bootstrap, WARM_TOPIC, WARM_PARTITIONS)
+            self.create_topic(bootstrap, WARM_TOPIC, partitions)
         sizes = tuple(self.args.sizes)
-        with self.console.status(f"warming both brokers (at least {WARM_TRANSACTIONS} transactions"
-                                 + (f", {self.args.warm_seconds:.0f} s" if self.args.warm_seconds else "") + ")"):
+        with self.console.status(f"warming both brokers (at least {transactions} transactions over {partitions} "
+                                 "partitions" + (f", {self.args.warm_seconds:.0f} s" if self.args.warm_seconds
+                                                 else "") + ")"):
             with ThreadPoolExecutor(len(sides)) as pool:
-                futures = {side: pool.submit(warm_broker, bootstrap, WARM_TOPIC, WARM_PARTITIONS,
-                                             self.args.warm_seconds, sizes) for side, bootstrap in sides}
+                futures = {side: pool.submit(warm_broker, bootstrap, WARM_TOPIC, partitions, self.args.warm_seconds,
+                                             sizes, transactions, per_partition) for side, bootstrap in sides}
                 read = {side: f.result() for side, f in futures.items()}
         took = time.monotonic() - t0
         for side, n in read.items():

@@ -180,13 +180,31 @@ class RateProducer:
         self.p.flush(10)
 
 
-#: :func:`warm_broker`: transactions, and records of each partition in each
+#: :func:`warm_broker`: transactions, and records of each partition in each, over :data:`WARM_PARTITIONS`
 WARM_TRANSACTIONS = 300
 WARM_RECORDS_PER_PARTITION = 200
+WARM_PARTITIONS = 6
+#: ... over more partitions (:func:`warm_shape`): at least this many transactions, and records of 24 partitions
+WARM_TRANSACTIONS_MIN = 100
+
+
+def warm_shape(partitions: int) -> tuple[int, int, int]:
+    """The warm-up of a run over ``partitions`` partitions: ``(partitions, transactions, records a partition a
+    transaction)``. At most :data:`WARM_PARTITIONS`, the fixed shape. Over more, the run's own count: a broker
+    warmed over 6 partitions was still cold for a transaction over 500 (at 1,000 partitions the first contender's
+    first two micro-batches took 4-10 times its later ones; warmed over 1,000, 3-4 times, and it drained at 367,800
+    records/s against 160,013-229,068). As many records as 24 partitions get, in at least
+    :data:`WARM_TRANSACTIONS_MIN` transactions (a commit over 1,000 partitions takes about a second here)."""
+    if partitions <= WARM_PARTITIONS:
+        return WARM_PARTITIONS, WARM_TRANSACTIONS, WARM_RECORDS_PER_PARTITION
+    per_txn = WARM_PARTITIONS * WARM_RECORDS_PER_PARTITION  # records a transaction of the fixed shape
+    transactions = max(WARM_TRANSACTIONS_MIN, min(WARM_TRANSACTIONS, WARM_TRANSACTIONS * 24 // partitions))
+    return partitions, transactions, max(1, per_txn // partitions)
 
 
 def warm_broker(bootstrap: str, topic: str, partitions: int, seconds: float = 0.0,
-                sizes: tuple[int, ...] = (100,)) -> int:
+                sizes: tuple[int, ...] = (100,), transactions: int = WARM_TRANSACTIONS,
+                per_partition: int = WARM_RECORDS_PER_PARTITION) -> int:
     """Run a broker's write, transaction and read paths before anything is measured on it; returns the
     records written and read back.
 
@@ -194,7 +212,8 @@ def warm_broker(bootstrap: str, topic: str, partitions: int, seconds: float = 0.
     this, the first contender of a run to write transactions was slower, with more broker CPU per record,
     than the same contender later in the run (with it, still somewhat: see bench/README.md); brokers in
     production are long warm. ``topic`` (``partitions`` of them, already created) gets at least
-    :data:`WARM_TRANSACTIONS` small transactions, and more until ``seconds`` have passed, their values of
+    ``transactions`` small transactions of ``per_partition`` records a partition (see :func:`warm_shape`), and more
+    until ``seconds`` have passed, their values of
     each size of ``sizes`` by turns; they are read back ``read_committed`` with group offset commits as
     they commit. It also has the broker create its group-offset and transaction-state topics (50
     partitions each) here rather than under the first contender that needs them."""
@@ -222,16 +241,16 @@ def warm_broker(bootstrap: str, topic: str, partitions: int, seconds: float = 0.
 
     deadline = time.monotonic() + seconds
     written = 0
-    while written < WARM_TRANSACTIONS or time.monotonic() < deadline:
+    while written < transactions or time.monotonic() < deadline:
         value = values[written % len(values)]
         p.begin_transaction()
         for part in range(partitions):
-            for _ in range(WARM_RECORDS_PER_PARTITION):
+            for _ in range(per_partition):
                 _produce(p, topic, b"warm", value, part)
         p.commit_transaction(60)
         written += 1
         read_back(0)
-    total = written * partitions * WARM_RECORDS_PER_PARTITION
+    total = written * partitions * per_partition
     deadline = time.monotonic() + 120
     while read < total and time.monotonic() < deadline:
         read_back(0.5)

@@ -439,3 +439,15 @@ def test_rate_producer_ramp_records_are_not_measured(monkeypatch):
     rp.join(5)
     assert rp.sent == 100
     assert [parse_measured_key(k)[0] for k in keys] == list(range(100))
+
+
+def test_the_warm_up_covers_as_many_partitions_as_the_run():
+    """The brokers are warmed over the run's partitions when it has more than the fixed 6 (a broker warmed over
+    6 was still cold for the first contender's transactions over 500), with as many records as 24 partitions
+    get and at least 100 transactions; runs over 6 partitions or fewer keep the fixed shape."""
+    from bench.workload import warm_shape
+
+    assert warm_shape(1) == warm_shape(6) == (6, 300, 200)
+    assert warm_shape(24) == (24, 300, 50)
+    assert warm_shape(96) == (96, 100, 12)
+    assert warm_shape(1000) == (1000, 100, 1)
