@@ -81,11 +81,12 @@ WRITER_TXN_RECORDS_PER_PARTITION = 4000
 WRITER_TXN_PER_PARTITION_ENV = "MIRRORFLOW_WRITER_TXN_PER_PARTITION"
 #: ... and at most ``replicate.CHUNK_BYTES`` of keys and values, or this many a partition when that is more (from
 #: 128 partitions a writer process; see :func:`writer_txn_bytes`). At 1,000 partitions (500 a writer process) a
-#: transaction of 32 MiB held some 600 records of 100 B a partition: every partition got a produce request, a
-#: batch and a commit marker per 600 records, where MirrorMaker 2 wrote batches of 2,000. With 256 KiB a
+#: transaction of 32 MiB could hold no more than some 600 records of 100 B a partition (and a micro-batch of
+#: 500,000 records gave each 500): every partition got a produce request, a batch and a commit marker per 500
+#: records, where MirrorMaker 2 wrote batches of 2,000. With 256 KiB a
 #: partition and micro-batches of 2,000 records a partition (``stream.DIRECT_BATCH_RECORDS_PER_PARTITION``) an
 #: 8,000,000-record drain went from 267,030-314,854 records/s to 427,612-454,383 (the tuned MirrorMaker 2:
-#: 287,437-323,889), the mirror's CPU from 2.5-2.6 µs a record to 1.0-1.2 (docs/benchmarks.md, 4 December)
+#: 287,437-315,007), the mirror's CPU from 2.5-2.6 µs a record to 1.0-1.2 (docs/benchmarks.md, 4 December)
 WRITER_TXN_BYTES_PER_PARTITION = 256 * 1024
 #: overrides :data:`WRITER_TXN_BYTES_PER_PARTITION`, for an A/B (the bench's ``-flat`` variants: 0)
 WRITER_TXN_BYTES_PER_PARTITION_ENV = "MIRRORFLOW_WRITER_TXN_BYTES_PER_PARTITION"
