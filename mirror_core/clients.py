@@ -311,6 +311,10 @@ def read_partition(cluster: ClusterConfig, topic: str, partition: int, start: in
         c.close()
 
 
+#: how long one consume() of :func:`scan` waits for more records: the loop asks again until its deadline
+SCAN_WAIT_S = 0.05
+
+
 def scan(c: Consumer, topic: str, partition: int, start: int, end: int, timeout: float = 60.0) -> Iterator[Any]:
     """Records of ``topic``/``partition`` in [start, end), in order, read with the consumer ``c`` (which
     must have ``enable.partition.eof``); stops at ``end`` whether or not a record sits there."""
@@ -321,7 +325,9 @@ def scan(c: Consumer, topic: str, partition: int, start: int, end: int, timeout:
     c.assign([TopicPartition(topic, partition, start)])
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        msgs = c.consume(5000, 1.0)
+        # consume() returns when it has its count or its wait is over, not at the partition's end: a range of
+        # fewer records than the count waited the whole second (each chunk of a position lookup took 1 s)
+        msgs = c.consume(5000, SCAN_WAIT_S)
         for m in msgs:
             err = m.error()
             offset = m.offset() or 0

@@ -110,6 +110,21 @@ def last_committed_sync(consumer_config: dict[str, Any], syncs_topic: str, topic
     the sync topic (:func:`settled_end`), then scans backwards from the end in chunks, so a restart reads
     only the tail in the common case.
     """
+    return last_committed_syncs(consumer_config, syncs_topic, topic, [partition], chunk, timeout, destination,
+                                settle_timeout)[partition]
+
+
+def last_committed_syncs(consumer_config: dict[str, Any], syncs_topic: str, topic: str, partitions: list[int],
+                         chunk: int = 2000, timeout: float = 30.0, destination: str | None = None,
+                         settle_timeout: float = SETTLE_TIMEOUT_S) -> dict[int, OffsetSync | None]:
+    """:func:`last_committed_sync` of each of ``topic``'s ``partitions``, in one pass over the sync topic's
+    tail: it waits for open transactions once and reads each chunk once, going further back only while a
+    partition's sync is still missing. One partition at a time, a writer starting 1,000 partitions read
+    the same tail 1,000 times on two new consumers each: 15.6 s for 500 partitions with 64 threads."""
+    wanted = set(partitions)
+    best: dict[int, OffsetSync | None] = dict.fromkeys(wanted)
+    if not wanted:
+        return best
     c = _consumer(consumer_config, "read_committed")
     u = _consumer(consumer_config, "read_uncommitted")
     try:
@@ -118,17 +133,20 @@ def last_committed_sync(consumer_config: dict[str, Any], syncs_topic: str, topic
         if tmd is None or tmd.error is not None:
             raise PositionLookupError(f"offset-sync topic {syncs_topic!r} is missing on the destination; "
                                       f"run provision")
-        best: OffsetSync | None = None
         for p in tmd.partitions:
             low = int(c.get_watermark_offsets(TopicPartition(syncs_topic, p), timeout=timeout)[0])
             end = settled_end(c, u, syncs_topic, p, timeout, settle_timeout)
-            found: OffsetSync | None = None
-            while end > low and found is None:
+            found: dict[int, OffsetSync] = {}
+            while end > low and len(found) < len(wanted):
                 start = max(low, end - chunk)
-                found = _scan(c, syncs_topic, p, start, end, topic, partition, destination, timeout)
+                for part, sync in _scan(c, syncs_topic, p, start, end, topic, wanted - found.keys(), destination,
+                                        timeout).items():
+                    found[part] = sync
                 end = start
-            if found is not None and (best is None or found.upstream_offset > best.upstream_offset):
-                best = found
+            for part, sync in found.items():
+                prev = best[part]
+                if prev is None or sync.upstream_offset > prev.upstream_offset:
+                    best[part] = sync
         return best
     finally:
         c.close()
@@ -142,11 +160,11 @@ def last_committed_position(consumer_config: dict[str, Any], syncs_topic: str, t
     return None if sync is None else sync.upstream_offset
 
 
-def _scan(c: Consumer, syncs_topic: str, p: int, start: int, end: int, topic: str, partition: int,
-          destination: str | None, timeout: float) -> OffsetSync | None:
-    """The last sync for ``topic``/``partition`` (of ``destination``) in [start, end) of the sync topic's
-    partition ``p``."""
-    found: OffsetSync | None = None
+def _scan(c: Consumer, syncs_topic: str, p: int, start: int, end: int, topic: str, partitions: set[int],
+          destination: str | None, timeout: float) -> dict[int, OffsetSync]:
+    """The last sync of each of ``topic``'s ``partitions`` (of ``destination``) in [start, end) of the sync
+    topic's partition ``p``; a partition without one is left out."""
+    found: dict[int, OffsetSync] = {}
     try:
         for msg in clients.scan(c, syncs_topic, p, start, end, timeout):
             try:
@@ -155,16 +173,17 @@ def _scan(c: Consumer, syncs_topic: str, p: int, start: int, end: int, topic: st
                 # not ours to judge: something else wrote to the topic; it never stops the mirror
                 log.warning("%s[%d]@%d is not an offset sync, skipped: %s", syncs_topic, p, msg.offset(), exc)
                 continue
-            if sync.topic != topic or sync.partition != partition:
+            if sync.topic != topic or sync.partition not in partitions:
                 continue
             if destination is None:
-                found = sync  # later records in the log supersede earlier ones
+                found[sync.partition] = sync  # later records in the log supersede earlier ones
                 continue
             named = sync_destination(msg.headers())
             if named == destination:
-                found = sync
+                found[sync.partition] = sync
             elif named is None:
-                found = LegacySync(sync.topic, sync.partition, sync.upstream_offset, sync.downstream_offset)
+                found[sync.partition] = LegacySync(sync.topic, sync.partition, sync.upstream_offset,
+                                                   sync.downstream_offset)
     except KafkaOperationError as exc:
         raise PositionLookupError(str(exc)) from None
     return found
@@ -178,6 +197,17 @@ def committed_end_offset(consumer_config: dict[str, Any], topic: str, partition:
                                     "isolation.level": "read_committed", "log_level": 3})
     try:
         return int(c.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)[1])
+    finally:
+        c.close()
+
+
+def high_watermarks(consumer_config: dict[str, Any], topic: str, partitions: list[int],
+                    timeout: float = 30.0) -> dict[int, int]:
+    """:func:`source_end_offset` of each of ``topic``'s ``partitions``, on one consumer."""
+    c = Consumer(consumer_config | {"group.id": "mirrorflow-position-lookup", "enable.auto.commit": False,
+                                    "log_level": 3})
+    try:
+        return {p: int(c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]) for p in partitions}
     finally:
         c.close()
 

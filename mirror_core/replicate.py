@@ -59,8 +59,10 @@ from mirror_core.partitioner import java_partition
 from mirror_core.positions import (
     LegacySync,
     committed_end_offset,
+    high_watermarks,
     last_committed_position,
     last_committed_sync,
+    last_committed_syncs,
     source_end_offset,
     sync_headers,
 )
@@ -477,9 +479,31 @@ _gc_quiet = False
 
 #: what a writer's ``position_lookup`` returns: the newest committed sync, a bare upstream offset, or None
 PositionLookup = Callable[[str, int], "OffsetSync | int | None"]
+#: the same for several partitions of one topic at once (one pass over the sync topic's tail)
+PositionsLookup = Callable[[str, list[int]], "dict[int, OffsetSync | int | None]"]
+
+
+class _PositionTable(dict[str, "Position"]):
+    """The positions this process knows, by transactional id (or at-least-once key). Counts what it forgets
+    (``forgotten``): a lookup of many partitions stores what it read only if nothing was forgotten while it
+    read (see :meth:`PartitionWriter.read_positions`), since a forgotten position may stand for a commit the
+    lookup did not see."""
+
+    forgotten = 0
+
+    def pop(self, key: str, *default: Any) -> Any:
+        if key in self:
+            self.forgotten += 1
+        return super().pop(key, *default)
+
+    def clear(self) -> None:
+        if self:
+            self.forgotten += 1
+        super().clear()
+
 
 _PRODUCERS: dict[str, Producer] = {}
-_POSITIONS: dict[str, Position] = {}
+_POSITIONS = _PositionTable()
 #: the size limit (``destination_max_message_bytes``) each cached producer was built for
 _PRODUCER_LIMITS: dict[str, int | None] = {}
 #: the destination partition count each cached producer was built for: a destination grown while the mirror
@@ -919,7 +943,9 @@ class PartitionWriter:
                  position_lookup: PositionLookup | None = None,
                  downstream_end: Callable[[str, int], int] | None = None,
                  source_end: Callable[[str, int], int] | None = None,
-                 destination_high: Callable[[str, int], int] | None = None):
+                 destination_high: Callable[[str, int], int] | None = None,
+                 positions_lookup: PositionsLookup | None = None,
+                 destination_highs: Callable[[str, list[int]], dict[int, int]] | None = None):
         learned = _LEARNED_LIMITS.get(settings.destination_topic)
         if learned is not None and learned != settings.destination_max_message_bytes:
             settings = dataclasses.replace(settings, destination_max_message_bytes=learned)
@@ -929,6 +955,11 @@ class PartitionWriter:
         self.position_lookup = position_lookup or (
             lambda t, p: last_committed_sync(settings.producer_config, settings.offset_syncs_topic, t, p,
                                              destination=settings.destination_topic))
+        #: several partitions at once (:meth:`read_positions`); one by one when only ``position_lookup`` is given
+        self.positions_lookup = positions_lookup or (
+            (lambda t, ps: {p: self.position_lookup(t, p) for p in ps}) if position_lookup is not None else
+            (lambda t, ps: dict(last_committed_syncs(settings.producer_config, settings.offset_syncs_topic, t, ps,
+                                                     destination=settings.destination_topic))))
         self.downstream_end = downstream_end or (
             lambda t, p: committed_end_offset(settings.producer_config, t, p))
         cc = settings.source_consumer_config
@@ -938,6 +969,9 @@ class PartitionWriter:
         #: a destination topic that was deleted since (see :meth:`_position`)
         self.destination_high = destination_high or (
             lambda t, p: source_end_offset(settings.producer_config, t, p))
+        self.destination_highs = destination_highs or (
+            (lambda t, ps: {p: self.destination_high(t, p) for p in ps}) if destination_high is not None else
+            (lambda t, ps: high_watermarks(settings.producer_config, t, ps)))
         #: at-least-once partitions handed back by a shared write: the records whose dead letters landed there
         self._landed: dict[int, set[int]] = {}
 
@@ -1089,20 +1123,25 @@ class PartitionWriter:
 
     def _position(self, key: str, partition: int) -> Position | None:
         if key not in _POSITIONS:
-            found = self._lookup(partition)
-            if isinstance(found, OffsetSync) and self._beyond_destination_end(found, partition):
-                _POSITIONS[key] = Position(0)  # the records it covers went with the deleted topic
-            elif isinstance(found, OffsetSync):
-                _POSITIONS[key] = Position(found.upstream_offset, found.downstream_offset)
-            elif found is not None:
-                _POSITIONS[key] = Position(int(found))
-            else:
-                # nothing committed yet: known too (a warm-up's lookup is not repeated by the first write);
-                # the producer fenced every zombie before this lookup, so only this writer can commit now
-                _POSITIONS[key] = Position(0)
+            self._store_position(key, partition, self._lookup(partition))
         return _POSITIONS.get(key)
 
-    def _beyond_destination_end(self, sync: OffsetSync, partition: int) -> bool:
+    def _store_position(self, key: str, partition: int, found: OffsetSync | int | None,
+                        high: int | None = None) -> None:
+        """Keep the position ``found`` by a lookup (``high``: the destination partition's high watermark, when
+        read already)."""
+        if isinstance(found, OffsetSync) and self._beyond_destination_end(found, partition, high):
+            _POSITIONS[key] = Position(0)  # the records it covers went with the deleted topic
+        elif isinstance(found, OffsetSync):
+            _POSITIONS[key] = Position(found.upstream_offset, found.downstream_offset)
+        elif found is not None:
+            _POSITIONS[key] = Position(int(found))
+        else:
+            # nothing committed yet: known too (a warm-up's lookup is not repeated by the first write);
+            # the producer fenced every zombie before this lookup, so only this writer can commit now
+            _POSITIONS[key] = Position(0)
+
+    def _beyond_destination_end(self, sync: OffsetSync, partition: int, high: int | None = None) -> bool:
         """The committed sync maps to a destination offset beyond the destination partition's end (high
         watermark): it was written into a destination topic deleted since (and re-created by an operator or
         ``provision``), whose records are gone. The partition is then mirrored from the batch's start, so a
@@ -1110,7 +1149,7 @@ class PartitionWriter:
         key hashing a sync's downstream offset is not in one known partition)."""
         if self.s.destination_partitions < self.s.source_partitions:
             return False
-        end = self.destination_high(self.s.destination_topic, partition)
+        end = self.destination_high(self.s.destination_topic, partition) if high is None else high
         if sync.downstream_offset <= end:
             return False
         log.warning("%s: %s[%d]: the committed position (upstream %d -> downstream %d) is beyond %s[%d]'s end %d: "
@@ -1155,6 +1194,12 @@ class PartitionWriter:
     def prepare_shared(self, partition: int) -> Position | None:
         """``transactions: per_writer``: fence the partition's own transactional id (a per-partition writer of
         an earlier job may still hold it) once in this process, then read its committed position."""
+        with partition_lock(self.s, partition):
+            self.fence_shared(partition)
+            return self._position(self.s.transactional_id_for(partition), partition)
+
+    def fence_shared(self, partition: int) -> None:
+        """``transactions: per_writer``: the fence of :meth:`prepare_shared`, alone (once in this process)."""
         key = self.s.transactional_id_for(partition)
         with partition_lock(self.s, partition):
             with _FENCE_GUARD:
@@ -1165,7 +1210,34 @@ class PartitionWriter:
                     _POSITIONS.pop(key, None)  # a zombie may have committed before the fence: read again
                 with _FENCE_GUARD:
                     _FENCED_PARTITIONS.add(key)
-            return self._position(key, partition)
+
+    def read_positions(self, partitions: list[int]) -> int:
+        """``transactions: per_writer``: read the committed positions of those of ``partitions`` that are
+        fenced (:meth:`fence_shared`) and not known yet, in one lookup, and keep them; returns how many it
+        kept. A partition whose newest sync an earlier release wrote is left to its own lookup. Nothing is kept if this process forgot a position while the lookup ran (it may stand for a
+        commit the lookup missed): each partition's next write reads its own again (:meth:`prepare_shared`)."""
+        with _FENCE_GUARD:
+            fenced = set(_FENCED_PARTITIONS)
+        keys = {p: self.s.transactional_id_for(p) for p in partitions}
+        todo = [p for p, k in keys.items() if k in fenced and k not in _POSITIONS]
+        if not todo:
+            return 0
+        forgotten = _POSITIONS.forgotten
+        found = self.positions_lookup(self.s.source_topic, todo)
+        # an earlier release's sync is left to the partition's own lookup (:meth:`_lookup`), which fences that
+        # release's writer and looks again
+        todo = [p for p in todo if not isinstance(found.get(p), LegacySync)]
+        synced = [p for p in todo if isinstance(found.get(p), OffsetSync)]
+        highs = (self.destination_highs(self.s.destination_topic, synced)
+                 if synced and self.s.destination_partitions >= self.s.source_partitions else {})
+        kept = 0
+        for p in todo:
+            with partition_lock(self.s, p):
+                if keys[p] in _POSITIONS or _POSITIONS.forgotten != forgotten:
+                    continue
+                self._store_position(keys[p], p, found.get(p), highs.get(p))
+                kept += 1
+        return kept
 
     def position_known(self, partition: int) -> bool:
         """``transactions: per_writer``: the partition's committed position is known in this process (read by

@@ -58,6 +58,7 @@ from mirror_core.replicate import (
     destination_deleted,
     flush_within,
     last_committed_sync,
+    last_committed_syncs,
     quiet_gc,
 )
 from mirror_core.topics import ClusterState, create_topics, read_state
@@ -1343,7 +1344,11 @@ class BatchWriter:
                 def lookup(t: str, p: int) -> Any:
                     return last_committed_sync(cc, s.offset_syncs_topic, t, p, destination=s.destination_topic)
 
-                w = self._writers[topic] = PartitionWriter(s, translator_for(self.plan, s), lookup)
+                def lookup_many(t: str, ps: list[int]) -> Any:
+                    return last_committed_syncs(cc, s.offset_syncs_topic, t, ps, destination=s.destination_topic)
+
+                w = self._writers[topic] = PartitionWriter(s, translator_for(self.plan, s), lookup,
+                                                           positions_lookup=lookup_many)
             return w
 
     def prepare(self, topic: str, part: int) -> None:
@@ -1397,6 +1402,47 @@ class BatchWriter:
         s = self.plan.settings.get(topic)
         if s is not None and s.delivery == "exactly_once":
             self._writer(topic, s).prepare_shared(part)
+
+    def prepare_shared_many(self, keys: list[tuple[str, int]], pool: ThreadPoolExecutor,
+                            stop: threading.Event | None = None) -> list[tuple[tuple[str, int], BaseException]]:
+        """:meth:`prepare_shared` of many partitions: fence each (on ``pool``'s threads: a fence is a producer
+        of its own), then read the positions of each topic's fenced partitions in one lookup. Returns the
+        partitions that failed, with their errors; their first write tries again. One lookup per partition
+        read the sync topic's tail once for each: at 1,000 partitions that was most of a writer's start."""
+        failed: list[tuple[tuple[str, int], BaseException]] = []
+        writers: dict[str, tuple[PartitionWriter, list[int]]] = {}
+        for topic, part in keys:
+            s = self.plan.settings.get(topic)
+            if s is not None and s.delivery == "exactly_once":
+                writers.setdefault(topic, (self._writer(topic, s), []))[1].append(part)
+
+        def fence(item: tuple[PartitionWriter, int]) -> bool:
+            w, part = item
+            if stop is not None and stop.is_set():
+                return False
+            try:
+                w.fence_shared(part)
+                return True
+            except Exception as exc:  # noqa: BLE001 - the first write tries again
+                failed.append(((w.s.source_topic, part), exc))
+                return False
+
+        def read(item: tuple[PartitionWriter, list[int]]) -> None:
+            w, parts = item
+            if stop is not None and stop.is_set():
+                return
+            try:
+                w.read_positions(parts)
+            except Exception as exc:  # noqa: BLE001 - the first write tries again
+                failed.extend(((w.s.source_topic, part), exc) for part in parts)
+
+        items = [(w, part) for w, parts in writers.values() for part in parts]
+        fenced = [item for item, ok in zip(items, list(pool.map(fence, items)), strict=True) if ok]
+        by_writer: dict[str, tuple[PartitionWriter, list[int]]] = {}
+        for w, part in fenced:
+            by_writer.setdefault(w.s.source_topic, (w, []))[1].append(part)
+        list(pool.map(read, by_writer.values()))
+        return failed
 
     def write_shared(self, txn: WriterTransaction, parts: dict[tuple[str, int], tuple[Columns, int]]
                      ) -> set[tuple[str, int]]:
@@ -1672,17 +1718,12 @@ class BatchWriter:
             return
         from mirror_core.direct import WARM_THREADS_PER_WRITER
 
-        def one(item: tuple[PartitionWriter, int]) -> None:
-            try:
-                item[0].prepare_shared(item[1])
-            except Exception as exc:  # noqa: BLE001 - read again, and met, by the staging
-                log.debug("%s: position of %s[%d] not read ahead: %s", self.plan.group, item[0].s.source_topic,
-                          item[1], exc)
-
         t0 = time.monotonic()
         with ThreadPoolExecutor(max_workers=min(WARM_THREADS_PER_WRITER, len(unknown)),
                                 thread_name_prefix="mirrorflow-positions") as pool:
-            list(pool.map(one, unknown))
+            failed = self.prepare_shared_many([(w.s.source_topic, part) for w, part in unknown], pool)
+        for (topic, part), exc in failed:
+            log.debug("%s: position of %s[%d] not read ahead: %s", self.plan.group, topic, part, exc)
         log.debug("%s: %d positions read again in %.1f s", self.plan.group, len(unknown), time.monotonic() - t0)
 
     def finish(self, topic: str, part: int, start: int | None = None) -> None:

@@ -20,7 +20,14 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from mirror_core import clients, replicate
 from mirror_core.checkpoint import load_sync_store
 from mirror_core.config import MirrorsConfig, parse_config
-from mirror_core.positions import PositionLookupError, last_committed_sync
+from mirror_core.offsets import OffsetSync
+from mirror_core.positions import (
+    LegacySync,
+    PositionLookupError,
+    last_committed_sync,
+    last_committed_syncs,
+    sync_headers,
+)
 from mirror_core.replicate import Columns, WriterSettings
 from mirror_core.stream import BatchWriter, WriterPlan
 from mirror_core.topics import create_topics
@@ -111,6 +118,44 @@ def test_item2_two_mirrors_of_one_source_topic_keep_their_own_positions(clusters
     assert live_store.translate(topic, 0, 300).downstream_offset == 301  # one commit marker before
     assert archive_store.translate(topic, 0, 300).downstream_offset == 201
     assert archive_store.translate(topic, 0, 50).downstream_offset is None  # archive never had offset 50
+
+
+def test_positions_read_together_are_each_partitions_own_newest_sync(clusters, unique):
+    """The lookup of many partitions at once (a writer starting 1,000 partitions) finds what the lookup of
+    each alone finds, on a real sync topic read in small chunks: the newest sync naming this mirror's
+    destination, not another mirror's; an earlier release's sync without the header as such; a sync far back
+    in the log past many newer ones of other partitions; None for a partition never synced; and it skips a
+    record that is not a sync."""
+    topic, dest = unique("many"), "orders.mirror"
+    syncs = f"{topic}.syncs.internal"
+    create(clusters.dst_bootstrap, syncs)
+    p = Producer({"bootstrap.servers": clusters.dst_bootstrap})
+
+    def sync(part: int, up: int, down: int, to: str | None = dest) -> None:
+        s = OffsetSync(topic, part, up, down)
+        p.produce(syncs, s.value_bytes(), s.key_bytes(), 0, headers=sync_headers(to) if to else None)
+
+    sync(3, 7, 70)  # far back: everything below comes after it
+    sync(0, 3, 30)
+    sync(0, 10, 100)
+    sync(1, 5, 50, to="orders.archive")  # another mirror's
+    sync(2, 4, 40, to=None)  # an earlier release's
+    p.produce(syncs, b"not a sync", b"garbage", 0)
+    for i in range(12):
+        sync(5, i, i)
+    sync(0, 11, 110, to="orders.archive")  # another mirror's, newer than partition 0's own
+    p.flush(30)
+    config = {"bootstrap.servers": clusters.dst_bootstrap}
+    parts = [0, 1, 2, 3, 4, 5]
+    together = last_committed_syncs(config, syncs, topic, parts, chunk=4, destination=dest)
+    alone = {x: last_committed_sync(config, syncs, topic, x, chunk=4, destination=dest) for x in parts}
+    assert together == alone
+    assert together == {0: OffsetSync(topic, 0, 10, 100), 1: None, 2: LegacySync(topic, 2, 4, 40),
+                        3: OffsetSync(topic, 3, 7, 70), 4: None, 5: OffsetSync(topic, 5, 11, 11)}
+    assert type(together[0]) is OffsetSync and type(together[2]) is LegacySync
+    # without a destination, any mirror's newest sync counts
+    assert last_committed_syncs(config, syncs, topic, [0, 1], chunk=4) == {
+        0: OffsetSync(topic, 0, 11, 110), 1: OffsetSync(topic, 1, 5, 50)}
 
 
 class _Lines(logging.Handler):

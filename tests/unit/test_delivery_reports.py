@@ -85,7 +85,7 @@ class _Broker:
 
 def _writer(monkeypatch: pytest.MonkeyPatch, broker: _Broker, **over: Any) -> replicate.PartitionWriter:
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, gapless=False: (broker, "key"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     monkeypatch.setattr(replicate, "_drop_producer", lambda *a, **k: None)
     monkeypatch.setattr(replicate.PartitionWriter, "_learn_size_limit", lambda self: False)
     return replicate.PartitionWriter(settings(**over), SchemaIdTranslator({}), lambda t, p: None,

@@ -85,7 +85,7 @@ def test_a_position_beyond_the_re_created_destination_is_not_taken(monkeypatch) 
     (0): the records it covers went with the deleted topic, so they are written again, not skipped."""
     fake = _FakeProducer()
     monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     writer = replicate.PartitionWriter(settings(value_serde="bytes"), SchemaIdTranslator({}),
                                        lambda t, p: OffsetSync("t", 1, 5, 40), downstream_end=lambda t, p: 0,
                                        destination_high=lambda t, p: 0)
@@ -96,7 +96,7 @@ def test_a_position_beyond_the_re_created_destination_is_not_taken(monkeypatch) 
 def test_a_position_within_the_destination_is_kept(monkeypatch) -> None:
     fake = _FakeProducer()
     monkeypatch.setattr(replicate, "_producer", lambda _s, p: (fake, "txid"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     writer = replicate.PartitionWriter(settings(value_serde="bytes"), SchemaIdTranslator({}),
                                        lambda t, p: OffsetSync("t", 1, 5, 40), downstream_end=lambda t, p: 40,
                                        destination_high=lambda t, p: 41)

@@ -91,7 +91,7 @@ def test_item9_first_record_dead_lettered_keeps_the_partition_start_translatable
     """Offset 0 (a group that has read nothing) translates to the first mirrored record, not 'too old'."""
     fake = _Producer()
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     s = WriterSettings(group="g", mirror="g__t__t", source_alias="src", destination_alias="dst",
                        source_topic="t", destination_topic="t", source_partitions=1, destination_partitions=1,
                        delivery="exactly_once", key_serde="bytes", value_serde="avro", on_error="dead_letter",
@@ -179,7 +179,7 @@ def test_item5_writer_mirrors_a_recreated_partition_from_its_start(monkeypatch) 
     its records 0-2 are new and are mirrored, not skipped as already mirrored. A real replay is still skipped."""
     fake = _Producer()
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     s = WriterSettings(group="g", mirror="g__t__t", source_alias="src", destination_alias="dst",
                        source_topic="t", destination_topic="t", source_partitions=1, destination_partitions=1,
                        delivery="exactly_once", key_serde="bytes", value_serde="bytes", on_error="dead_letter",

@@ -206,7 +206,7 @@ class _FailingCommits(_FakeProducer):
 def _write_with_failing_commits(monkeypatch, code: int, failures: int) -> tuple[_FailingCommits, object]:
     fake = _FailingCommits(code, failures)
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     monkeypatch.setattr(replicate.time, "sleep", lambda _s: None)  # the outage's pause between tries
     writer = replicate.PartitionWriter(settings(value_serde="bytes"), ids({}), lambda t, p: None,
                                        downstream_end=lambda t, p: 0, destination_high=lambda t, p: 999)
@@ -242,7 +242,7 @@ def test_fully_dead_lettered_chunk_writes_a_position_sync(monkeypatch) -> None:
     fake = _FakeProducer()
     s = settings(value_serde="avro")
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     writer = replicate.PartitionWriter(s, ids({}), lambda t, p: OffsetSync("t", 1, 5, 40),
                                        downstream_end=lambda t, p: 999, destination_high=lambda t, p: 999)
     bad = [rec(b"\x00" + struct.pack(">i", 77) + b"x", offset=o) for o in (5, 6, 7)]
@@ -258,7 +258,7 @@ def test_fully_dead_lettered_chunk_writes_a_position_sync(monkeypatch) -> None:
 def test_position_sync_without_history_uses_the_destination_end(monkeypatch) -> None:
     fake = _FakeProducer()
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     writer = replicate.PartitionWriter(settings(value_serde="bytes", provenance=True), ids({}),
                                        lambda t, p: None, downstream_end=lambda t, p: 17)
     looped = [rec(b"v", ((PROVENANCE_HEADER, b"dst"),), offset=o) for o in (0, 1)]
@@ -272,7 +272,7 @@ def test_a_partition_with_nothing_committed_is_looked_up_once(monkeypatch) -> No
     """The warm-up's lookup (no sync yet: a new mirror) holds for the first write; it is not repeated."""
     fake = _FakeProducer()
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     lookups: list[tuple[str, int]] = []
     writer = replicate.PartitionWriter(settings(value_serde="bytes"), ids({}),
                                        lambda t, p: lookups.append((t, p)), downstream_end=lambda t, p: 0)
@@ -353,7 +353,7 @@ def test_fast_path_produces_exactly_what_decide_decides(monkeypatch) -> None:
                                  r.timestamp_ms))
         fake = _FakeProducer()
         monkeypatch.setattr(replicate, "_producer", lambda _s, p, _f=fake, **_k: (_f, "txid"))
-        monkeypatch.setattr(replicate, "_POSITIONS", {})
+        monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
         writer = replicate.PartitionWriter(s, ids(known), lambda t, p: None, downstream_end=lambda t, p: 0)
         assert writer.fast.enabled
         result = writer.write(1, replicate.Columns.from_records(records))
@@ -394,7 +394,7 @@ def test_dead_letter_too_large_for_the_dlq_keeps_reason_and_coordinates(monkeypa
     """A dead letter over the DLQ's size limit would fail the partition forever: it goes without payload."""
     fake = _FakeProducer()
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     writer = replicate.PartitionWriter(settings(), ids({}), lambda t, p: None, downstream_end=lambda t, p: 0)
     huge = rec(b"\x00" + struct.pack(">i", 77) + b"x" * 2_000_000, (("h", b"1"),), offset=9)
     small = rec(b"\x00" + struct.pack(">i", 77) + b"x", offset=10)
@@ -565,7 +565,7 @@ def test_item4_undelivered_dead_letter_fails_the_chunk(monkeypatch, delivery) ->
     fail (Spark retries it) and no offset sync may move past it."""
     fake = _FailingProducer({"g.dlq"})
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     writer = replicate.PartitionWriter(settings(delivery=delivery), ids({7: 70}), lambda t, p: None,
                                        downstream_end=lambda t, p: 0)
     good = b"\x00" + struct.pack(">i", 7) + b"ok"
@@ -585,7 +585,7 @@ def test_item12_registry_error_on_id_miss_aborts_the_open_transaction(monkeypatc
 
     fake = _FailingProducer(set())
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     calls: list[int] = []
 
     def resolver(source_id: int) -> int | None:
@@ -611,7 +611,7 @@ def test_item12_chunks_capped_by_bytes_not_only_records(monkeypatch) -> None:
     transaction and its flush must finish well within the 60 s transaction timeout)."""
     fake = _FakeProducer()
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     monkeypatch.setattr(replicate, "CHUNK_BYTES", 10_000, raising=False)
     writer = replicate.PartitionWriter(settings(value_serde="bytes"), ids({}), lambda t, p: None,
                                        downstream_end=lambda t, p: 0)
@@ -644,7 +644,7 @@ def test_fewer_destination_partitions_place_keyed_records_by_the_java_key_hash(m
     (``toPositive(murmur2(key)) % 4``); records without a key keep ``source partition % 4``."""
     fake = _FakeProducer()
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     s = settings(source_partitions=6, destination_partitions=4, value_serde="bytes")
     writer = replicate.PartitionWriter(s, ids({}), lambda t, p: None, downstream_end=lambda t, p: 0)
     keys = [b"21", b"foobar", None, b"abc"]
@@ -670,7 +670,7 @@ def test_a_mapped_schema_id_outside_int32_is_refused_not_written(monkeypatch) ->
         assert isinstance(hdr, DeadLetter) and hdr.reason == "unknown_schema_id"
     fake = _FakeProducer()
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     writer = replicate.PartitionWriter(settings(), ids({7: 2**31, 8: 80}), lambda t, p: None,
                                        downstream_end=lambda t, p: 0)
     ok = b"\x00" + struct.pack(">i", 8) + b"body"
@@ -686,7 +686,7 @@ def test_a_mapped_schema_id_outside_int32_is_refused_not_written(monkeypatch) ->
 def test_dead_letters_carry_every_documented_header(monkeypatch) -> None:
     fake = _FakeProducer()
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     writer = replicate.PartitionWriter(settings(), ids({}), lambda t, p: None, downstream_end=lambda t, p: 0)
     bad = rec(b"\x00" + struct.pack(">i", 77) + b"x", (("app", b"1"),), offset=12)
     writer.write(1, [bad])
@@ -755,7 +755,7 @@ def test_at_least_once_producer_is_idempotent_with_acks_all(monkeypatch) -> None
 def test_at_least_once_writes_records_then_syncs_after_their_acknowledgement(monkeypatch) -> None:
     fake = _AckingProducer()
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "alo"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     s = settings(delivery="at_least_once")
     writer = replicate.PartitionWriter(s, ids({7: 70}), lambda t, p: None, downstream_end=lambda t, p: 0)
     framed = b"\x00" + struct.pack(">i", 7) + b"body"
@@ -776,7 +776,7 @@ def test_at_least_once_writes_records_then_syncs_after_their_acknowledgement(mon
 def test_at_least_once_writes_no_sync_when_a_record_is_not_acknowledged(monkeypatch) -> None:
     fake = _AckingProducer(fail=(b"lost",))
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "alo"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     writer = replicate.PartitionWriter(settings(delivery="at_least_once", value_serde="bytes"), ids({}),
                                        lambda t, p: None, downstream_end=lambda t, p: 0)
     with pytest.raises(Exception, match="timed out|TIMED_OUT"):
@@ -787,7 +787,7 @@ def test_at_least_once_writes_no_sync_when_a_record_is_not_acknowledged(monkeypa
 def test_at_least_once_fully_dead_lettered_chunk_writes_a_position_sync(monkeypatch) -> None:
     fake = _AckingProducer()
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "alo"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     writer = replicate.PartitionWriter(settings(delivery="at_least_once"), ids({}), lambda t, p: None,
                                        downstream_end=lambda t, p: 17)
     bad = [rec(b"\x00" + struct.pack(">i", 77) + b"x", offset=o) for o in (5, 6, 7)]
@@ -801,7 +801,7 @@ def test_at_least_once_fully_dead_lettered_chunk_writes_a_position_sync(monkeypa
 def test_at_least_once_on_error_fail_stops_before_any_sync(monkeypatch) -> None:
     fake = _AckingProducer()
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "alo"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     writer = replicate.PartitionWriter(settings(delivery="at_least_once", on_error="fail"), ids({}),
                                        lambda t, p: None, downstream_end=lambda t, p: 0)
     with pytest.raises(replicate.WriterError, match=r"cannot mirror t\[1\]@6: unknown_schema_id"):
@@ -873,7 +873,7 @@ def test_item2_item3_an_earlier_release_position_is_taken_once_its_writer_is_fen
 
     fake = _FakeProducer()
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     fenced: list[str] = []
     monkeypatch.setattr(replicate, "fence_legacy_writer", lambda s, p: fenced.append(s.legacy_transactional_id_for(p)))
     lookups: list[int] = []
@@ -896,7 +896,7 @@ def test_at_least_once_dead_letter_too_large_for_the_dlq_keeps_reason_and_coordi
     """As in exactly_once: an oversized dead letter goes without its payload instead of failing the partition."""
     fake = _AckingProducer()
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "alo"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     writer = replicate.PartitionWriter(settings(delivery="at_least_once"), ids({}), lambda t, p: None,
                                        downstream_end=lambda t, p: 0)
     huge = rec(b"\x00" + struct.pack(">i", 77) + b"x" * 2_000_000, (("h", b"1"),), offset=9)
@@ -967,7 +967,7 @@ def _per_writer_fakes(monkeypatch, commit_error: Exception | None = None
     monkeypatch.setattr(replicate, "Producer", WriterProducer)
     monkeypatch.setattr(replicate, "fence_transactional_id", lambda config, txid: None)
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (per_partition, _s.transactional_id_for(p)))
-    for name, empty in (("_POSITIONS", {}), ("_PRODUCERS", {}), ("_PRODUCER_LIMITS", {}),
+    for name, empty in (("_POSITIONS", replicate._PositionTable()), ("_PRODUCERS", {}), ("_PRODUCER_LIMITS", {}),
                         ("_PRODUCER_PARTITIONS", {}), ("_FENCED_PARTITIONS", set())):
         monkeypatch.setattr(replicate, name, empty)
     return store, commits, per_partition
@@ -1006,29 +1006,24 @@ def test_per_writer_commit_that_reports_an_error_but_went_through_writes_nothing
 
 def test_per_writer_positions_not_known_are_read_together_before_the_transaction_opens(monkeypatch) -> None:
     """``transactions: per_writer``: the positions a writer does not know (none at first; after a failed
-    transaction it forgets them) are read before its transaction opens, several at once: read one by one as
-    each partition's records were staged, 250 of them ran past the transaction's timeout. A replay after the
-    positions were forgotten writes nothing twice."""
-    import threading
-
+    transaction it forgets them) are read before its transaction opens, in one lookup for the topic: read one
+    by one as each partition's records were staged, 250 of them ran past the transaction's timeout, and one
+    lookup a partition read the sync topic's tail once for each. A replay after the positions were forgotten
+    writes nothing twice."""
     from mirror_core.replicate import Columns, WriterTransaction
     from mirror_core.stream import BatchWriter, WriterPlan
 
     s = settings(value_serde="bytes", source_partitions=4, destination_partitions=4)
     store, commits, _per_partition = _per_writer_fakes(monkeypatch)
-    events: list[str] = []
-    together = threading.Barrier(2, timeout=5)
-    met: list[bool] = []
+    events: list[object] = []
 
     def lookup(_t: str, p: int) -> OffsetSync | None:
-        events.append("lookup")
-        if not met:
-            try:
-                together.wait()  # two lookups at once, or a broken barrier after 5 s
-                met.append(True)
-            except threading.BrokenBarrierError:
-                met.append(False)
+        events.append(("one", p))
         return store.get(p)
+
+    def lookup_many(_t: str, ps: list[int]) -> dict[int, OffsetSync | None]:
+        events.append(("many", sorted(ps)))
+        return {p: store.get(p) for p in ps}
 
     writer_producer = replicate.Producer
 
@@ -1041,11 +1036,11 @@ def test_per_writer_positions_not_known_are_read_together_before_the_transaction
     plan = WriterPlan({"t": s}, {}, {"t": {p: 10 for p in range(4)}}, {}, None, group="g", transactions="per_writer")
     bw = BatchWriter(plan)
     w = bw._writers["t"] = replicate.PartitionWriter(s, ids({}), lookup, downstream_end=lambda t, p: 0,
-                                                     destination_high=lambda t, p: 999)
+                                                     destination_high=lambda t, p: 999, positions_lookup=lookup_many)
     shared = {("t", p): (Columns(list(range(10)), [b"k"] * 10, [b"v"] * 10, [1_700_000_000_000] * 10), 10)
               for p in range(4)}
     assert bw.write_shared(WriterTransaction([s], 0, 1), shared) == set()
-    assert events == ["lookup"] * 4 + ["begin"] and met and all(met)
+    assert events == [("many", [0, 1, 2, 3]), "begin"]
     assert {p: (x.upstream_offset, x.downstream_offset) for p, x in store.items()} == {p: (10, 10) for p in range(4)}
 
     events.clear()
@@ -1053,9 +1048,36 @@ def test_per_writer_positions_not_known_are_read_together_before_the_transaction
         w.forget_position(p)  # as after a failed transaction
     bw.results.clear()
     assert bw.write_shared(WriterTransaction([s], 0, 1), shared) == set()
-    assert events == ["lookup"] * 4 + ["begin"]
+    assert events == [("many", [0, 1, 2, 3]), "begin"]
     assert [r["replayed_skipped"] for r in bw.rows()] == [10] * 4
     assert [t for c in commits for t in c].count("t") == 40  # nothing of the records a second time
+
+
+def test_per_writer_positions_read_together_are_not_kept_when_one_was_forgotten_meanwhile(monkeypatch) -> None:
+    """A lookup of many positions that ran while this process forgot a position (a transaction failed: its
+    commit may have gone through after the lookup read the sync topic) keeps nothing: each partition reads its
+    own again when written. Kept, the older position would have written the committed records twice."""
+    s = settings(value_serde="bytes", source_partitions=2, destination_partitions=2)
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
+    monkeypatch.setattr(replicate, "_FENCED_PARTITIONS", {s.transactional_id_for(p) for p in range(2)})
+    w = replicate.PartitionWriter(s, ids({}), lambda t, p: None, downstream_end=lambda t, p: 0)
+    other = replicate.PartitionWriter(settings(value_serde="bytes", source_topic="u"), ids({}), lambda t, p: None)
+    replicate._POSITIONS[other.s.transactional_id_for(0)] = replicate.Position(5, 5)
+
+    def forgetting(_t: str, ps: list[int]) -> dict[int, OffsetSync | None]:
+        other.forget_position(0)  # another partition's transaction failed while the lookup read
+        return dict.fromkeys(ps)
+
+    w.positions_lookup = forgetting
+    assert w.read_positions([0, 1]) == 0
+    assert not w.position_known(0) and not w.position_known(1)
+
+    w.positions_lookup = lambda _t, ps: {p: OffsetSync("t", p, 7, 3) for p in ps}
+    w.destination_highs = lambda _t, ps: dict.fromkeys(ps, 3)
+    assert w.read_positions([0, 1]) == 2
+    assert w.position_known(0) and w.position_known(1)
+    assert replicate._POSITIONS[s.transactional_id_for(1)] == replicate.Position(7, 3)
+    assert w.read_positions([0, 1]) == 0  # known: not read again
 
 
 def _write_past_trailing_markers(monkeypatch, s, store: dict[int, OffsetSync]) -> list[dict]:
@@ -1394,9 +1416,10 @@ def test_per_writer_on_two_producers_reports_every_record_once_a_marker_landed_a
 
     monkeypatch.setattr(native, "usable", lambda p: True)
     monkeypatch.setattr(native, "produce", c_loop)
-    lookups: list[int] = []
-    lookup = replicate.PartitionWriter._lookup
-    monkeypatch.setattr(replicate.PartitionWriter, "_lookup", lambda self, p: lookups.append(p) or lookup(self, p))
+    lookups: list[int] = []  # positions read and kept, one by one or several at once
+    keep = replicate.PartitionWriter._store_position
+    monkeypatch.setattr(replicate.PartitionWriter, "_store_position",
+                        lambda self, key, p, *a: lookups.append(p) or keep(self, key, p, *a))
     with caplog.at_level("INFO", logger="mirror_core.stream"):
         rows = run()
     assert lookups == [0]
@@ -1482,7 +1505,7 @@ def test_at_least_once_rides_out_a_destination_outage_longer_than_a_minute(monke
     fake = _OutageProducer(clock, back_at=clock.now + 95)
     monkeypatch.setattr(replicate.time, "monotonic", clock)
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "alo"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     writer = replicate.PartitionWriter(settings(delivery="at_least_once", value_serde="bytes"), ids({}),
                                        lambda t, p: None, downstream_end=lambda t, p: 0)
     with caplog.at_level("WARNING", logger="mirror_core.replicate"):
@@ -1501,7 +1524,7 @@ def test_at_least_once_gives_up_when_the_producer_would_have(monkeypatch) -> Non
     fake = _OutageProducer(clock, back_at=clock.now + 10_000)
     monkeypatch.setattr(replicate.time, "monotonic", clock)
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "alo"))
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     s = settings(delivery="at_least_once", value_serde="bytes", producer_config={"message.timeout.ms": 45000})
     writer = replicate.PartitionWriter(s, ids({}), lambda t, p: None, downstream_end=lambda t, p: 0)
     with pytest.raises(replicate.WriterError, match=r"2 records not acknowledged within 50 s"):
@@ -1534,7 +1557,7 @@ def _outage_writer(monkeypatch, clock: _Clock, back_at: float, **over: object):
     monkeypatch.setattr(replicate.time, "sleep", lambda s: setattr(clock, "now", clock.now + s))
     monkeypatch.setattr(replicate, "_producer", producer)
     monkeypatch.setattr(replicate, "_PRODUCERS", {})
-    monkeypatch.setattr(replicate, "_POSITIONS", {})
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
     writer = replicate.PartitionWriter(settings(value_serde="bytes", **over), ids({}), lambda t, p: None,
                                        downstream_end=lambda t, p: 0)
     return writer, made
