@@ -1552,8 +1552,15 @@ class BatchWriter:
             w = self._writer(topic, self.plan.settings[topic])
             w.resolve_ids(cols)  # a registry outage is waited out before the transaction opens
             todo.append((w, part, cols, upstream_end))
+        #: the destination partitions that take a source partition's records under its own number (its runs)
+        same_numbers = [(w.s.destination_topic, part) for w, part, _cols, _end in todo
+                        if w.s.destination_partitions >= w.s.source_partitions]
         if transactional:
             self._read_positions([(w, part) for w, part, _cols, _end in todo if not w.position_known(part)])
+        late = txn.late_markers(same_numbers) if transactional else set()
+        if late:
+            log.debug("%s: the last writer transaction's commit markers have not landed in %d partitions yet: "
+                      "their records are reported one by one", self.plan.group, len(late))
         producer = txn.producer()
         # at_least_once: until the producer delivers or fails every record (a destination outage is ridden out)
         config = todo[0][0].s.producer_config if todo else {}
@@ -1583,7 +1590,8 @@ class BatchWriter:
                 producer.begin_transaction()
             try:
                 for w, part, cols, upstream_end in todo:
-                    r, st = w.stage(part, cols, upstream_end, producer, in_c=txn.in_c)
+                    r, st = w.stage(part, cols, upstream_end, producer,
+                                    in_c=txn.in_c and (w.s.destination_topic, part) not in late)
                     results.append(r)
                     if st is not None:
                         staged.append((w, st))
@@ -1627,7 +1635,9 @@ class BatchWriter:
                         producer.commit_transaction(60)
                     remaining = 0 if transactional else flush_within(producer, wait, self.plan.group)
                 if transactional:
-                    txn.took_turn()  # the next transaction need not wait for this one's markers
+                    # the next transaction goes out on the other producer while the broker writes these markers
+                    # (in the partitions where they are late, it reports each record: WriterTransaction.late_markers)
+                    txn.took_turn(same_numbers)
                 elif remaining:
                     log.warning("%s: offset syncs not acknowledged within %.0f s; writing the batch partition by "
                                 "partition", self.plan.group, wait)

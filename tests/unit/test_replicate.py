@@ -1435,6 +1435,84 @@ def test_per_writer_on_two_producers_reports_every_record_once_a_marker_landed_a
     assert (store[0].upstream_offset, store[0].downstream_offset) == (20, offsets[("t", 0)])
 
 
+def test_per_writer_the_next_transaction_reports_each_record_where_the_last_commits_markers_are_late(
+        monkeypatch) -> None:
+    """Two producers by turns: the next transaction asks the destination (once, for all of them) which of the
+    partitions it shares with the last commit still wait for that commit's markers; those report each record
+    (a marker may land among a run without reports), the others go through the C loop. Not asked once the
+    writer reports every record, nor when nothing is due."""
+    from mirror_core.replicate import WriterTransaction
+
+    s = settings(value_serde="bytes", producer_config={"bootstrap.servers": "dst:9092"})
+    monkeypatch.setattr(replicate, "_TURNS", {})
+    monkeypatch.setattr(replicate, "_MARKERS_DUE", {})
+    monkeypatch.setattr(replicate, "_REPORT_EACH", set())
+    asked: list[list[tuple[str, int]]] = []
+
+    def pending(config: dict, partitions: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        asked.append(partitions)
+        return partitions[:1]
+
+    monkeypatch.setattr(replicate, "markers_pending", pending)
+    txn = WriterTransaction([s], 0, 1, producers=2)
+    assert txn.late_markers([("t", 0)]) == set() and asked == []  # nothing committed yet
+    txn.took_turn([("t", 1), ("t", 2), ("u", 0)])
+    assert txn.late_markers([("t", 0), ("t", 1), ("t", 2)]) == {("t", 1)}
+    assert asked == [[("t", 1), ("t", 2)]]
+    asked.clear()
+    assert txn.late_markers([("t", 1)]) == set() and asked == []  # asked once a commit
+    txn.took_turn([("t", 1)])
+    txn.report_each()  # records reported one by one anyway
+    assert txn.late_markers([("t", 1)]) == set() and asked == []
+
+
+def test_per_writer_a_partition_whose_last_markers_are_late_is_reported_record_by_record_not_written_twice(
+        monkeypatch, caplog) -> None:
+    """The C loop's runs go without reports; while the last commit's markers have not landed in a partition
+    (the broker was slow to write them), the next transaction reports each of its records there instead, so
+    a marker landing among them does not make the transaction go out a second time. Here each transaction's
+    markers are still due when the next one starts (the fake destination says so): no record goes through
+    the C loop after the first transaction, nothing is written again, and the writer never switches to
+    reporting every record for good."""
+    from mirror_core import native
+
+    s = settings(value_serde="bytes", source_partitions=1, destination_partitions=1,
+                 producer_config={"bootstrap.servers": "dst:9092"})
+    store, _commits, per_partition = _per_writer_fakes(monkeypatch)
+    monkeypatch.setattr(replicate, "_REPORT_EACH", set())
+    monkeypatch.setattr(replicate, "_MARKERS_DUE", {})
+    made, offsets, run = _twenty_records_in_three_transactions(monkeypatch, s, store)
+    per_partition._next = offsets
+    asked: list[list[tuple[str, int]]] = []
+
+    def pending(config: dict, partitions: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        asked.append(partitions)
+        offsets[("t", 0)] = offsets.get(("t", 0), 0) + 1  # the last commit's marker lands among what comes next
+        return partitions
+
+    monkeypatch.setattr(replicate, "markers_pending", pending)
+    runs: list[int] = []
+
+    def c_loop(producer, topic, partition, values, keys, stamps, headers, start, stop, value_map, key_map, limit):
+        for i in range(start, stop):
+            producer.produce(topic, values[i], keys[i], partition, timestamp=stamps[i])
+            offsets[(topic, partition)] = offsets.get((topic, partition), 0) + 1
+        runs.append(stop - start)
+        return stop, native.DONE, 0
+
+    monkeypatch.setattr(native, "usable", lambda p: True)
+    monkeypatch.setattr(native, "produce", c_loop)
+    with caplog.at_level("INFO", logger="mirror_core.stream"):
+        rows = run()
+    assert asked == [[("t", 0)], [("t", 0)]]  # before the second and the third transaction
+    assert sum(runs) <= 7  # only the first transaction's records went through the C loop
+    assert "reports every record from now on" not in caplog.text
+    shared = [k for p in made.values() for c in p.committed for t, k, _v in c if t == "t"]
+    assert sorted(shared) == sorted(b"k%d" % o for o in range(20))  # each record once
+    assert [(r["mirrored"], r["upstream_end"]) for r in rows] == [(20, 20)]
+    assert (store[0].upstream_offset, store[0].downstream_offset) == (20, offsets[("t", 0)])
+
+
 @pytest.mark.parametrize("setting, quiet", [(None, True), ("0", False)])
 def test_a_reading_process_collects_garbage_rarely_unless_turned_off(setting, quiet):
     """A process that reads or writes records (a writer process of the direct path, the driver writing
