@@ -747,6 +747,9 @@ _REPORT_EACH: set[str] = set()
 #: writers (by their first transactional id) -> the destination partitions of their last commit whose markers
 #: are not known to have landed (see :meth:`WriterTransaction.late_markers`)
 _MARKERS_DUE: dict[str, set[tuple[str, int]]] = {}
+#: destination partitions where a commit's markers of this process were seen landed before the next
+#: transaction: their first markers, the slow ones, are behind them (see :meth:`WriterTransaction.late_markers`)
+_MARKERS_SEEN: set[tuple[str, int]] = set()
 
 
 class WriterTransaction:
@@ -843,7 +846,10 @@ class WriterTransaction:
         """Those of ``partitions`` (the next transaction's) where the last commit's markers have not landed yet
         (their last stable offset is below their end; asked of the destination in one request): the next
         transaction reports each of their records instead of running them through the C loop without reports,
-        since a marker may land among them. Empty once the writer reports every record anyway.
+        since a marker may land among them. Empty once the writer reports every record anyway. A partition is
+        asked about until its markers were once seen landed in time: only a partition's first markers were
+        slow, so a running mirror stops asking (at 6 partitions a micro-batch can take 200 ms; a question, some
+        10 ms).
 
         On a new destination topic the broker took 3-9 s to write the first markers of a transaction of 500
         partitions (its first index entry in each partition: on this machine's disk, a new page of a sparse
@@ -854,11 +860,13 @@ class WriterTransaction:
         due = _MARKERS_DUE.pop(self.txids[0], None)
         if not due or not self.in_c or not self.producer_config.get("bootstrap.servers"):
             return set()
-        both = sorted(due.intersection(partitions))
+        both = sorted(due.intersection(partitions).difference(_MARKERS_SEEN))
         if not both:
             return set()
         try:
-            return set(markers_pending(self.producer_config, both))
+            late = set(markers_pending(self.producer_config, both))
+            _MARKERS_SEEN.update(p for p in both if p not in late)
+            return late
         except KafkaException as exc:
             log.debug("%s: could not read the last stable offsets before a transaction (%s): every record of "
                       "the partitions of the last one is reported", self.txid, exc.args[0].str())

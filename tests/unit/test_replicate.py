@@ -1439,13 +1439,15 @@ def test_per_writer_the_next_transaction_reports_each_record_where_the_last_comm
         monkeypatch) -> None:
     """Two producers by turns: the next transaction asks the destination (once, for all of them) which of the
     partitions it shares with the last commit still wait for that commit's markers; those report each record
-    (a marker may land among a run without reports), the others go through the C loop. Not asked once the
-    writer reports every record, nor when nothing is due."""
+    (a marker may land among a run without reports), the others go through the C loop. A partition whose
+    markers were once seen landed is not asked about again (only a partition's first markers were slow), nor
+    is any once the writer reports every record, nor when nothing is due."""
     from mirror_core.replicate import WriterTransaction
 
     s = settings(value_serde="bytes", producer_config={"bootstrap.servers": "dst:9092"})
     monkeypatch.setattr(replicate, "_TURNS", {})
     monkeypatch.setattr(replicate, "_MARKERS_DUE", {})
+    monkeypatch.setattr(replicate, "_MARKERS_SEEN", set())
     monkeypatch.setattr(replicate, "_REPORT_EACH", set())
     asked: list[list[tuple[str, int]]] = []
 
@@ -1461,6 +1463,10 @@ def test_per_writer_the_next_transaction_reports_each_record_where_the_last_comm
     assert asked == [[("t", 1), ("t", 2)]]
     asked.clear()
     assert txn.late_markers([("t", 1)]) == set() and asked == []  # asked once a commit
+    txn.took_turn([("t", 1), ("t", 2)])
+    assert txn.late_markers([("t", 1), ("t", 2)]) == {("t", 1)}
+    assert asked == [[("t", 1)]]  # partition 2's markers were seen landed before: not asked again
+    asked.clear()
     txn.took_turn([("t", 1)])
     txn.report_each()  # records reported one by one anyway
     assert txn.late_markers([("t", 1)]) == set() and asked == []
@@ -1481,6 +1487,7 @@ def test_per_writer_a_partition_whose_last_markers_are_late_is_reported_record_b
     store, _commits, per_partition = _per_writer_fakes(monkeypatch)
     monkeypatch.setattr(replicate, "_REPORT_EACH", set())
     monkeypatch.setattr(replicate, "_MARKERS_DUE", {})
+    monkeypatch.setattr(replicate, "_MARKERS_SEEN", set())
     made, offsets, run = _twenty_records_in_three_transactions(monkeypatch, s, store)
     per_partition._next = offsets
     asked: list[list[tuple[str, int]]] = []
