@@ -1275,8 +1275,9 @@ class PartitionWriter:
     def read_positions(self, partitions: list[int]) -> int:
         """``transactions: per_writer``: read the committed positions of those of ``partitions`` that are
         fenced (:meth:`fence_shared`) and not known yet, in one lookup, and keep them; returns how many it
-        kept. A partition whose newest sync an earlier release wrote is left to its own lookup. Nothing is kept if this process forgot a position while the lookup ran (it may stand for a
-        commit the lookup missed): each partition's next write reads its own again (:meth:`prepare_shared`)."""
+        kept. A partition whose newest sync an earlier release wrote is left to its own lookup. Nothing is
+        kept if this process forgot a position while the lookup ran (it may stand for a commit the lookup
+        missed): each partition's next write reads its own again (:meth:`prepare_shared`)."""
         with _FENCE_GUARD:
             fenced = set(_FENCED_PARTITIONS)
         keys = {p: self.s.transactional_id_for(p) for p in partitions}
