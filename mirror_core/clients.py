@@ -170,6 +170,19 @@ def admin(cluster: ClusterConfig, **extra: Any) -> AdminClient:
     return AdminClient(kafka_config(cluster, **(_QUIET | extra)))
 
 
+def latest_offsets(admin: AdminClient, keys: list[tuple[str, int]], committed: bool,
+                   timeout: float) -> dict[tuple[str, int], int]:
+    """Each of ``keys``' end in one ListOffsets per leader: the last stable offset (``committed``) or the high
+    watermark. Raises :class:`KafkaException` for a partition that did not answer."""
+    from confluent_kafka import IsolationLevel, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+    futures = admin.list_offsets({TopicPartition(t, p): OffsetSpec.latest() for t, p in keys},
+                                 isolation_level=level, request_timeout=timeout)
+    return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+
+
 def producer(cluster: ClusterConfig, **extra: Any) -> Producer:
     return Producer(kafka_config(cluster, **(_QUIET | extra)))
 

@@ -786,13 +786,10 @@ def stable_ends(admin: Any, keys: list[tuple[str, int]], group: str,
                 timeout: float = KEEP_WRITING_TIMEOUT) -> dict[tuple[str, int], int] | None:
     """The source's last stable offsets of ``keys`` (one ListOffsets per leader, read_committed), or None when
     it did not answer within ``timeout`` (logged at debug: the batch returns to Spark, which asks again)."""
-    from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
-    from confluent_kafka.admin import OffsetSpec
+    from confluent_kafka import KafkaException
 
     try:
-        futures = admin.list_offsets({TopicPartition(t, p): OffsetSpec.latest() for t, p in keys},
-                                     isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout)
-        return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+        return clients.latest_offsets(admin, keys, committed=True, timeout=timeout)
     except KafkaException as exc:
         log.debug("%s: the source's offsets: %s", group, exc)
         return None

@@ -215,9 +215,4 @@ def high_watermarks(consumer_config: dict[str, Any], topic: str, partitions: lis
 def source_end_offset(consumer_config: dict[str, Any], topic: str, partition: int, timeout: float = 30.0) -> int:
     """A source partition's high watermark (where its next record will be written): a committed position
     beyond it belongs to an earlier incarnation of the topic."""
-    c = Consumer(consumer_config | {"group.id": "mirrorflow-position-lookup", "enable.auto.commit": False,
-                                    "log_level": 3})
-    try:
-        return int(c.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)[1])
-    finally:
-        c.close()
+    return high_watermarks(consumer_config, topic, [partition], timeout)[partition]

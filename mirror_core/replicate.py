@@ -44,7 +44,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from mirror_core import native, wire
-from mirror_core.clients import fatal_unmasked, no_answer
+from mirror_core.clients import fatal_unmasked, latest_offsets, no_answer
 from mirror_core.config import (
     WRITER_PRODUCERS_DEFAULT,
     WRITER_PRODUCERS_MAX,
@@ -641,20 +641,13 @@ _ADMINS: dict[tuple[tuple[str, str], ...], AdminClient] = {}
 def markers_pending(config: dict[str, Any], partitions: list[tuple[str, int]]) -> list[tuple[str, int]]:
     """The ``partitions`` whose last stable offset is below their end: a transaction's records there are not
     decided yet, or its markers not written (one request of each kind for all of them)."""
-    from confluent_kafka import IsolationLevel, TopicPartition
-    from confluent_kafka.admin import OffsetSpec
-
     key = tuple(sorted((k, str(v)) for k, v in config.items()))
     admin = _ADMINS.get(key)
     if admin is None:
         conf = {k: v for k, v in config.items() if k != "log_level"}
         admin = _ADMINS[key] = AdminClient(conf | {"log_level": 3, "logger": LIBRDKAFKA_LOG})
-    req = {TopicPartition(t, p): OffsetSpec.latest() for t, p in partitions}
-    ends: list[dict[tuple[str, int], int]] = []
-    for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED):
-        futures = admin.list_offsets(req, isolation_level=level, request_timeout=10)
-        ends.append({(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()})
-    stable, high = ends
+    stable = latest_offsets(admin, partitions, committed=True, timeout=10)
+    high = latest_offsets(admin, partitions, committed=False, timeout=10)
     return [tp for tp in partitions if stable[tp] < high[tp]]
 
 

@@ -1416,16 +1416,14 @@ class BatchWriter:
             if s is not None and s.delivery == "exactly_once":
                 writers.setdefault(topic, (self._writer(topic, s), []))[1].append(part)
 
-        def fence(item: tuple[PartitionWriter, int]) -> bool:
+        def fence(item: tuple[PartitionWriter, int]) -> None:
             w, part = item
             if stop is not None and stop.is_set():
-                return False
+                return
             try:
                 w.fence_shared(part)
-                return True
             except Exception as exc:  # noqa: BLE001 - the first write tries again
                 failed.append(((w.s.source_topic, part), exc))
-                return False
 
         def read(item: tuple[PartitionWriter, list[int]]) -> None:
             w, parts = item
@@ -1434,14 +1432,12 @@ class BatchWriter:
             try:
                 w.read_positions(parts)
             except Exception as exc:  # noqa: BLE001 - the first write tries again
-                failed.extend(((w.s.source_topic, part), exc) for part in parts)
+                unfenced = {key for key, _exc in failed}
+                failed.extend(((w.s.source_topic, part), exc) for part in parts
+                              if (w.s.source_topic, part) not in unfenced)
 
-        items = [(w, part) for w, parts in writers.values() for part in parts]
-        fenced = [item for item, ok in zip(items, list(pool.map(fence, items)), strict=True) if ok]
-        by_writer: dict[str, tuple[PartitionWriter, list[int]]] = {}
-        for w, part in fenced:
-            by_writer.setdefault(w.s.source_topic, (w, []))[1].append(part)
-        list(pool.map(read, by_writer.values()))
+        list(pool.map(fence, [(w, part) for w, parts in writers.values() for part in parts]))
+        list(pool.map(read, writers.values()))  # a partition not fenced is left to its first write
         return failed
 
     def write_shared(self, txn: WriterTransaction, parts: dict[tuple[str, int], tuple[Columns, int]]
