@@ -99,7 +99,10 @@ RESULTS = ROOT / "bench" / "results"
 # whatever their partitions (MIRRORFLOW_WRITER_TXN_PER_PARTITION=0; an A/B of direct.writer_txn_records);
 # *-flat* variants read micro-batches of stream.DIRECT_BATCH_RECORDS and cut writer transactions at
 # replicate.CHUNK_BYTES whatever the partitions (MIRRORFLOW_DIRECT_BATCH_PER_PARTITION=0,
-# MIRRORFLOW_WRITER_TXN_BYTES_PER_PARTITION=0; an A/B of the larger shares a partition at many partitions).
+# MIRRORFLOW_WRITER_TXN_BYTES_PER_PARTITION=0; an A/B of the larger shares a partition at many partitions);
+# *-aheadall* variants read the source as before 5 December: a fetch brings up to 1 MiB a partition and the reader
+# keeps whatever came past a range's end up to direct.AHEAD_RECORDS a partition, whatever its bytes
+# (MIRRORFLOW_DIRECT_PARTITION_FETCH_BYTES=1048576, MIRRORFLOW_DIRECT_AHEAD_BYTES=0; an A/B of the bounded read-ahead).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
@@ -125,7 +128,8 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-direct-fetch1-bytes", "mirrorflow-eos-writer-keep-p3",
                      "mirrorflow-eos-writer-keep-p4", "mirrorflow-eos-writer-txnflat",
                      "mirrorflow-eos-writer-txnflat-bytes", "mirrorflow-eos-writer-flat",
-                     "mirrorflow-eos-writer-flat-bytes")
+                     "mirrorflow-eos-writer-flat-bytes", "mirrorflow-eos-writer-aheadall",
+                     "mirrorflow-eos-writer-aheadall-bytes")
 #: a drain whose destination count rose by this share of its records or more at once (a transaction's commit
 #: between two looks) is compared by its steady figure: its 10-90 % window is a few such steps apart, and
 #: measures when they landed more than the pace (see bench.report.rate)
@@ -410,6 +414,9 @@ class Bench:
                 env["MIRRORFLOW_DIRECT_FETCH_MIN_BYTES"] = "1"
             if "txnflat" in parts:
                 env["MIRRORFLOW_WRITER_TXN_PER_PARTITION"] = "0"
+            if "aheadall" in parts:
+                env["MIRRORFLOW_DIRECT_AHEAD_BYTES"] = "0"
+                env["MIRRORFLOW_DIRECT_PARTITION_FETCH_BYTES"] = str(1024 * 1024)
             if "flat" in parts:
                 env["MIRRORFLOW_DIRECT_BATCH_PER_PARTITION"] = "0"
                 env["MIRRORFLOW_WRITER_TXN_BYTES_PER_PARTITION"] = "0"

@@ -48,6 +48,20 @@ POLL_SECONDS = 0.02
 #: records of a partition kept past its range's end (for its next range) before the partition is paused
 #: until then: a pause and resume costs the partition a fetch restart (up to a second)
 AHEAD_RECORDS = 10000
+#: ... and bytes of keys and values kept past their ranges' ends by one reader, all partitions together: over
+#: this, a partition that gets more is paused until its next range (what the consumer holds of it still comes)
+AHEAD_BYTES = 32 * 1024 * 1024
+#: overrides :data:`AHEAD_BYTES`, for an A/B (the bench's ``-aheadall`` variants: 0, no bound but the records)
+AHEAD_BYTES_ENV = "MIRRORFLOW_DIRECT_AHEAD_BYTES"
+#: what a fetch brings of one partition at most (``max.partition.fetch.bytes``; librdkafka's default is 1 MiB,
+#: and a batch larger than this still comes whole). Whatever a fetch brings past a range's end is kept for the
+#: next range, so at 1 MiB a backlog of 8,000 records of 100 B a partition at 1,000 partitions came whole in the
+#: first micro-batch: each writer process kept 3,000,000 records past its ranges (about 1 GB as Python objects)
+#: and the job peaked at 3.2 GB, against 1.5 GB for a backlog of 2,000 records a partition (one micro-batch).
+#: With 256 KiB and :data:`AHEAD_BYTES` it peaked at 2.0 GB (docs/benchmarks.md, 5 December)
+PARTITION_FETCH_BYTES = 256 * 1024
+#: overrides :data:`PARTITION_FETCH_BYTES`, for an A/B (the bench's ``-aheadall`` variants: 1 MiB)
+PARTITION_FETCH_BYTES_ENV = "MIRRORFLOW_DIRECT_PARTITION_FETCH_BYTES"
 #: :meth:`DirectReader.arrived` takes at most this many further chunks of what the consumer holds at once
 ARRIVED_ROUNDS = 10
 #: the consumer's prefetch across all partitions (librdkafka's default is 64 MiB)
@@ -154,8 +168,12 @@ class DirectReader:
         self._consumer: Any = None
         #: (topic, partition) -> the offset the next range must start at to continue without a seek
         self._next: dict[tuple[str, int], int] = {}
-        #: (topic, partition) -> records fetched past the last range's end, for the next range
-        self._ahead: dict[tuple[str, int], list[Columns]] = {}
+        #: records fetched past the last range's end, by partition, for the next range
+        self._ahead = _Kept()
+        #: partitions paused for what is kept of them (resumed by their next range)
+        self._paused: set[tuple[str, int]] = set()
+        #: :data:`AHEAD_BYTES` (0: no bound but :data:`AHEAD_RECORDS`)
+        self.ahead_bytes = whole_number_env(AHEAD_BYTES_ENV, AHEAD_BYTES, "bytes")
         #: (topic, partition) -> the highest end of partition the consumer reported (everything below it
         #: has been handed over); reported once, so kept for the ranges after the one that was open then
         self._eof: dict[tuple[str, int], int] = {}
@@ -165,7 +183,9 @@ class DirectReader:
             # assigned, never subscribed: the group id is a formality (no join, no commits)
             conf = {"isolation.level": "read_committed", "enable.partition.eof": True,
                     "enable.auto.offset.store": False, "fetch.wait.max.ms": 10, "fetch.queue.backoff.ms": 10,
-                    "fetch.min.bytes": fetch_min_bytes(), "queued.max.messages.kbytes": QUEUED_KBYTES}
+                    "fetch.min.bytes": fetch_min_bytes(), "queued.max.messages.kbytes": QUEUED_KBYTES,
+                    "max.partition.fetch.bytes": whole_number_env(PARTITION_FETCH_BYTES_ENV, PARTITION_FETCH_BYTES,
+                                                                  "bytes")}
             if native.reads():
                 # the C read loop: records as columns, from a consumer of its own (native.Reader)
                 self._consumer = clients.native_reader(self.cluster, self.consumer_group, **conf)
@@ -173,6 +193,7 @@ class DirectReader:
                 self._consumer = _Consumer(clients.consumer(self.cluster, self.consumer_group, **conf))
             self._next.clear()
             self._ahead.clear()
+            self._paused.clear()
             self._eof.clear()
         return self._consumer
 
@@ -201,7 +222,7 @@ class DirectReader:
                 moved.append((r.topic, r.partition, offset))
             else:
                 continue
-            self._ahead.pop(key, None)
+            self._ahead.pop(key)
             self._next.pop(key, None)
             self._eof.pop(key, None)
         if moved:  # a new assignment drops what was fetched for it: the seek starts clean
@@ -210,6 +231,7 @@ class DirectReader:
             c.assign(fresh + moved)
         # a partition keeps its pause across a new assignment: resume every partition of the batch
         c.resume([(r.topic, r.partition) for r in ranges])
+        self._paused.difference_update((r.topic, r.partition) for r in ranges)
 
     def read(self, ranges: list[Range], deliver: Any) -> float:
         """Read every range, calling ``deliver(range, columns, size)`` with each partition's records in offset
@@ -256,7 +278,7 @@ class DirectReader:
                     held_bytes[key] += _size(piece)
                     last[key] = offs[j - 1]
                 if j < len(offs):
-                    self._ahead.setdefault(key, []).append(run.slice(j, len(offs)))
+                    self._keep_ahead(c, key, run.slice(j, len(offs)))
                     return True
                 return last.get(key, -1) >= r.end - 1
 
@@ -266,10 +288,11 @@ class DirectReader:
 
             # records fetched past the last range's end, first
             for key in list(open_):
-                early = self._ahead.pop(key, [])
+                early = self._ahead.pop(key)
                 for i, run in enumerate(early):
                     if take(key, run):
-                        self._ahead.setdefault(key, []).extend(early[i + 1:])
+                        for rest in early[i + 1:]:
+                            self._keep_ahead(c, key, rest)
                         finish(key)
                         break
                 else:
@@ -333,13 +356,14 @@ class DirectReader:
         raise KafkaOperationError(f"reading {topic}[{part}]: {text}", name)
 
     def _keep_ahead(self, c: Any, key: tuple[str, int], run: Columns) -> None:
-        """Records of a partition with no open range: kept for its next range, never dropped (that range
-        continues from them); the partition is paused when more than :data:`AHEAD_RECORDS` are kept."""
-        ahead = self._ahead.setdefault(key, [])
-        before = sum(map(len, ahead))
-        ahead.append(run)
-        if before < AHEAD_RECORDS <= before + len(run):
+        """Records of a partition past its range's end: kept for its next range, never dropped (that range
+        continues from them); the partition is paused when :data:`AHEAD_RECORDS` of it, or
+        :data:`AHEAD_BYTES` of all partitions, are kept (what the consumer had already fetched for it still
+        comes, and is kept too)."""
+        records = self._ahead.add(key, run)
+        if key not in self._paused and (records >= AHEAD_RECORDS or 0 < self.ahead_bytes <= self._ahead.bytes):
             c.pause([key])
+            self._paused.add(key)
 
     def arrived(self, at: dict[tuple[str, int], int], wait: float) -> dict[tuple[str, int], int]:
         """``spark.keep_writing_for`` in a writer process: how far each partition of ``at`` (where it stands)
@@ -375,7 +399,7 @@ class DirectReader:
                         self._event(item)
                     else:
                         self._keep_ahead(c, (item[1], item[2]), Columns(*item[3:]))
-                ends = {key: max(o, self._eof.get(key, -1), *(run.offsets[-1] + 1 for run in self._ahead.get(key, ())
+                ends = {key: max(o, self._eof.get(key, -1), *(run.offsets[-1] + 1 for run in self._ahead.runs(key)
                                                                if run.offsets)) for key, o in at.items()}
                 left = deadline - time.monotonic()
                 if left <= 0 or any(ends[key] > o for key, o in at.items()):
@@ -419,6 +443,44 @@ def fetch_min_bytes() -> int:
     if not raw.isdigit() or not 1 <= int(raw) <= 1024 * 1024:
         raise ValueError(f"{FETCH_MIN_BYTES_ENV}={raw!r}: must be a whole number of bytes from 1 to 1048576")
     return int(raw)
+
+
+class _Kept:
+    """What a :class:`DirectReader` keeps of partitions past their ranges' ends: runs by partition, and their
+    bytes of keys and values, each partition's and all together (:attr:`bytes`)."""
+
+    def __init__(self) -> None:
+        self._runs: dict[tuple[str, int], list[Columns]] = {}
+        self._records: dict[tuple[str, int], int] = {}
+        self._bytes: dict[tuple[str, int], int] = {}
+        self.bytes = 0
+
+    def add(self, key: tuple[str, int], run: Columns) -> int:
+        """Keep ``run`` after what is kept of ``key``; the records now kept of it."""
+        size = _size(run)
+        self._runs.setdefault(key, []).append(run)
+        self._records[key] = records = self._records.get(key, 0) + len(run)
+        self._bytes[key] = self._bytes.get(key, 0) + size
+        self.bytes += size
+        return records
+
+    def pop(self, key: tuple[str, int]) -> list[Columns]:
+        """What is kept of ``key``, in offset order, no longer kept."""
+        self._records.pop(key, None)
+        self.bytes -= self._bytes.pop(key, 0)
+        return self._runs.pop(key, [])
+
+    def runs(self, key: tuple[str, int]) -> list[Columns]:
+        return self._runs.get(key, [])
+
+    def records(self, key: tuple[str, int]) -> int:
+        return self._records.get(key, 0)
+
+    def clear(self) -> None:
+        self._runs.clear()
+        self._records.clear()
+        self._bytes.clear()
+        self.bytes = 0
 
 
 def _messages(items: list[tuple[Any, ...]]) -> int:

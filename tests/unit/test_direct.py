@@ -1328,3 +1328,73 @@ def test_the_direct_readers_fetches_wait_for_64_kib_or_10_ms(monkeypatch, native
         monkeypatch.setenv(direct.FETCH_MIN_BYTES_ENV, bad)
         with pytest.raises(ValueError, match=f"{direct.FETCH_MIN_BYTES_ENV}='{bad}'"):
             conf()
+
+
+def _read_into(reader, ranges):
+    """``reader.read(ranges)``: each partition's offsets handed over, in order."""
+    got: dict[int, list[int]] = {}
+
+    def deliver(r, cols, size=None):
+        if cols is not None:
+            got.setdefault(r.partition, []).extend(cols.offsets)
+
+    reader.read(ranges, deliver)
+    return got
+
+
+def test_a_partition_whose_range_ends_inside_a_fetch_is_paused_once_ahead_records_are_kept(monkeypatch):
+    """A fetch brings a partition's records past its range's end in the same run as its last ones: what is
+    kept of them counts toward :data:`AHEAD_RECORDS` like what comes later, and the partition is paused once
+    they reach it (before, only records that came after the range had ended were counted, and a partition
+    whose first fetch already held more was never paused: a backlog was read whole into memory)."""
+    from mirror_core import direct
+    from mirror_core.direct import DirectReader
+
+    monkeypatch.setattr(direct, "AHEAD_RECORDS", 100)
+    c = _QueuedConsumer([[_run_of(0, range(0, 150))], [_run_of(1, range(0, 10))], [_run_of(1, range(10, 20))]])
+    reader = DirectReader(cluster=None, group="g")  # type: ignore[arg-type] - the consumer is the fake
+    reader._consumer = c
+    assert _read_into(reader, [Range("t", 0, 0, 40), Range("t", 1, 0, 20)]) == {0: list(range(40)),
+                                                                                   1: list(range(20))}
+    assert c.paused == [("t", 0)], "110 records past the range's end were kept without a pause"
+    assert reader._ahead.records(("t", 0)) == 110
+    # its next range resumes it, starts with what was kept and reads on from the consumer
+    c.fetches = [[_run_of(0, range(150, 160))]]
+    assert _read_into(reader, [Range("t", 0, 40, 160)]) == {0: list(range(40, 160))}
+    assert ("t", 0) not in reader._paused and reader._ahead.bytes == 0
+
+
+def test_the_reader_pauses_partitions_past_their_ranges_once_it_keeps_ahead_bytes_of_all_of_them(monkeypatch):
+    """What a reader keeps past its ranges' ends is bounded in bytes over all partitions, not only in records
+    a partition: at 1,000 partitions with a backlog, 10,000 records each would be gigabytes. Once the kept
+    keys and values reach ``MIRRORFLOW_DIRECT_AHEAD_BYTES``, each partition that gets more is paused (once);
+    what its consumer had already fetched is still kept, never dropped, and its next range hands it over
+    first. 0 turns the bound off (the bench's ``-aheadall``)."""
+    from mirror_core.direct import AHEAD_BYTES_ENV, DirectReader
+
+    def batch0():
+        # partitions 0-2, whose ranges end at 10, and 3, whose range ends at 40; each fetch brings records of
+        # one byte (b"v", no key): 30 of each partition, then 10 more
+        return [[_run_of(p, range(0, 30)) for p in range(4)], [_run_of(p, range(30, 40)) for p in range(4)]]
+
+    ranges = [Range("t", p, 0, 10) for p in range(3)] + [Range("t", 3, 0, 40)]
+    monkeypatch.setenv(AHEAD_BYTES_ENV, "45")
+    c = _QueuedConsumer(batch0())
+    reader = DirectReader(cluster=None, group="g")  # type: ignore[arg-type] - the consumer is the fake
+    reader._consumer = c
+    assert _read_into(reader, ranges) == {**{p: list(range(10)) for p in range(3)}, 3: list(range(40))}
+    # the first fetch: partitions 0 and 1 kept 20 bytes each, 2 brought it to 60 and was paused; the second:
+    # 0 and 1 got more past the bound and were paused, 2 was not paused again, and all of it was kept
+    assert c.paused == [("t", 2), ("t", 0), ("t", 1)]
+    assert reader._ahead.bytes == 90 and all(reader._ahead.records(("t", p)) == 30 for p in range(3))
+    calls = len(c.calls)
+    assert _read_into(reader, [Range("t", p, 10, 40) for p in range(3)]) == {p: list(range(10, 40)) for p in range(3)}
+    assert len(c.calls) == calls, "what was kept was asked of the consumer again"
+    assert reader._ahead.bytes == 0 and not reader._paused
+
+    monkeypatch.setenv(AHEAD_BYTES_ENV, "0")
+    c = _QueuedConsumer(batch0())
+    reader = DirectReader(cluster=None, group="g")  # type: ignore[arg-type] - the consumer is the fake
+    reader._consumer = c
+    _read_into(reader, ranges)
+    assert c.paused == [] and reader._ahead.bytes == 90
