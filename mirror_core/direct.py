@@ -53,14 +53,17 @@ AHEAD_RECORDS = 10000
 AHEAD_BYTES = 32 * 1024 * 1024
 #: overrides :data:`AHEAD_BYTES`, for an A/B (the bench's ``-aheadall`` variants: 0, no bound but the records)
 AHEAD_BYTES_ENV = "MIRRORFLOW_DIRECT_AHEAD_BYTES"
-#: what a fetch brings of one partition at most (``max.partition.fetch.bytes``; librdkafka's default is 1 MiB,
-#: and a batch larger than this still comes whole). Whatever a fetch brings past a range's end is kept for the
-#: next range, so at 1 MiB a backlog of 8,000 records of 100 B a partition at 1,000 partitions came whole in the
-#: first micro-batch: each writer process kept 3,000,000 records past its ranges (about 1 GB as Python objects)
-#: and the job peaked at 3.2 GB, against 1.5 GB for a backlog of 2,000 records a partition (one micro-batch).
-#: With 256 KiB and :data:`AHEAD_BYTES` it peaked at 2.0 GB (docs/benchmarks.md, 5 December)
-PARTITION_FETCH_BYTES = 256 * 1024
-#: overrides :data:`PARTITION_FETCH_BYTES`, for an A/B (the bench's ``-aheadall`` variants: 1 MiB)
+#: what a fetch brings of one partition at most (``max.partition.fetch.bytes``, a batch larger than it still
+#: comes whole) is this divided among the partitions a reader starts with, from librdkafka's default of 1 MiB
+#: (up to 128 partitions) down to :data:`PARTITION_FETCH_BYTES_MIN`. Whatever a fetch brings past a range's end
+#: is kept for the next range, so at 1 MiB a backlog of 8,000 records of 100 B a partition at 1,000 partitions
+#: came whole in the first micro-batch: each writer process kept 3,000,000 records past its ranges (about 1 GB
+#: as Python objects) and the job peaked at 3.2 GB, against 1.5 GB for a backlog of 2,000 records a partition
+#: (one micro-batch). With 256 KiB a partition and :data:`AHEAD_BYTES` it peaked at 2.0 GB (docs/benchmarks.md,
+#: 5 December)
+READER_FETCH_BYTES = 128 * 1024 * 1024
+PARTITION_FETCH_BYTES_MIN = 64 * 1024
+#: overrides what :func:`partition_fetch_bytes` gives, for an A/B (the bench's ``-aheadall`` variants: 1 MiB)
 PARTITION_FETCH_BYTES_ENV = "MIRRORFLOW_DIRECT_PARTITION_FETCH_BYTES"
 #: :meth:`DirectReader.arrived` takes at most this many further chunks of what the consumer holds at once
 ARRIVED_ROUNDS = 10
@@ -178,14 +181,14 @@ class DirectReader:
         #: has been handed over); reported once, so kept for the ranges after the one that was open then
         self._eof: dict[tuple[str, int], int] = {}
 
-    def _client(self) -> Any:
+    def _client(self, partitions: int) -> Any:
+        """The consumer; a new one is made for ``partitions`` partitions (see :func:`partition_fetch_bytes`)."""
         if self._consumer is None:
             # assigned, never subscribed: the group id is a formality (no join, no commits)
             conf = {"isolation.level": "read_committed", "enable.partition.eof": True,
                     "enable.auto.offset.store": False, "fetch.wait.max.ms": 10, "fetch.queue.backoff.ms": 10,
                     "fetch.min.bytes": fetch_min_bytes(), "queued.max.messages.kbytes": QUEUED_KBYTES,
-                    "max.partition.fetch.bytes": whole_number_env(PARTITION_FETCH_BYTES_ENV, PARTITION_FETCH_BYTES,
-                                                                  "bytes")}
+                    "max.partition.fetch.bytes": partition_fetch_bytes(partitions)}
             if native.reads():
                 # the C read loop: records as columns, from a consumer of its own (native.Reader)
                 self._consumer = clients.native_reader(self.cluster, self.consumer_group, **conf)
@@ -210,7 +213,7 @@ class DirectReader:
         """Assign new partitions, seek those that do not continue, resume the rest."""
         from confluent_kafka import OFFSET_BEGINNING
 
-        c = self._client()
+        c = self._client(len(ranges))
         assigned = set(c.assignment())
         fresh, moved = [], []
         for r in ranges:
@@ -378,7 +381,7 @@ class DirectReader:
         A partition moved back on the source (re-created, truncated) is not seen here but by Spark's next
         batch, at the end of the span. On any error the consumer is closed and the error raised."""
         try:
-            c = self._client()
+            c = self._client(len(at))
             elsewhere = [Range(t, p, o, o) for (t, p), o in at.items() if self._next.get((t, p)) != o]
             if elsewhere:
                 self._position(elsewhere)
@@ -433,6 +436,14 @@ def whole_number_env(name: str, default: int, unit: str) -> int:
     if raw and not raw.isdigit():
         raise ValueError(f"{name}={raw!r}: must be a whole number of {unit}")
     return int(raw) if raw else default
+
+
+def partition_fetch_bytes(partitions: int) -> int:
+    """``max.partition.fetch.bytes`` of a reader that starts with ``partitions`` partitions:
+    :data:`READER_FETCH_BYTES` among them, from 1 MiB down to :data:`PARTITION_FETCH_BYTES_MIN`, or
+    :data:`PARTITION_FETCH_BYTES_ENV` when set (0: as unset)."""
+    share = min(1024 * 1024, max(PARTITION_FETCH_BYTES_MIN, READER_FETCH_BYTES // max(1, partitions)))
+    return whole_number_env(PARTITION_FETCH_BYTES_ENV, share, "bytes") or share
 
 
 def fetch_min_bytes() -> int:

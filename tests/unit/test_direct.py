@@ -1295,11 +1295,15 @@ def test_writer_processes_keep_writing_on_their_own_and_stop_together(monkeypatc
 
 
 @pytest.mark.parametrize("native_read", ["1", "0"])
-def test_the_direct_readers_fetches_wait_for_64_kib_or_10_ms(monkeypatch, native_read):
+def test_the_direct_readers_fetches_wait_for_64_kib_or_10_ms_and_bring_less_a_partition_the_more_it_reads(
+        monkeypatch, native_read):
     """The source consumer of the direct path (the C read loop's, or confluent-kafka's with
     ``MIRRORFLOW_NATIVE_READ=0``) asks the broker to hold each fetch until 64 KiB arrived or 10 ms passed, not to
     answer at the first byte (librdkafka's default, a fetch per arrival); ``MIRRORFLOW_DIRECT_FETCH_MIN_BYTES``
-    sets it for an A/B, and a value that is not a whole number of bytes from 1 to 1 MiB is refused naming it."""
+    sets it for an A/B, and a value that is not a whole number of bytes from 1 to 1 MiB is refused naming it.
+    A fetch brings librdkafka's 1 MiB of a partition for a reader of up to 128 partitions, less for more (what
+    comes past a range's end is held until the next range: 1 MiB of each of 500 partitions was gigabytes as
+    Python objects), never under 64 KiB; ``MIRRORFLOW_DIRECT_PARTITION_FETCH_BYTES`` sets it for an A/B."""
     from mirror_core import clients, direct
     from mirror_core.config import ClusterConfig
 
@@ -1315,9 +1319,15 @@ def test_the_direct_readers_fetches_wait_for_64_kib_or_10_ms(monkeypatch, native
     monkeypatch.setenv("MIRRORFLOW_NATIVE_READ", native_read)
     cluster = ClusterConfig(kafka={"bootstrap.servers": "b:9092", "fetch.min.bytes": "1"})
 
-    def conf() -> dict:
-        direct.DirectReader(cluster, "g")._client()
+    def conf(partitions: int = 6) -> dict:
+        direct.DirectReader(cluster, "g")._client(partitions)
         return got.pop()
+
+    monkeypatch.delenv(direct.PARTITION_FETCH_BYTES_ENV, raising=False)
+    assert [conf(n)["max.partition.fetch.bytes"] for n in (1, 6, 128, 256, 500, 2048, 10000)] == [
+        1 << 20, 1 << 20, 1 << 20, 512 << 10, 268435, 64 << 10, 64 << 10]
+    monkeypatch.setenv(direct.PARTITION_FETCH_BYTES_ENV, str(1 << 20))
+    assert conf(500)["max.partition.fetch.bytes"] == 1 << 20
 
     monkeypatch.delenv(direct.FETCH_MIN_BYTES_ENV, raising=False)
     c = conf()
