@@ -102,7 +102,9 @@ RESULTS = ROOT / "bench" / "results"
 # MIRRORFLOW_WRITER_TXN_BYTES_PER_PARTITION=0; an A/B of the larger shares a partition at many partitions);
 # *-aheadall* variants read the source as before 5 December: a fetch brings up to 1 MiB a partition and the reader
 # keeps whatever came past a range's end up to direct.AHEAD_RECORDS a partition, whatever its bytes
-# (MIRRORFLOW_DIRECT_PARTITION_FETCH_BYTES=1048576, MIRRORFLOW_DIRECT_AHEAD_BYTES=0; an A/B of the bounded read-ahead).
+# (MIRRORFLOW_DIRECT_PARTITION_FETCH_BYTES=1048576, MIRRORFLOW_DIRECT_AHEAD_BYTES=0; an A/B of the bounded read-ahead);
+# *-nowait* variants report each record of a partition whose last commit markers are late at once, without
+# waiting for them (MIRRORFLOW_LATE_MARKERS_WAIT=0; an A/B of stream.LATE_MARKERS_WAIT_S).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
@@ -129,7 +131,8 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-writer-keep-p4", "mirrorflow-eos-writer-txnflat",
                      "mirrorflow-eos-writer-txnflat-bytes", "mirrorflow-eos-writer-flat",
                      "mirrorflow-eos-writer-flat-bytes", "mirrorflow-eos-writer-aheadall",
-                     "mirrorflow-eos-writer-aheadall-bytes")
+                     "mirrorflow-eos-writer-aheadall-bytes", "mirrorflow-eos-writer-nowait",
+                     "mirrorflow-eos-writer-nowait-bytes")
 #: a drain whose destination count rose by this share of its records or more at once (a transaction's commit
 #: between two looks) is compared by its steady figure: its 10-90 % window is a few such steps apart, and
 #: measures when they landed more than the pace (see bench.report.rate)
@@ -414,6 +417,8 @@ class Bench:
                 env["MIRRORFLOW_DIRECT_FETCH_MIN_BYTES"] = "1"
             if "txnflat" in parts:
                 env["MIRRORFLOW_WRITER_TXN_PER_PARTITION"] = "0"
+            if "nowait" in parts:
+                env["MIRRORFLOW_LATE_MARKERS_WAIT"] = "0"
             if "aheadall" in parts:
                 env["MIRRORFLOW_DIRECT_AHEAD_BYTES"] = "0"
                 env["MIRRORFLOW_DIRECT_PARTITION_FETCH_BYTES"] = str(1024 * 1024)

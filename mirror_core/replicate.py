@@ -865,6 +865,18 @@ class WriterTransaction:
                       "the partitions of the last one is reported", self.txid, exc.args[0].str())
             return set(both)
 
+    def still_late(self, partitions: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:
+        """Those of ``partitions`` (found late by :meth:`late_markers`) whose markers have still not landed, asked
+        of the destination again (one request; all of them when it does not answer)."""
+        parts = sorted(partitions)
+        if not parts:
+            return set()
+        try:
+            return set(markers_pending(self.producer_config, parts))
+        except KafkaException as exc:
+            log.debug("%s: could not read the last stable offsets again (%s)", self.txid, exc.args[0].str())
+            return set(parts)
+
     def _start(self, key: str) -> None:
         if key in _PRODUCERS and (_PRODUCER_LIMITS.get(key) != self.limit
                                   or _PRODUCER_PARTITIONS.get(key) != self.partitions):

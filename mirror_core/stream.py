@@ -87,6 +87,15 @@ DRIVER_THREADS = 8  # partitions written at once by the driver (their network wa
 SHARED_TXN_PARTITIONS = 1000
 #: ``transactions: per_writer``: the pause before a lost writer transaction's partitions are written again
 SHARED_RETRY_PAUSE = 1.0
+#: ``transactions: per_writer``: how long a writer transaction waits at most, after staging its other partitions,
+#: for the last commit's markers in partitions where they were late (asking every :data:`LATE_MARKERS_POLL_S`);
+#: a partition whose markers land meanwhile goes through the C loop, the others are then reported record by
+#: record (see :meth:`BatchWriter._stage_all`). Reporting each record cost a writer process 7 s for 1,000,000
+#: records of 500 partitions whose first markers were late
+LATE_MARKERS_WAIT_S = 5
+LATE_MARKERS_POLL_S = 0.1
+#: overrides :data:`LATE_MARKERS_WAIT_S` (seconds), for an A/B (0: report every late partition's records at once)
+LATE_MARKERS_WAIT_ENV = "MIRRORFLOW_LATE_MARKERS_WAIT"
 #: the batch cap of ``read_path: direct`` on a ``local[...]`` master (see :func:`effective_max_offsets`)
 DIRECT_BATCH_RECORDS = 500_000
 #: ... or this many records a partition of the group when that is more (from 250 partitions): at 1,000 partitions
@@ -1554,9 +1563,6 @@ class BatchWriter:
         if transactional:
             self._read_positions([(w, part) for w, part, _cols, _end in todo if not w.position_known(part)])
         late = txn.late_markers(same_numbers) if transactional else set()
-        if late:
-            log.debug("%s: the last writer transaction's commit markers have not landed in %d partitions yet: "
-                      "their records are reported one by one", self.plan.group, len(late))
         producer = txn.producer()
         # at_least_once: until the producer delivers or fails every record (a destination outage is ridden out)
         config = todo[0][0].s.producer_config if todo else {}
@@ -1585,9 +1591,8 @@ class BatchWriter:
             if transactional:
                 producer.begin_transaction()
             try:
-                for w, part, cols, upstream_end in todo:
-                    r, st = w.stage(part, cols, upstream_end, producer,
-                                    in_c=txn.in_c and (w.s.destination_topic, part) not in late)
+                for w, part, cols, upstream_end, in_c in self._stage_order(txn, todo, late):
+                    r, st = w.stage(part, cols, upstream_end, producer, in_c=in_c)
                     results.append(r)
                     if st is not None:
                         staged.append((w, st))
@@ -1712,6 +1717,45 @@ class BatchWriter:
                 r.commit_ms += share
                 _merge(self.results, r)
         return set(left)
+
+    def _stage_order(self, txn: WriterTransaction, todo: list[tuple[PartitionWriter, int, Columns, int]],
+                     late: set[tuple[str, int]]) -> Iterator[tuple[PartitionWriter, int, Columns, int, bool]]:
+        """The partitions of a writer transaction in the order they are staged, each with whether it goes through
+        the C loop: first those whose destination partition is not in ``late`` (the last commit's markers have not
+        landed there yet: :meth:`WriterTransaction.late_markers`); then, asking again every
+        :data:`LATE_MARKERS_POLL_S` for up to :data:`LATE_MARKERS_WAIT_S`, each late one once its markers have
+        landed, through the C loop too; the rest last, each record reported (a marker may land among them). The
+        markers of a new topic's partitions land one after the other over seconds: those that land while the
+        others are staged cost nothing."""
+        def dest(item: tuple[PartitionWriter, int, Columns, int]) -> tuple[str, int]:
+            return item[0].s.destination_topic, item[1]
+
+        waiting = []
+        for item in todo:
+            if dest(item) in late:
+                waiting.append(item)
+            else:
+                yield (*item, txn.in_c)
+        if not waiting:
+            return
+        from mirror_core.direct import whole_number_env
+
+        t0 = time.monotonic()
+        deadline = t0 + whole_number_env(LATE_MARKERS_WAIT_ENV, LATE_MARKERS_WAIT_S, "seconds")
+        total = len(waiting)
+        while waiting and time.monotonic() < deadline:
+            still = txn.still_late(dest(item) for item in waiting)
+            for item in waiting:
+                if dest(item) not in still:
+                    yield (*item, txn.in_c)
+            waiting = [item for item in waiting if dest(item) in still]
+            if waiting:
+                time.sleep(min(LATE_MARKERS_POLL_S, max(0.0, deadline - time.monotonic())))
+        log.debug("%s: the last writer transaction's commit markers were late in %d partitions: %d landed within "
+                  "%.1f s (their records through the C loop), %d are reported record by record", self.plan.group,
+                  total, total - len(waiting), time.monotonic() - t0, len(waiting))
+        for item in waiting:
+            yield (*item, False)
 
     def _read_positions(self, unknown: list[tuple[PartitionWriter, int]]) -> None:
         """``transactions: per_writer``: read the committed positions of ``unknown`` (partitions whose position

@@ -1480,7 +1480,7 @@ def test_per_writer_a_partition_whose_last_markers_are_late_is_reported_record_b
     markers are still due when the next one starts (the fake destination says so): no record goes through
     the C loop after the first transaction, nothing is written again, and the writer never switches to
     reporting every record for good."""
-    from mirror_core import native
+    from mirror_core import native, stream
 
     s = settings(value_serde="bytes", source_partitions=1, destination_partitions=1,
                  producer_config={"bootstrap.servers": "dst:9092"})
@@ -1509,11 +1509,61 @@ def test_per_writer_a_partition_whose_last_markers_are_late_is_reported_record_b
 
     monkeypatch.setattr(native, "usable", lambda p: True)
     monkeypatch.setattr(native, "produce", c_loop)
+    monkeypatch.setattr(stream, "LATE_MARKERS_WAIT_S", 0)  # no wait for the markers: reported at once
     with caplog.at_level("INFO", logger="mirror_core.stream"):
         rows = run()
     assert asked == [[("t", 0)], [("t", 0)]]  # before the second and the third transaction
     assert sum(runs) <= 7  # only the first transaction's records went through the C loop
     assert "reports every record from now on" not in caplog.text
+    shared = [k for p in made.values() for c in p.committed for t, k, _v in c if t == "t"]
+    assert sorted(shared) == sorted(b"k%d" % o for o in range(20))  # each record once
+    assert [(r["mirrored"], r["upstream_end"]) for r in rows] == [(20, 20)]
+    assert (store[0].upstream_offset, store[0].downstream_offset) == (20, offsets[("t", 0)])
+
+
+def test_per_writer_a_partition_whose_late_markers_land_while_the_transaction_waits_goes_through_the_c_loop(
+        monkeypatch, caplog) -> None:
+    """A partition whose last commit markers are late is asked about again while the transaction waits (up to
+    ``LATE_MARKERS_WAIT_S``, after its other partitions are staged); once they have landed its records go
+    through the C loop after all, not one report a record: the transaction is written once, every record
+    arrives once, the sync is right."""
+    from mirror_core import native, stream
+
+    s = settings(value_serde="bytes", source_partitions=1, destination_partitions=1,
+                 producer_config={"bootstrap.servers": "dst:9092"})
+    store, _commits, per_partition = _per_writer_fakes(monkeypatch)
+    monkeypatch.setattr(replicate, "_REPORT_EACH", set())
+    monkeypatch.setattr(replicate, "_MARKERS_DUE", {})
+    monkeypatch.setattr(replicate, "_MARKERS_SEEN", set())
+    monkeypatch.setattr(stream, "LATE_MARKERS_POLL_S", 0.01)
+    made, offsets, run = _twenty_records_in_three_transactions(monkeypatch, s, store)
+    per_partition._next = offsets
+    asked: list[list[tuple[str, int]]] = []
+
+    def pending(config: dict, partitions: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        asked.append(partitions)
+        if len(asked) % 2:  # the question before a transaction: still due
+            return partitions
+        offsets[("t", 0)] = offsets.get(("t", 0), 0) + 1  # the marker lands while the transaction waits
+        return []
+
+    monkeypatch.setattr(replicate, "markers_pending", pending)
+    runs: list[int] = []
+
+    def c_loop(producer, topic, partition, values, keys, stamps, headers, start, stop, value_map, key_map, limit):
+        for i in range(start, stop):
+            producer.produce(topic, values[i], keys[i], partition, timestamp=stamps[i])
+            offsets[(topic, partition)] = offsets.get((topic, partition), 0) + 1
+        runs.append(stop - start)
+        return stop, native.DONE, 0
+
+    monkeypatch.setattr(native, "usable", lambda p: True)
+    monkeypatch.setattr(native, "produce", c_loop)
+    with caplog.at_level("DEBUG", logger="mirror_core.stream"):
+        rows = run()
+    assert asked == [[("t", 0)]] * 4  # before the second and the third transaction, and again while each waited
+    assert len(runs) == 3, "a transaction's records were reported one by one although its markers had landed"
+    assert "1 landed within" in caplog.text and "reports every record from now on" not in caplog.text
     shared = [k for p in made.values() for c in p.committed for t, k, _v in c if t == "t"]
     assert sorted(shared) == sorted(b"k%d" % o for o in range(20))  # each record once
     assert [(r["mirrored"], r["upstream_end"]) for r in rows] == [(20, 20)]
