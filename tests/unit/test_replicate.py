@@ -1472,6 +1472,25 @@ def test_per_writer_the_next_transaction_reports_each_record_where_the_last_comm
     assert txn.late_markers([("t", 1)]) == set() and asked == []
 
 
+def _counting_c_loop(monkeypatch, offsets: dict[tuple[str, int], int]) -> list[int]:
+    """The C loop as a fake that appends each record to the fake destination log (``offsets``, as the fake
+    producers do) without a report; returns the list of each run's length, filled as runs go out."""
+    from mirror_core import native
+
+    runs: list[int] = []
+
+    def c_loop(producer, topic, partition, values, keys, stamps, headers, start, stop, value_map, key_map, limit):
+        for i in range(start, stop):
+            producer.produce(topic, values[i], keys[i], partition, timestamp=stamps[i])
+            offsets[(topic, partition)] = offsets.get((topic, partition), 0) + 1
+        runs.append(stop - start)
+        return stop, native.DONE, 0
+
+    monkeypatch.setattr(native, "usable", lambda p: True)
+    monkeypatch.setattr(native, "produce", c_loop)
+    return runs
+
+
 def test_per_writer_a_partition_whose_last_markers_are_late_is_reported_record_by_record_not_written_twice(
         monkeypatch, caplog) -> None:
     """The C loop's runs go without reports; while the last commit's markers have not landed in a partition
@@ -1480,7 +1499,7 @@ def test_per_writer_a_partition_whose_last_markers_are_late_is_reported_record_b
     markers are still due when the next one starts (the fake destination says so): no record goes through
     the C loop after the first transaction, nothing is written again, and the writer never switches to
     reporting every record for good."""
-    from mirror_core import native, stream
+    from mirror_core import stream
 
     s = settings(value_serde="bytes", source_partitions=1, destination_partitions=1,
                  producer_config={"bootstrap.servers": "dst:9092"})
@@ -1498,17 +1517,7 @@ def test_per_writer_a_partition_whose_last_markers_are_late_is_reported_record_b
         return partitions
 
     monkeypatch.setattr(replicate, "markers_pending", pending)
-    runs: list[int] = []
-
-    def c_loop(producer, topic, partition, values, keys, stamps, headers, start, stop, value_map, key_map, limit):
-        for i in range(start, stop):
-            producer.produce(topic, values[i], keys[i], partition, timestamp=stamps[i])
-            offsets[(topic, partition)] = offsets.get((topic, partition), 0) + 1
-        runs.append(stop - start)
-        return stop, native.DONE, 0
-
-    monkeypatch.setattr(native, "usable", lambda p: True)
-    monkeypatch.setattr(native, "produce", c_loop)
+    runs = _counting_c_loop(monkeypatch, offsets)
     monkeypatch.setattr(stream, "LATE_MARKERS_WAIT_S", 0)  # no wait for the markers: reported at once
     with caplog.at_level("INFO", logger="mirror_core.stream"):
         rows = run()
@@ -1527,7 +1536,7 @@ def test_per_writer_a_partition_whose_late_markers_land_while_the_transaction_wa
     ``LATE_MARKERS_WAIT_S``, after its other partitions are staged); once they have landed its records go
     through the C loop after all, not one report a record: the transaction is written once, every record
     arrives once, the sync is right."""
-    from mirror_core import native, stream
+    from mirror_core import stream
 
     s = settings(value_serde="bytes", source_partitions=1, destination_partitions=1,
                  producer_config={"bootstrap.servers": "dst:9092"})
@@ -1548,17 +1557,7 @@ def test_per_writer_a_partition_whose_late_markers_land_while_the_transaction_wa
         return []
 
     monkeypatch.setattr(replicate, "markers_pending", pending)
-    runs: list[int] = []
-
-    def c_loop(producer, topic, partition, values, keys, stamps, headers, start, stop, value_map, key_map, limit):
-        for i in range(start, stop):
-            producer.produce(topic, values[i], keys[i], partition, timestamp=stamps[i])
-            offsets[(topic, partition)] = offsets.get((topic, partition), 0) + 1
-        runs.append(stop - start)
-        return stop, native.DONE, 0
-
-    monkeypatch.setattr(native, "usable", lambda p: True)
-    monkeypatch.setattr(native, "produce", c_loop)
+    runs = _counting_c_loop(monkeypatch, offsets)
     with caplog.at_level("DEBUG", logger="mirror_core.stream"):
         rows = run()
     assert asked == [[("t", 0)]] * 4  # before the second and the third transaction, and again while each waited
