@@ -638,16 +638,18 @@ _TXN_LOG = LibrdkafkaLog(expected=("old epoch", "fenced by a newer instance"))
 _ADMINS: dict[tuple[tuple[str, str], ...], AdminClient] = {}
 
 
-def markers_pending(config: dict[str, Any], partitions: list[tuple[str, int]]) -> list[tuple[str, int]]:
+def markers_pending(config: dict[str, Any], partitions: list[tuple[str, int]], timeout: float = 10.0
+                    ) -> list[tuple[str, int]]:
     """The ``partitions`` whose last stable offset is below their end: a transaction's records there are not
-    decided yet, or its markers not written (one request of each kind for all of them)."""
+    decided yet, or its markers not written (one request of each kind for all of them, each answered within
+    ``timeout`` seconds)."""
     key = tuple(sorted((k, str(v)) for k, v in config.items()))
     admin = _ADMINS.get(key)
     if admin is None:
         conf = {k: v for k, v in config.items() if k != "log_level"}
         admin = _ADMINS[key] = AdminClient(conf | {"log_level": 3, "logger": LIBRDKAFKA_LOG})
-    stable = latest_offsets(admin, partitions, committed=True, timeout=10)
-    high = latest_offsets(admin, partitions, committed=False, timeout=10)
+    stable = latest_offsets(admin, partitions, committed=True, timeout=timeout)
+    high = latest_offsets(admin, partitions, committed=False, timeout=timeout)
     return [tp for tp in partitions if stable[tp] < high[tp]]
 
 
@@ -865,14 +867,15 @@ class WriterTransaction:
                       "the partitions of the last one is reported", self.txid, exc.args[0].str())
             return set(both)
 
-    def still_late(self, partitions: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:
+    def still_late(self, partitions: Iterable[tuple[str, int]], timeout: float) -> set[tuple[str, int]]:
         """Those of ``partitions`` (found late by :meth:`late_markers`) whose markers have still not landed, asked
-        of the destination again (one request; all of them when it does not answer)."""
+        of the destination again (one request of each kind; all of them when it does not answer within
+        ``timeout`` seconds)."""
         parts = sorted(partitions)
         if not parts:
             return set()
         try:
-            return set(markers_pending(self.producer_config, parts))
+            return set(markers_pending(self.producer_config, parts, timeout))
         except KafkaException as exc:
             log.debug("%s: could not read the last stable offsets again (%s)", self.txid, exc.args[0].str())
             return set(parts)

@@ -1744,7 +1744,7 @@ class BatchWriter:
         deadline = t0 + whole_number_env(LATE_MARKERS_WAIT_ENV, LATE_MARKERS_WAIT_S, "seconds")
         total = len(waiting)
         while waiting and time.monotonic() < deadline:
-            still = txn.still_late(dest(item) for item in waiting)
+            still = txn.still_late((dest(item) for item in waiting), max(0.2, deadline - time.monotonic()))
             for item in waiting:
                 if dest(item) not in still:
                     yield (*item, txn.in_c)

@@ -290,3 +290,35 @@ def test_a_partition_handed_back_by_another_worker_is_written_on_a_new_producer_
     assert any("fenced by a newer producer with the partition's transactional id" in m for m in ours), ours
     loud = [r.getMessage() for r in caplog.records if r.name == "librdkafka" and r.levelno > logging.DEBUG]
     assert not [m for m in loud if "fenced" in m or "old epoch" in m], loud
+
+
+def test_markers_pending_names_the_partitions_whose_transaction_is_not_settled_yet(clusters, unique):
+    """``replicate.markers_pending`` on a real broker (what a writer transaction asks about the last commit's
+    markers): a partition holding an open transaction's records is pending (its last stable offset is below
+    its end), one with only committed records is not, and once that transaction commits and its markers
+    are written neither is. Partitions of two topics in one question."""
+    a, b = unique("mpend-a"), unique("mpend-b")
+    create(clusters.dst_bootstrap, a, b)
+    config = {"bootstrap.servers": clusters.dst_bootstrap}
+    p = Producer(config | {"transactional.id": unique("mpend-tx")})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(a, b"committed", partition=0)
+    p.commit_transaction(30)
+    wait_settled(config, [(a, 0)])
+    p.begin_transaction()
+    p.produce(b, b"open", partition=0)
+    assert p.flush(30) == 0
+    parts = [(a, 0), (b, 0)]
+    assert replicate.markers_pending(config, parts) == [(b, 0)]
+    p.commit_transaction(30)
+    wait_settled(config, parts)
+
+
+def wait_settled(config: dict, parts: list[tuple[str, int]]) -> None:
+    """Until ``markers_pending`` names none of ``parts`` (the broker writes a commit's markers after the commit
+    returned; a new partition's first take a while); fails after 30 s."""
+    deadline = time.monotonic() + 30
+    while (left := replicate.markers_pending(config, parts, timeout=5)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == [], f"still pending 30 s after the commit: {left}"

@@ -1451,7 +1451,7 @@ def test_per_writer_the_next_transaction_reports_each_record_where_the_last_comm
     monkeypatch.setattr(replicate, "_REPORT_EACH", set())
     asked: list[list[tuple[str, int]]] = []
 
-    def pending(config: dict, partitions: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    def pending(config: dict, partitions: list[tuple[str, int]], timeout: float = 10.0) -> list[tuple[str, int]]:
         asked.append(partitions)
         return partitions[:1]
 
@@ -1511,7 +1511,7 @@ def test_per_writer_a_partition_whose_last_markers_are_late_is_reported_record_b
     per_partition._next = offsets
     asked: list[list[tuple[str, int]]] = []
 
-    def pending(config: dict, partitions: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    def pending(config: dict, partitions: list[tuple[str, int]], timeout: float = 10.0) -> list[tuple[str, int]]:
         asked.append(partitions)
         offsets[("t", 0)] = offsets.get(("t", 0), 0) + 1  # the last commit's marker lands among what comes next
         return partitions
@@ -1549,7 +1549,7 @@ def test_per_writer_a_partition_whose_late_markers_land_while_the_transaction_wa
     per_partition._next = offsets
     asked: list[list[tuple[str, int]]] = []
 
-    def pending(config: dict, partitions: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    def pending(config: dict, partitions: list[tuple[str, int]], timeout: float = 10.0) -> list[tuple[str, int]]:
         asked.append(partitions)
         if len(asked) % 2:  # the question before a transaction: still due
             return partitions
