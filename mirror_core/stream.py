@@ -90,7 +90,7 @@ SHARED_RETRY_PAUSE = 1.0
 #: ``transactions: per_writer``: how long a writer transaction waits at most, after staging its other partitions,
 #: for the last commit's markers in partitions where they were late (asking every :data:`LATE_MARKERS_POLL_S`);
 #: a partition whose markers land meanwhile goes through the C loop, the others are then reported record by
-#: record (see :meth:`BatchWriter._stage_all`). Reporting each record cost a writer process 7 s for 1,000,000
+#: record (see :meth:`BatchWriter._stage_order`). Reporting each record cost a writer process 7 s for 1,000,000
 #: records of 500 partitions whose first markers were late
 LATE_MARKERS_WAIT_S = 5
 LATE_MARKERS_POLL_S = 0.1
@@ -1721,8 +1721,8 @@ class BatchWriter:
     def _stage_order(self, txn: WriterTransaction, todo: list[tuple[PartitionWriter, int, Columns, int]],
                      late: set[tuple[str, int]]) -> Iterator[tuple[PartitionWriter, int, Columns, int, bool]]:
         """The partitions of a writer transaction in the order they are staged, each with whether it goes through
-        the C loop: first those whose destination partition is not in ``late`` (the last commit's markers have not
-        landed there yet: :meth:`WriterTransaction.late_markers`); then, asking again every
+        the C loop: first those whose destination partition is not in ``late`` (where the last commit's markers had
+        not landed yet when asked: :meth:`WriterTransaction.late_markers`); then, asking again every
         :data:`LATE_MARKERS_POLL_S` for up to :data:`LATE_MARKERS_WAIT_S`, each late one once its markers have
         landed, through the C loop too; the rest last, each record reported (a marker may land among them). The
         markers of a new topic's partitions land one after the other over seconds: those that land while the
