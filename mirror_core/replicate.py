@@ -620,8 +620,8 @@ def _producer(s: WriterSettings, partition: int, gapless: bool = False) -> tuple
     if key not in _PRODUCERS:
         # gapless: the writer handles the fatal error of a lost record and says so itself (see
         # PartitionWriter._write_at_least_once_in_c); librdkafka's line about it goes to DEBUG
-        _PRODUCERS[key] = Producer(s.producer_config | base | (
-            {"enable.gapless.guarantee": True, "logger": _GAPLESS_LOG} if gapless else {}))
+        _PRODUCERS[key] = Producer(_gapless_config(s.producer_config) | base | {
+            "enable.gapless.guarantee": True, "logger": _GAPLESS_LOG} if gapless else s.producer_config | base)
         _PRODUCER_LIMITS[key] = s.destination_max_message_bytes
         _PRODUCER_PARTITIONS[key] = s.destination_partitions
     return _PRODUCERS[key], key
@@ -651,6 +651,24 @@ def markers_pending(config: dict[str, Any], partitions: list[tuple[str, int]], t
     stable = latest_offsets(admin, partitions, committed=True, timeout=timeout)
     high = latest_offsets(admin, partitions, committed=False, timeout=timeout)
     return [tp for tp in partitions if stable[tp] < high[tp]]
+
+
+#: a partition's gapless producer (at_least_once, see :func:`_producer`) gives up on a record after this long at
+#: most (``message.timeout.ms``), not the producers' delivery timeout: its chunk is then written again on the
+#: partition's usual producer, which waits out the whole delivery timeout. A record in flight when the
+#: destination broker went down has an unknown fate, and a gapless producer cannot send it again under a new
+#: epoch: it waits for the record's timeout. With librdkafka's 300 s, an at-least-once mirror stalled 300 s
+#: after a 30 s destination outage (tests/faults, 5 December: 44 records of one partition)
+GAPLESS_MESSAGE_TIMEOUT_S = 60.0
+
+
+def _gapless_config(producer_config: ClientConfig) -> ClientConfig:
+    """``producer_config`` for a partition's gapless producer: its delivery timeout at most
+    :data:`GAPLESS_MESSAGE_TIMEOUT_S` (under librdkafka's name; the Java name is dropped)."""
+    timeout = min(delivery_timeout(producer_config), GAPLESS_MESSAGE_TIMEOUT_S)
+    return ClientConfig({k: v for k, v in producer_config.items() if k not in ("message.timeout.ms",
+                                                                             "delivery.timeout.ms")}
+                        | {"message.timeout.ms": int(timeout * 1000)})
 
 
 def _alo_key(s: WriterSettings, partition: int) -> str:

@@ -1724,3 +1724,36 @@ def test_exactly_once_gives_up_on_an_outage_after_the_producers_delivery_timeout
         writer.write(1, [rec(b"v", offset=o) for o in (0, 1)], upstream_end=2)
     assert 100 <= clock.now - 1000.0 <= 100 + 60 + 31
     assert all(p.committed == [] for p in made)
+
+
+@pytest.mark.parametrize(("configured", "gapless_ms"), [
+    ({}, 60000), ({"message.timeout.ms": "300000"}, 60000), ({"delivery.timeout.ms": "0"}, 60000),
+    ({"message.timeout.ms": "20000"}, 20000)])
+def test_a_partitions_gapless_producer_gives_up_on_a_record_within_60_s_its_usual_producer_waits_as_configured(
+        monkeypatch, configured, gapless_ms):
+    """at_least_once: a record in flight when the destination broker went down has an unknown fate, and the
+    partition's gapless producer (the C loop's) holds it until its delivery timeout; with librdkafka's 300 s a
+    30 s outage stalled the mirror for 300 s. That producer gives up within 60 s at most (then the chunk goes
+    out again, a report a record, on the partition's usual producer), or sooner when so configured; the usual
+    producer keeps the configured delivery timeout, so an outage is still ridden out as long as it says.
+    The config stays a redacting ClientConfig."""
+    from mirror_core.redaction import ClientConfig
+
+    made: list[dict] = []
+
+    def producer(config: dict) -> object:
+        made.append(config)
+        return object()
+
+    monkeypatch.setattr(replicate, "Producer", producer)
+    monkeypatch.setattr(replicate, "_PRODUCERS", {})
+    s = settings(delivery="at_least_once", producer_config=ClientConfig({"bootstrap.servers": "dst:9092",
+                                                                         "sasl.password": "hunter2", **configured}))
+    replicate._producer(s, 0, gapless=True)
+    replicate._producer(s, 0)
+    gapless, usual = made
+    assert gapless["enable.gapless.guarantee"] is True and gapless["message.timeout.ms"] == gapless_ms
+    assert "delivery.timeout.ms" not in gapless
+    assert "enable.gapless.guarantee" not in usual
+    assert {k: v for k, v in usual.items() if k.endswith("timeout.ms")} == configured
+    assert isinstance(gapless, ClientConfig) and "hunter2" not in repr(gapless)
