@@ -873,21 +873,14 @@ class WriterTransaction:
         due = _MARKERS_DUE.pop(self.txids[0], None)
         if not due or not self.in_c or not self.producer_config.get("bootstrap.servers"):
             return set()
-        both = sorted(due.intersection(partitions).difference(_MARKERS_SEEN))
-        if not both:
-            return set()
-        try:
-            late = set(markers_pending(self.producer_config, both))
-            _MARKERS_SEEN.update(p for p in both if p not in late)
-            return late
-        except KafkaException as exc:
-            log.debug("%s: could not read the last stable offsets before a transaction (%s): every record of "
-                      "the partitions of the last one is reported", self.txid, exc.args[0].str())
-            return set(both)
+        both = due.intersection(partitions).difference(_MARKERS_SEEN)
+        late = self.still_late(both, 10.0)
+        _MARKERS_SEEN.update(both - late)
+        return late
 
     def still_late(self, partitions: Iterable[tuple[str, int]], timeout: float) -> set[tuple[str, int]]:
-        """Those of ``partitions`` (found late by :meth:`late_markers`) whose markers have still not landed, asked
-        of the destination again (one request of each kind; all of them when it does not answer within
+        """Those of ``partitions`` whose last commit markers have not landed, asked of the destination (one
+        request of each kind; all of them, whose records are then reported, when it does not answer within
         ``timeout`` seconds)."""
         parts = sorted(partitions)
         if not parts:
@@ -895,7 +888,8 @@ class WriterTransaction:
         try:
             return set(markers_pending(self.producer_config, parts, timeout))
         except KafkaException as exc:
-            log.debug("%s: could not read the last stable offsets again (%s)", self.txid, exc.args[0].str())
+            log.debug("%s: could not read the last stable offsets (%s): every record of %d partitions is "
+                      "reported", self.txid, exc.args[0].str(), len(parts))
             return set(parts)
 
     def _start(self, key: str) -> None:

@@ -1472,6 +1472,21 @@ def test_per_writer_the_next_transaction_reports_each_record_where_the_last_comm
     assert txn.late_markers([("t", 1)]) == set() and asked == []
 
 
+def _late_markers_writer(monkeypatch):
+    """:func:`_twenty_records_in_three_transactions` on a destination the writer can ask about late markers
+    (none known landed or due yet, no reporting of every record); returns the sync store, the producers made,
+    the destination log's next offsets and the function that writes the batch."""
+    s = settings(value_serde="bytes", source_partitions=1, destination_partitions=1,
+                 producer_config={"bootstrap.servers": "dst:9092"})
+    store, _commits, per_partition = _per_writer_fakes(monkeypatch)
+    monkeypatch.setattr(replicate, "_REPORT_EACH", set())
+    monkeypatch.setattr(replicate, "_MARKERS_DUE", {})
+    monkeypatch.setattr(replicate, "_MARKERS_SEEN", set())
+    made, offsets, run = _twenty_records_in_three_transactions(monkeypatch, s, store)
+    per_partition._next = offsets
+    return store, made, offsets, run
+
+
 def _counting_c_loop(monkeypatch, offsets: dict[tuple[str, int], int]) -> list[int]:
     """The C loop as a fake that appends each record to the fake destination log (``offsets``, as the fake
     producers do) without a report; returns the list of each run's length, filled as runs go out."""
@@ -1501,14 +1516,7 @@ def test_per_writer_a_partition_whose_last_markers_are_late_is_reported_record_b
     reporting every record for good."""
     from mirror_core import stream
 
-    s = settings(value_serde="bytes", source_partitions=1, destination_partitions=1,
-                 producer_config={"bootstrap.servers": "dst:9092"})
-    store, _commits, per_partition = _per_writer_fakes(monkeypatch)
-    monkeypatch.setattr(replicate, "_REPORT_EACH", set())
-    monkeypatch.setattr(replicate, "_MARKERS_DUE", {})
-    monkeypatch.setattr(replicate, "_MARKERS_SEEN", set())
-    made, offsets, run = _twenty_records_in_three_transactions(monkeypatch, s, store)
-    per_partition._next = offsets
+    store, made, offsets, run = _late_markers_writer(monkeypatch)
     asked: list[list[tuple[str, int]]] = []
 
     def pending(config: dict, partitions: list[tuple[str, int]], timeout: float = 10.0) -> list[tuple[str, int]]:
@@ -1538,15 +1546,8 @@ def test_per_writer_a_partition_whose_late_markers_land_while_the_transaction_wa
     arrives once, the sync is right."""
     from mirror_core import stream
 
-    s = settings(value_serde="bytes", source_partitions=1, destination_partitions=1,
-                 producer_config={"bootstrap.servers": "dst:9092"})
-    store, _commits, per_partition = _per_writer_fakes(monkeypatch)
-    monkeypatch.setattr(replicate, "_REPORT_EACH", set())
-    monkeypatch.setattr(replicate, "_MARKERS_DUE", {})
-    monkeypatch.setattr(replicate, "_MARKERS_SEEN", set())
     monkeypatch.setattr(stream, "LATE_MARKERS_POLL_S", 0.01)
-    made, offsets, run = _twenty_records_in_three_transactions(monkeypatch, s, store)
-    per_partition._next = offsets
+    store, made, offsets, run = _late_markers_writer(monkeypatch)
     asked: list[list[tuple[str, int]]] = []
 
     def pending(config: dict, partitions: list[tuple[str, int]], timeout: float = 10.0) -> list[tuple[str, int]]:
