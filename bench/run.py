@@ -104,7 +104,9 @@ RESULTS = ROOT / "bench" / "results"
 # keeps whatever came past a range's end up to direct.AHEAD_RECORDS a partition, whatever its bytes
 # (MIRRORFLOW_DIRECT_PARTITION_FETCH_BYTES=1048576, MIRRORFLOW_DIRECT_AHEAD_BYTES=0; an A/B of the bounded read-ahead);
 # *-nowait* variants report each record of a partition whose last commit markers are late at once, without
-# waiting for them (MIRRORFLOW_LATE_MARKERS_WAIT=0; an A/B of stream.LATE_MARKERS_WAIT_S).
+# waiting for them (MIRRORFLOW_LATE_MARKERS_WAIT=0; an A/B of stream.LATE_MARKERS_WAIT_S); *-chunk* variants write a
+# partition's records a chunk at a time (a transaction or flush each 20,000 records), not what was queued for it
+# while it wrote the last (MIRRORFLOW_COALESCE_RECORDS=0; an A/B of stream.COALESCE_RECORDS).
 CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
               "mm2", "mm2-tuned", "raw-python", "kcat")
 DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
@@ -132,7 +134,9 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-writer-txnflat-bytes", "mirrorflow-eos-writer-flat",
                      "mirrorflow-eos-writer-flat-bytes", "mirrorflow-eos-writer-aheadall",
                      "mirrorflow-eos-writer-aheadall-bytes", "mirrorflow-eos-writer-nowait",
-                     "mirrorflow-eos-writer-nowait-bytes")
+                     "mirrorflow-eos-writer-nowait-bytes", "mirrorflow-eos-direct-chunk",
+                     "mirrorflow-eos-direct-chunk-bytes", "mirrorflow-alo-direct-chunk",
+                     "mirrorflow-alo-direct-chunk-bytes", "mirrorflow-eos-chunk", "mirrorflow-eos-chunk-bytes")
 #: a drain whose destination count rose by this share of its records or more at once (a transaction's commit
 #: between two looks) is compared by its steady figure: its 10-90 % window is a few such steps apart, and
 #: measures when they landed more than the pace (see bench.report.rate)
@@ -417,6 +421,8 @@ class Bench:
                 env["MIRRORFLOW_DIRECT_FETCH_MIN_BYTES"] = "1"
             if "txnflat" in parts:
                 env["MIRRORFLOW_WRITER_TXN_PER_PARTITION"] = "0"
+            if "chunk" in parts:
+                env["MIRRORFLOW_COALESCE_RECORDS"] = "0"
             if "nowait" in parts:
                 env["MIRRORFLOW_LATE_MARKERS_WAIT"] = "0"
             if "aheadall" in parts:

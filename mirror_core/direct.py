@@ -37,7 +37,7 @@ from mirror_core.replicate import CHUNK_BYTES, Columns, quiet_gc
 
 log = logging.getLogger(__name__)
 
-#: records handed to a partition's writer at once (the writer cuts transactions at 20,000 itself)
+#: records handed to a partition's writer at once (it writes what it finds queued together: stream.COALESCE_RECORDS)
 CHUNK_RECORDS = 20000
 #: ... or this many bytes of keys and values, whichever comes first (20,000 records of 100 KB would be 2 GB)
 CHUNK_READ_BYTES = 32 * 1024 * 1024
@@ -588,7 +588,7 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
     time, in offset order, up to ``threads`` partitions at once; the read goes on while they write.
     Returns the writer's result rows; the first writer error is raised once every partition has stopped.
     With ``transactions: per_writer``, see :func:`write_ranges_per_writer` (``slot``: this writer's)."""
-    from mirror_core.stream import BatchWriter
+    from mirror_core.stream import BatchWriter, coalesce_records, take_queued
 
     if plan.transactions == "per_writer":
         return write_ranges_per_writer(plan, ranges, reader, slot, slots_used)
@@ -609,20 +609,29 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
 
     complete: set[tuple[str, int]] = set()  # ranges the reader read to their end
 
+    most = coalesce_records()
+
     def run(r: Range, q: queue.SimpleQueue[tuple[Columns, int] | None]) -> None:
         key = (r.topic, r.partition)
-        while (item := q.get()) is not None:
-            cols, size = item
+        carry, ended = None, False
+        while not ended:
+            item = carry if carry is not None else q.get()
+            if item is None:
+                break
+            # what the reader queued while the last write went on goes with this chunk (see COALESCE_RECORDS)
+            taken, carry, ended = take_queued(q, item, lambda it: (len(it[0]), it[1]), most, CHUNK_BYTES)
+            size = sum(it[1] for it in taken)
             try:
                 if not stop.is_set():  # else another partition failed: only drain
-                    bw.feed(r.topic, r.partition, cols)
+                    bw.feed(r.topic, r.partition, Columns.concat([it[0] for it in taken]),
+                            chunk_records=max(most, CHUNK_RECORDS))
             except BaseException as exc:
                 failed.append(exc)
                 stop.set()
             finally:
                 with written:
                     held[key] -= size
-                    pending[key] -= 1
+                    pending[key] -= len(taken)
                     written.notify_all()
         # trailing markers / aborted records: the position to the range's end, once the reader reached it (not
         # when the read failed part way: the records it did not read are still to be written)

@@ -74,6 +74,16 @@ RESULT_FIELDS = (
 )
 RESULT_DDL = ", ".join(f"{n} {t}" for n, t in RESULT_FIELDS)
 CHUNK_RECORDS = 20000
+#: a partition's writer (``transactions: per_partition``, both read paths) writes the chunks queued for it while it
+#: wrote the last ones as one, up to this many records (and, on the direct path, ``replicate.CHUNK_BYTES``): one
+#: transaction and commit (exactly_once) or one flush (at_least_once) where a chunk of :data:`CHUNK_RECORDS` at a time
+#: drained the partition's produce pipeline and waited for a commit every 20,000 records. A writer that keeps up
+#: with its reader (a live stream) still writes each chunk as it comes. A 4,000,000-record drain of 100 B records
+#: over 6 partitions (exactly_once, direct) took 0.57-0.58 s a micro-batch of 500,000 records against 0.62-0.76 s
+#: (docs/benchmarks.md, 5 December)
+COALESCE_RECORDS = 200000
+#: overrides :data:`COALESCE_RECORDS`, for an A/B (the bench's ``-chunk`` variants: 0, a chunk at a time)
+COALESCE_RECORDS_ENV = "MIRRORFLOW_COALESCE_RECORDS"
 #: Spark Kafka source defaults (``spark.source_options`` overrides them). A Spark task reads its
 #: partition up to the batch end, which in a running mirror is the log end: with the consumer's default
 #: fetch.max.wait.ms (500) each task then waits out a broker long-poll, 0.5 s per task wave per batch.
@@ -1333,6 +1343,36 @@ class UnknownTopicError(MirrorError):
     them over would lose them (Spark commits the batch), so the batch fails."""
 
 
+def coalesce_records() -> int:
+    """:data:`COALESCE_RECORDS`, or :data:`COALESCE_RECORDS_ENV` when set (0: each chunk written as it came)."""
+    raw = os.environ.get(COALESCE_RECORDS_ENV, "").strip()
+    if raw and not raw.isdigit():
+        raise ValueError(f"{COALESCE_RECORDS_ENV}={raw!r}: must be a whole number of records")
+    return int(raw) if raw else COALESCE_RECORDS
+
+
+def take_queued(q: queue.SimpleQueue[Any], first: Any, measure: Callable[[Any], tuple[int, int]],
+                most_records: int, most_bytes: int | None = None) -> tuple[list[Any], Any, bool]:
+    """``first`` and the items behind it in ``q`` now, while they stay within ``most_records`` records and
+    ``most_bytes`` bytes (``measure(item)``: its records and bytes; ``first`` is taken whatever its size).
+    Returns the items taken, the item taken past the bounds (None if none) and whether the queue's end (a None
+    in it) was taken. Never waits for an item."""
+    taken = [first]
+    records, size = measure(first)
+    while True:
+        try:
+            nxt = q.get_nowait()
+        except queue.Empty:
+            return taken, None, False
+        if nxt is None:
+            return taken, None, True
+        n, b = measure(nxt)
+        if records + n > most_records or (most_bytes is not None and size + b > most_bytes):
+            return taken, nxt, False
+        taken.append(nxt)
+        records, size = records + n, size + b
+
+
 class BatchWriter:
     """One micro-batch's writing, partition by partition: chunks to each partition's writer, then the
     position moved past trailing transaction markers. Used by the tasks (:func:`arrow_writer`) and by
@@ -1366,8 +1406,9 @@ class BatchWriter:
         if s is not None:
             self._writer(topic, s).prepare(part)
 
-    def feed(self, topic: str, part: int, cols: Columns) -> None:
-        """Write the next records of ``topic``/``part`` (in offset order)."""
+    def feed(self, topic: str, part: int, cols: Columns, chunk_records: int = CHUNK_RECORDS) -> None:
+        """Write the next records of ``topic``/``part`` (in offset order), a transaction (or flush) each
+        ``chunk_records`` of them (and ``replicate.CHUNK_BYTES``)."""
         s = self.plan.settings.get(topic)
         if s is None:
             if topic in self.plan.ignored:
@@ -1378,8 +1419,8 @@ class BatchWriter:
                 f"not provisioned?); failing the batch instead of passing them over")
         w = self._writer(topic, s)
         end = self.plan.end_offsets.get(topic, {}).get(part)
-        for start in range(0, len(cols), CHUNK_RECORDS):
-            chunk = cols.slice(start, start + CHUNK_RECORDS) if len(cols) > CHUNK_RECORDS else cols
+        for start in range(0, len(cols), chunk_records):
+            chunk = cols.slice(start, start + chunk_records) if len(cols) > chunk_records else cols
             is_last = end is not None and chunk.offsets[-1] >= end - 1
             r = w.write(part, chunk, end if is_last else None)
             with self._lock:
@@ -1872,14 +1913,23 @@ def write_batches(plan: WriterPlan, batches: Iterable[Any]) -> list[dict[str, An
     last_offset: dict[tuple[str, int], int] = {}
     input_ms = 0.0  # waiting for Spark's batches and turning them into columns
 
+    most = coalesce_records()
+
     def run(tp: tuple[str, int], q: queue.SimpleQueue[Columns | None], before: Future[None] | None) -> None:
         if before is not None:
             before.result()  # a partition seen again after a gap (not expected from Spark): after its earlier run
-        while (cols := q.get()) is not None:
+        carry, ended = None, False
+        while not ended:
+            cols = carry if carry is not None else q.get()
+            if cols is None:
+                break
+            # what Spark handed over while the last write went on goes with this batch (see COALESCE_RECORDS;
+            # a transaction larger than replicate.CHUNK_BYTES is cut by the partition's writer)
+            taken, carry, ended = take_queued(q, cols, lambda c: (len(c), 0), most)
             if failed:
                 continue  # another partition failed: stop writing, only drain
             try:
-                bw.feed(tp[0], tp[1], cols)
+                bw.feed(tp[0], tp[1], Columns.concat(taken), chunk_records=max(most, CHUNK_RECORDS))
             except BaseException as exc:
                 failed.append(exc)
 

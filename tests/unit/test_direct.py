@@ -288,7 +288,7 @@ class _RecordingWriter:
     def __init__(self, plan) -> None:
         pass
 
-    def feed(self, topic, part, cols) -> None:
+    def feed(self, topic, part, cols, chunk_records=None) -> None:
         self.fed.append((part, list(cols.offsets)))
 
     def finish(self, topic, part, start=None) -> None:
@@ -335,7 +335,7 @@ class _SlowWriter:
     def __init__(self, plan) -> None:
         pass
 
-    def feed(self, topic, part, cols) -> None:
+    def feed(self, topic, part, cols, chunk_records=None) -> None:
         if part == 0:
             assert self.gate.wait(30)
         self.fed.append((part, len(cols)))
@@ -386,7 +386,7 @@ def test_the_reader_waits_for_a_partition_being_written_once_it_holds_enough(mon
     assert len(delivered) == 3
     _SlowWriter.gate.set()
     done.join(30)
-    assert not done.is_alive() and len(delivered) == 20 and len(_SlowWriter.fed) == 20
+    assert not done.is_alive() and len(delivered) == 20 and sum(n for _, n in _SlowWriter.fed) == 20
 
 
 def test_chunks_larger_than_the_bound_do_not_stop_the_reader_at_the_first(monkeypatch):
@@ -414,7 +414,7 @@ def test_chunks_larger_than_the_bound_do_not_stop_the_reader_at_the_first(monkey
         assert len(delivered) == handed
         _SlowWriter.gate.set()
         done.join(30)
-        assert not done.is_alive() and len(delivered) == 10 and len(_SlowWriter.fed) == 10
+        assert not done.is_alive() and len(delivered) == 10 and sum(n for _, n in _SlowWriter.fed) == 10
 
 
 def test_the_reader_never_waits_for_a_partition_whose_writer_has_not_started(monkeypatch):
@@ -438,7 +438,54 @@ def test_the_reader_never_waits_for_a_partition_whose_writer_has_not_started(mon
     done.start()
     done.join(30)
     assert not done.is_alive() and len(delivered) == 20
-    assert sorted(_SlowWriter.fed) == [(0, 1)] * 10 + [(1, 1)] * 10
+    assert {p: sum(n for q, n in _SlowWriter.fed if q == p) for p in (0, 1)} == {0: 10, 1: 10}
+
+
+@pytest.mark.parametrize(("most", "writes"), [
+    (None, [[0], [1, 2, 3, 4, 5, 6]]),  # the default bound (COALESCE_RECORDS) holds all six
+    ("4", [[0], [1, 2, 3, 4], [5, 6]]),  # a bound of four records
+    ("0", [[0], [1], [2], [3], [4], [5], [6]]),  # 0: each chunk written as it came, as before
+])
+def test_a_writer_behind_its_reader_writes_the_chunks_read_meanwhile_as_one(monkeypatch, most, writes):
+    """Partition 0's writer is held in its first write while the reader hands over six more chunks: it then
+    writes them as one (one transaction or flush instead of six), up to COALESCE_RECORDS records, in order;
+    the next partition's reads and the reader's memory bound are as before (the chunks are small)."""
+    import threading
+
+    from mirror_core import direct, stream
+    from mirror_core.replicate import Columns
+    from mirror_core.stream import WriterPlan
+
+    if most is None:
+        monkeypatch.delenv(stream.COALESCE_RECORDS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(stream.COALESCE_RECORDS_ENV, most)
+    writing, go_on = threading.Event(), threading.Event()
+    fed: list[tuple[list[int], int]] = []
+
+    class Writer(_SlowWriter):
+        def feed(self, topic, part, cols, chunk_records=None) -> None:
+            if not fed:
+                writing.set()
+                assert go_on.wait(10)
+            fed.append((list(cols.offsets), chunk_records))
+
+    class Reader:
+        def read(self, rs, deliver) -> float:
+            deliver(rs[0], Columns([0], [None], [b"v"], [0]))
+            assert writing.wait(10)
+            for off in range(1, 7):
+                deliver(rs[0], Columns([off], [None], [b"v"], [0]))
+            go_on.set()
+            deliver(rs[0], None)
+            return 0.0
+
+    monkeypatch.setattr(stream, "BatchWriter", Writer)
+    plan = WriterPlan({}, {}, {"t": {0: 7}}, {}, None, group="g")
+    direct.write_ranges(plan, [Range("t", 0, 0, 7)], Reader())
+    assert [offsets for offsets, _ in fed] == writes
+    cut = stream.COALESCE_RECORDS if most is None else max(int(most), stream.CHUNK_RECORDS)
+    assert {n for _, n in fed} == {cut}
 
 
 def test_writer_processes_keep_their_partitions_and_take_new_ones_by_load():
@@ -686,7 +733,7 @@ class _SharedWriter:
             raise self.fail
         return set()
 
-    def feed(self, topic, part, cols) -> None:
+    def feed(self, topic, part, cols, chunk_records=None) -> None:
         raise AssertionError("nothing is written partition by partition here")
 
     def finish(self, topic, part, start=None) -> None:

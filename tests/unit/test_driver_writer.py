@@ -44,12 +44,13 @@ class Recorder:
         self.feeds: dict[tuple[str, int], int] = {}
         self.active: dict[tuple[str, int], int] = {}
         self.overlap = False
+        self.chunk_records: list[int] = []  # what each feed was told to cut its transactions at
         self.lock = threading.Lock()
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         rec = self
 
-        def feed(bw: Any, topic: str, part: int, cols: Columns) -> None:
+        def feed(bw: Any, topic: str, part: int, cols: Columns, chunk_records: int = 0) -> None:
             tp = (topic, part)
             with rec.lock:
                 rec.active[tp] = rec.active.get(tp, 0) + 1
@@ -63,6 +64,7 @@ class Recorder:
                     raise RuntimeError(f"writer failed on {topic}[{part}]")
                 with rec.lock:
                     rec.events.append(("feed", tp, list(cols.offsets)))
+                    rec.chunk_records.append(chunk_records)
                     r = bw.results.setdefault(tp, BatchResult(topic, part))
                     r.records_in += len(cols)
                 rec.fed.set()
@@ -128,6 +130,43 @@ def test_each_partition_keeps_its_order_and_is_finished_after_its_last_records(m
     assert fed == {("a", 0): [0, 1, 2, 3], ("b", 0): [10, 11, 12], ("a", 1): [4]}
     assert sorted(tp for kind, tp, _ in rec.events if kind == "finish") == [("a", 0), ("a", 1), ("b", 0)]
     assert not rec.overlap
+
+
+@pytest.mark.parametrize(("most", "writes"), [
+    (None, [[0], [1, 2, 3, 4]]),  # the default bound (COALESCE_RECORDS) holds all four
+    ("2", [[0], [1, 2], [3, 4]]),  # a bound of two records
+    ("0", [[0], [1], [2], [3], [4]]),  # 0: each batch written as it came, as before
+])
+def test_a_writer_behind_spark_writes_the_batches_handed_over_meanwhile_as_one(monkeypatch, most, writes) -> None:
+    """a[0]'s writer is held in its first write while Spark hands over four more of its batches: it then writes
+    them as one (one transaction, or one flush, instead of four), up to COALESCE_RECORDS records, in order, and
+    tells the partition's writer to cut its transactions there rather than at CHUNK_RECORDS."""
+    if most is None:
+        monkeypatch.delenv(stream.COALESCE_RECORDS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(stream.COALESCE_RECORDS_ENV, most)
+    writing, go_on = threading.Event(), threading.Event()
+
+    def on_feed(tp: tuple[str, int], n: int) -> None:
+        if n == 1:
+            writing.set()
+            assert go_on.wait(10)
+
+    rec = Recorder(on_feed=on_feed)
+    rec.install(monkeypatch)
+
+    def spark() -> Iterator[pa.RecordBatch]:
+        yield batch("a", 0, [0])
+        assert writing.wait(10)
+        for off in range(1, 5):
+            yield batch("a", 0, [off])
+        go_on.set()  # the four are queued by now (each is, before the next is asked for)
+
+    rows = stream.write_batches(PLAN, spark())
+    assert [offsets for kind, _, offsets in rec.events if kind == "feed"] == writes
+    assert rows[0]["records_in"] == 5
+    cut = stream.COALESCE_RECORDS if most is None else max(int(most), stream.CHUNK_RECORDS)
+    assert set(rec.chunk_records) == {cut}
 
 
 def test_a_failed_collect_is_a_collect_error_and_stops_the_writers(monkeypatch) -> None:
