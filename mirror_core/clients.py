@@ -8,6 +8,9 @@ hand them to a client, never to a log.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -15,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
@@ -242,8 +246,8 @@ def _jaas(props: dict[str, str]) -> str | None:
     return f"{module} required username={_jaas_quote(user)} password={_jaas_quote(password)};"
 
 
-def java_kafka_options(cluster: ClusterConfig, secrets_dir: Path | None = None, name: str = "cluster"
-                       ) -> ClientConfig:
+def java_kafka_options(cluster: ClusterConfig, secrets_dir: Path | Callable[[], Path] | None = None,
+                       name: str = "cluster") -> ClientConfig:
     """Java Kafka client properties for the same cluster (Spark's Kafka source, MirrorMaker 2).
 
     Maps librdkafka's security settings: SASL (PLAIN, SCRAM-*, OAUTHBEARER with OIDC client credentials)
@@ -252,7 +256,8 @@ def java_kafka_options(cluster: ClusterConfig, secrets_dir: Path | None = None, 
     + ``ssl.keystore.password``; ``ssl.endpoint.identification.algorithm`` (librdkafka ``none`` is Java's
     empty value). The cluster's ``java_kafka`` properties come last (JKS stores, anything Java-only).
 
-    With ``secrets_dir``, no secret is returned: they are written to ``<secrets_dir>/<name>.properties``
+    With ``secrets_dir`` (a directory, or a callable that makes one: called only when there is a secret to
+    write), no secret is returned: they are written to ``<secrets_dir>/<name>.properties``
     (0600) and the options refer to them through Kafka's FileConfigProvider, so they stay out of Spark's
     options, plans, logs and configuration dumps. A PEM key store (key and chain in one file, as Java
     wants it) is written there too. Without it, secrets are inline: hand the result to a client only (it prints redacted).
@@ -292,13 +297,35 @@ def java_kafka_options(cluster: ClusterConfig, secrets_dir: Path | None = None, 
     secret |= {k: out.pop(k) for k in list(out) if SECRET_KEY_RE.search(k)}
     if not secret:
         return ClientConfig(out)
-    path = secrets_dir / f"{name}.properties"
+    path = (secrets_dir if isinstance(secrets_dir, Path) else secrets_dir()) / f"{name}.properties"
     write_private(path, "".join(f"{k}={_properties_escape(v)}\n" for k, v in secret.items()).encode())
     out["config.providers"] = _PROVIDER
     out[f"config.providers.{_PROVIDER}.class"] = _FILE_PROVIDER
     for k in secret:
         out[k] = f"${{{_PROVIDER}:{path}:{k}}}"
     return ClientConfig(out)
+
+
+#: a job's private directory for the secrets files of :func:`java_kafka_options`: this, its process id, ``-``
+SECRETS_DIR_PREFIX = "mirrorflow-secrets-"
+
+
+def private_secrets_dir(base: Path | None = None) -> Path:
+    """A new directory (0700) under ``base`` (the temporary directory) for this process's secrets files, named
+    after its process id; the caller removes it when the process exits. Such directories of this user whose
+    process is gone are removed first: a job killed with SIGKILL never ran its exit handler, and its
+    directory held the secrets no process reads any more."""
+    base = Path(base or tempfile.gettempdir())
+    for old in base.glob(f"{SECRETS_DIR_PREFIX}*-*"):
+        pid = old.name[len(SECRETS_DIR_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or psutil.pid_exists(int(pid)):
+            continue
+        try:
+            if old.is_dir() and old.stat().st_uid == os.getuid():
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass  # gone meanwhile, or not ours to look at
+    return Path(tempfile.mkdtemp(prefix=f"{SECRETS_DIR_PREFIX}{os.getpid()}-", dir=base))
 
 
 def _properties_escape(value: str) -> str:

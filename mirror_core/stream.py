@@ -17,7 +17,6 @@ import queue
 import re
 import shutil
 import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -441,7 +440,8 @@ class MirrorRuntime:
     def source_options(self, once: bool) -> ClientConfig:
         """Options for Spark's Kafka source (``spark.readStream.format("kafka")``); they may hold the
         source's secrets inline, so they print redacted."""
-        java = clients.java_kafka_options(self.src, self.secrets_dir(), f"{self.group.name}-source")
+        # the private directory is made only when the source has secrets to write there
+        java = clients.java_kafka_options(self.src, self.secrets_dir, f"{self.group.name}-source")
         opts = {f"kafka.{k}": v for k, v in java.items()}
         opts |= SOURCE_DEFAULTS | self.group.spark.source_options
         opts |= {
@@ -478,7 +478,7 @@ class MirrorRuntime:
                 self._secrets_dir = Path(self.group.spark.secrets_dir)
                 self._secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             else:
-                self._secrets_dir = Path(tempfile.mkdtemp(prefix="mirrorflow-secrets-"))
+                self._secrets_dir = clients.private_secrets_dir()
                 atexit.register(shutil.rmtree, self._secrets_dir, True)
         return self._secrets_dir
 

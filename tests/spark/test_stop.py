@@ -77,6 +77,16 @@ def secrets_dirs(tmp_path: Path) -> list[Path]:
     return list((tmp_path / "tmp").glob("mirrorflow-secrets-*"))
 
 
+def with_a_source_secret(path: Path) -> None:
+    """Give the job's source a Java-only secret (a trust store password, unused over PLAINTEXT): the job then
+    writes its private secrets directory (an unsecured source's job makes none), which the stop must remove."""
+    import yaml
+
+    doc = yaml.safe_load(path.read_text())
+    doc["clusters"]["src"].setdefault("java_kafka", {})["ssl.truststore.password"] = "unused-over-plaintext"
+    path.write_text(yaml.safe_dump(doc))
+
+
 def wait_until(what: str, check, timeout: float = 180.0, proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -171,6 +181,7 @@ def test_sigterm_to_mirrorflow_run_ends_every_process_and_keeps_exactly_once(clu
     # written by the tasks: Spark's Python workers are part of the tree too
     path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes",
                            spark=f', stop_timeout: "{STOP_TIMEOUT:.0f}s", driver_batch_max_records: 0')
+    with_a_source_secret(path)
     gname = cfg.groups[0].name
     producer = Producing(clusters.src_bootstrap, topic, tmp_path)
     log = tmp_path / "job.log"
@@ -287,6 +298,7 @@ def test_stop_is_bounded_while_the_brokers_are_unreachable(clusters, unique, tmp
         topic = unique("frozen")
         create_topic(src.bootstrap, topic, 3)
         path, cfg = group_yaml(eps, tmp_path, topic, value_serde="bytes", spark=', stop_timeout: "15s"')
+        with_a_source_secret(path)
         gname = cfg.groups[0].name
         producer = Producing(src.bootstrap, topic, tmp_path)
         cli = subprocess.Popen([sys.executable, "-m", "mirror_core.cli", "run", str(path), "--group", gname],

@@ -55,6 +55,45 @@ def test_with_a_secrets_dir_no_secret_is_in_the_options(tmp_path):
     assert len(text.splitlines()) == 4  # jaas, key password, key, chain
 
 
+def test_the_secrets_directory_is_made_only_for_a_cluster_with_secrets(tmp_path):
+    """A job makes its private secrets directory only when the source has a secret to write there: an
+    unsecured cluster's job leaves no directory behind."""
+    made: list[Path] = []
+
+    def make() -> Path:
+        made.append(tmp_path / "s")
+        return made[-1]
+
+    plain = clients.java_kafka_options(ClusterConfig(kafka={"bootstrap.servers": "b:9092"}), make, "g-source")
+    assert made == [] and "config.providers" not in plain
+    secured = clients.java_kafka_options(scram(), make, "g-source")
+    assert made == [tmp_path / "s"] and PLANTED not in repr(secured)
+    assert PLANTED in (tmp_path / "s" / "g-source.properties").read_text()
+
+
+def test_a_private_secrets_directory_replaces_those_of_processes_that_are_gone(tmp_path):
+    """Each job's directory is named after its process and made 0700. Directories of processes that are gone
+    (killed with SIGKILL: their exit handler never removed them) are removed with the secrets they hold;
+    a running process's, and directories not named this way, stay."""
+    import os
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    dead = tmp_path / f"{clients.SECRETS_DIR_PREFIX}{gone}-abc"
+    live = tmp_path / f"{clients.SECRETS_DIR_PREFIX}{os.getppid()}-def"
+    other = tmp_path / f"{clients.SECRETS_DIR_PREFIX}xyz"
+    for d in (dead, live, other):
+        d.mkdir()
+        (d / "g-source.properties").write_text(f"sasl.jaas.config={PLANTED}")
+    made = clients.private_secrets_dir(tmp_path)
+    assert not dead.exists()
+    assert live.exists() and other.exists()
+    assert made.name.startswith(f"{clients.SECRETS_DIR_PREFIX}{os.getpid()}-") and made.parent == tmp_path
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+
+
 def test_pkcs12_jks_endpoint_identification_and_oauthbearer():
     p12 = scram(**{"ssl.keystore.location": "/k/client.p12", "ssl.keystore.password": PLANTED,
                    "ssl.endpoint.identification.algorithm": "none"})
