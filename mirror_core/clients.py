@@ -8,8 +8,10 @@ hand them to a client, never to a log.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import socket
 import tempfile
 import time
 import uuid
@@ -306,26 +308,35 @@ def java_kafka_options(cluster: ClusterConfig, secrets_dir: Path | Callable[[], 
     return ClientConfig(out)
 
 
-#: a job's private directory for the secrets files of :func:`java_kafka_options`: this, its process id, ``-``
+#: a job's private directory for the secrets files of :func:`java_kafka_options`: this, its process id, ``-``, its
+#: host's :func:`_host_key`, ``-``
 SECRETS_DIR_PREFIX = "mirrorflow-secrets-"
 
 
 def private_secrets_dir(base: Path | None = None) -> Path:
     """A new directory (0700) under ``base`` (the temporary directory) for this process's secrets files, named
-    after its process id; the caller removes it when the process exits. Such directories of this user whose
-    process is gone are removed first: a job killed with SIGKILL never ran its exit handler, and its
-    directory held the secrets no process reads any more."""
+    after its process id and host; the caller removes it when the process exits. Such directories of this user
+    and host whose process is gone are removed first: a job killed with SIGKILL never ran its exit handler, and
+    its directory held secrets no process reads any more. (The host is in the name so that a temporary
+    directory shared by containers, whose process ids are not each other's, never loses a live job's.)"""
     base = Path(base or tempfile.gettempdir())
-    for old in base.glob(f"{SECRETS_DIR_PREFIX}*-*"):
-        pid = old.name[len(SECRETS_DIR_PREFIX):].split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid() or psutil.pid_exists(int(pid)):
+    host = _host_key()
+    for old in base.glob(f"{SECRETS_DIR_PREFIX}*-{host}-*"):
+        pid, _, rest = old.name[len(SECRETS_DIR_PREFIX):].partition("-")
+        if not pid.isdigit() or not rest.startswith(f"{host}-") or int(pid) == os.getpid() \
+                or psutil.pid_exists(int(pid)):
             continue
         try:
-            if old.is_dir() and old.stat().st_uid == os.getuid():
+            if old.is_dir() and not old.is_symlink() and old.stat().st_uid == os.getuid():
                 shutil.rmtree(old, ignore_errors=True)
         except OSError:
             pass  # gone meanwhile, or not ours to look at
-    return Path(tempfile.mkdtemp(prefix=f"{SECRETS_DIR_PREFIX}{os.getpid()}-", dir=base))
+    return Path(tempfile.mkdtemp(prefix=f"{SECRETS_DIR_PREFIX}{os.getpid()}-{host}-", dir=base))
+
+
+def _host_key() -> str:
+    """This host's name as 8 hex digits (a name may hold any character; this one fits in a file name)."""
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 
 
 def _properties_escape(value: str) -> str:

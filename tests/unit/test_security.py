@@ -72,25 +72,27 @@ def test_the_secrets_directory_is_made_only_for_a_cluster_with_secrets(tmp_path)
 
 
 def test_a_private_secrets_directory_replaces_those_of_processes_that_are_gone(tmp_path):
-    """Each job's directory is named after its process and made 0700. Directories of processes that are gone
-    (killed with SIGKILL: their exit handler never removed them) are removed with the secrets they hold;
-    a running process's, and directories not named this way, stay."""
+    """Each job's directory is named after its process and host and made 0700. Directories of this host's
+    processes that are gone (killed with SIGKILL: their exit handler never removed them) are removed with the
+    secrets they hold; a running process's, another host's and directories not named this way stay."""
     import os
     import subprocess
     import sys
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True).stdout.strip()
-    dead = tmp_path / f"{clients.SECRETS_DIR_PREFIX}{gone}-abc"
-    live = tmp_path / f"{clients.SECRETS_DIR_PREFIX}{os.getppid()}-def"
+    host = clients._host_key()
+    dead = tmp_path / f"{clients.SECRETS_DIR_PREFIX}{gone}-{host}-abc"
+    live = tmp_path / f"{clients.SECRETS_DIR_PREFIX}{os.getppid()}-{host}-def"
+    elsewhere = tmp_path / f"{clients.SECRETS_DIR_PREFIX}{gone}-0badc0de-ghi"  # another host's (container's)
     other = tmp_path / f"{clients.SECRETS_DIR_PREFIX}xyz"
-    for d in (dead, live, other):
+    for d in (dead, live, elsewhere, other):
         d.mkdir()
         (d / "g-source.properties").write_text(f"sasl.jaas.config={PLANTED}")
     made = clients.private_secrets_dir(tmp_path)
     assert not dead.exists()
-    assert live.exists() and other.exists()
-    assert made.name.startswith(f"{clients.SECRETS_DIR_PREFIX}{os.getpid()}-") and made.parent == tmp_path
+    assert live.exists() and elsewhere.exists() and other.exists()
+    assert made.name.startswith(f"{clients.SECRETS_DIR_PREFIX}{os.getpid()}-{host}-") and made.parent == tmp_path
     assert stat.S_IMODE(made.stat().st_mode) == 0o700
 
 
