@@ -588,7 +588,7 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
     time, in offset order, up to ``threads`` partitions at once; the read goes on while they write.
     Returns the writer's result rows; the first writer error is raised once every partition has stopped.
     With ``transactions: per_writer``, see :func:`write_ranges_per_writer` (``slot``: this writer's)."""
-    from mirror_core.stream import BatchWriter, coalesce_records, take_queued
+    from mirror_core.stream import BatchWriter, coalesce_records, coalesced
 
     if plan.transactions == "per_writer":
         return write_ranges_per_writer(plan, ranges, reader, slot, slots_used)
@@ -613,13 +613,8 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
 
     def run(r: Range, q: queue.SimpleQueue[tuple[Columns, int] | None]) -> None:
         key = (r.topic, r.partition)
-        carry, ended = None, False
-        while not ended:
-            item = carry if carry is not None else q.get()
-            if item is None:
-                break
-            # what the reader queued while the last write went on goes with this chunk (see COALESCE_RECORDS)
-            taken, carry, ended = take_queued(q, item, lambda it: (len(it[0]), it[1]), most, CHUNK_BYTES)
+        # what the reader queued while the last write went on goes with the next one (see COALESCE_RECORDS)
+        for taken in coalesced(q, lambda it: (len(it[0]), it[1]), most, CHUNK_BYTES):
             size = sum(it[1] for it in taken)
             try:
                 if not stop.is_set():  # else another partition failed: only drain

@@ -1345,32 +1345,39 @@ class UnknownTopicError(MirrorError):
 
 def coalesce_records() -> int:
     """:data:`COALESCE_RECORDS`, or :data:`COALESCE_RECORDS_ENV` when set (0: each chunk written as it came)."""
-    raw = os.environ.get(COALESCE_RECORDS_ENV, "").strip()
-    if raw and not raw.isdigit():
-        raise ValueError(f"{COALESCE_RECORDS_ENV}={raw!r}: must be a whole number of records")
-    return int(raw) if raw else COALESCE_RECORDS
+    from mirror_core.direct import whole_number_env
+
+    return whole_number_env(COALESCE_RECORDS_ENV, COALESCE_RECORDS, "records")
 
 
-def take_queued(q: queue.SimpleQueue[Any], first: Any, measure: Callable[[Any], tuple[int, int]],
-                most_records: int, most_bytes: int | None = None) -> tuple[list[Any], Any, bool]:
-    """``first`` and the items behind it in ``q`` now, while they stay within ``most_records`` records and
-    ``most_bytes`` bytes (``measure(item)``: its records and bytes; ``first`` is taken whatever its size).
-    Returns the items taken, the item taken past the bounds (None if none) and whether the queue's end (a None
-    in it) was taken. Never waits for an item."""
-    taken = [first]
-    records, size = measure(first)
+def coalesced(q: queue.SimpleQueue[Any], measure: Callable[[Any], tuple[int, int]], most_records: int,
+              most_bytes: int | None = None) -> Iterator[list[Any]]:
+    """The items of ``q`` up to its end (a None), in order, grouped: each group is the next item (waited for)
+    and those behind it in ``q`` at that moment (never waited for), while they stay within ``most_records``
+    records and ``most_bytes`` bytes (``measure(item)``: its records and bytes; an item alone is a group
+    whatever its size)."""
+    carry = None  # taken from the queue past the last group's bounds: it starts the next group
     while True:
-        try:
-            nxt = q.get_nowait()
-        except queue.Empty:
-            return taken, None, False
-        if nxt is None:
-            return taken, None, True
-        n, b = measure(nxt)
-        if records + n > most_records or (most_bytes is not None and size + b > most_bytes):
-            return taken, nxt, False
-        taken.append(nxt)
-        records, size = records + n, size + b
+        first = carry if carry is not None else q.get()
+        if first is None:
+            return
+        group, carry = [first], None
+        records, size = measure(first)
+        while True:
+            try:
+                nxt = q.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is None:
+                yield group
+                return
+            n, b = measure(nxt)
+            if records + n > most_records or (most_bytes is not None and size + b > most_bytes):
+                carry = nxt
+                break
+            group.append(nxt)
+            records, size = records + n, size + b
+        yield group
 
 
 class BatchWriter:
@@ -1918,14 +1925,9 @@ def write_batches(plan: WriterPlan, batches: Iterable[Any]) -> list[dict[str, An
     def run(tp: tuple[str, int], q: queue.SimpleQueue[Columns | None], before: Future[None] | None) -> None:
         if before is not None:
             before.result()  # a partition seen again after a gap (not expected from Spark): after its earlier run
-        carry, ended = None, False
-        while not ended:
-            cols = carry if carry is not None else q.get()
-            if cols is None:
-                break
-            # what Spark handed over while the last write went on goes with this batch (see COALESCE_RECORDS;
-            # a transaction larger than replicate.CHUNK_BYTES is cut by the partition's writer)
-            taken, carry, ended = take_queued(q, cols, lambda c: (len(c), 0), most)
+        # what Spark handed over while the last write went on goes with the next one (see COALESCE_RECORDS; a
+        # transaction larger than replicate.CHUNK_BYTES is cut by the partition's writer)
+        for taken in coalesced(q, lambda c: (len(c), 0), most):
             if failed:
                 continue  # another partition failed: stop writing, only drain
             try:
