@@ -73,8 +73,9 @@ RESULTS = ROOT / "bench" / "results"
 # mirrorflow-* mirror with the avro value serde (schema ids rewritten); the *-bytes variants copy values as
 # bytes. mm2 is MirrorMaker 2 as shipped, mm2-tuned as a performance-minded operator runs it, mm2-tuned-eos
 # that with MM2's exactly-once source support (transactions; opt-in, not in the default set).
-# *-direct* run with spark.read_path: direct (Spark plans, the driver reads the ranges itself; opt-in, not
-# in the default set); *-writer* too, with spark.transactions: per_writer (one transaction per writer process
+# *-direct* run with spark.read_path: direct (Spark plans, the driver reads the ranges itself; what the default,
+# read_path: auto, does on a local master); the others without it with read_path: spark (Spark's tasks read, as
+# on a cluster master); *-writer* too, with spark.transactions: per_writer (one transaction per writer process
 # and batch, on two producers by turns; at_least_once: one idempotent producer per writer process);
 # *-writer-1* with one producer per writer process (spark.writer_producers: 1), as before the turns.
 # *-py* variants run with MIRRORFLOW_NATIVE=0: every record through the Python produce loop, none through
@@ -107,10 +108,11 @@ RESULTS = ROOT / "bench" / "results"
 # waiting for them (MIRRORFLOW_LATE_MARKERS_WAIT=0; an A/B of stream.LATE_MARKERS_WAIT_S); *-chunk* variants write a
 # partition's records a chunk at a time (a transaction or flush each 20,000 records), not what was queued for it
 # while it wrote the last (MIRRORFLOW_COALESCE_RECORDS=0; an A/B of stream.COALESCE_RECORDS).
-CONTENDERS = ("mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes",
-              "mm2", "mm2-tuned", "raw-python", "kcat")
-DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
-                     "mirrorflow-alo-direct-bytes", "mirrorflow-eos-writer", "mirrorflow-eos-writer-bytes",
+# The default set: the direct read path in both modes and serdes (what spark.read_path: auto reads with on a
+# local[...] master, the default), Spark's read path once (a cluster master's default), the peers.
+CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
+              "mirrorflow-alo-direct-bytes", "mirrorflow-eos", "mm2", "mm2-tuned", "raw-python", "kcat")
+DIRECT_CONTENDERS = ("mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes", "mirrorflow-eos-writer", "mirrorflow-eos-writer-bytes",
                      "mirrorflow-alo-writer", "mirrorflow-alo-writer-bytes", "mirrorflow-eos-writer-1",
                      "mirrorflow-eos-writer-1-bytes", "mirrorflow-eos-direct-py", "mirrorflow-eos-direct-py-bytes",
                      "mirrorflow-eos-writer-1-py-bytes", "mirrorflow-eos-direct-pygc",
@@ -137,6 +139,7 @@ DIRECT_CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorfl
                      "mirrorflow-eos-writer-nowait-bytes", "mirrorflow-eos-direct-chunk",
                      "mirrorflow-eos-direct-chunk-bytes", "mirrorflow-alo-direct-chunk",
                      "mirrorflow-alo-direct-chunk-bytes", "mirrorflow-eos-chunk", "mirrorflow-eos-chunk-bytes")
+QUICK_CONTENDERS = ("mirrorflow-eos-direct", "mm2", "mm2-tuned", "raw-python", "kcat")
 #: a drain whose destination count rose by this share of its records or more at once (a transaction's commit
 #: between two looks) is compared by its steady figure: its 10-90 % window is a few such steps apart, and
 #: measures when they landed more than the pace (see bench.report.rate)
@@ -186,9 +189,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--contenders", default=None,
                     help=f"drain contenders (of {','.join(CONTENDERS + DIRECT_CONTENDERS)}; the default: "
-                         f"{','.join(CONTENDERS)}; --quick leaves out mirrorflow-alo)")
+                         f"{','.join(CONTENDERS)}; --quick: {','.join(QUICK_CONTENDERS)})")
     ap.add_argument("--latency-contenders", default=None,
-                    help=f"latency contenders (of {','.join(LATENCY_CONTENDERS)}; --quick: mirrorflow-eos,mm2,raw-python)")
+                    help=f"latency contenders (of {','.join(LATENCY_CONTENDERS)}; --quick: mirrorflow-eos-direct,mm2-tuned,raw-python)")
     ap.add_argument("--rate", type=float, default=None, help="latency phase produce rate, records/s (default 2000)")
     ap.add_argument("--seconds", type=float, default=None, help="latency phase duration (default 20)")
     ap.add_argument("--latency-size", type=int, default=100, help="value size in the latency phase")
@@ -234,12 +237,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--rounds needs 1 or more")
     args.rate = args.rate or (1000.0 if quick else 2000.0)
     args.seconds = args.seconds or (5.0 if quick else 20.0)
-    quick_set = ("mirrorflow-eos", "mm2", "mm2-tuned", "raw-python", "kcat")
-    default = [c for c in CONTENDERS if not quick or c in quick_set]
+    default = [c for c in CONTENDERS if not quick or c in QUICK_CONTENDERS]
     args.contenders = [c for c in args.contenders.split(",") if c] if args.contenders else default
     if args.no_drain:
         args.contenders = []
-    lat_default = ["mirrorflow-eos", "mm2-tuned", "raw-python"] if quick else list(LATENCY_CONTENDERS)
+    lat_default = ["mirrorflow-eos-direct", "mm2-tuned", "raw-python"] if quick else list(LATENCY_CONTENDERS)
     lat = [c for c in args.latency_contenders.split(",") if c] if args.latency_contenders else lat_default
     args.latency_contenders = [] if args.no_latency else lat
     args.warmup = args.warmup if args.warmup is not None else (1.0 if quick else 10.0)

@@ -418,9 +418,12 @@ class SparkConfig(_Frozen):
     #: ... and at most about this many bytes (key + value, estimated from the previous batches)
     driver_batch_max_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
     #: who reads a micro-batch's records from the source: ``spark`` (Spark's Kafka source, then Arrow to the
-    #: writer) or ``direct`` (Spark only plans the batch and keeps its offset log; the driver reads each
-    #: partition's range [start, end) from that log with a librdkafka consumer and writes it)
-    read_path: Literal["spark", "direct"] = "spark"
+    #: writer), ``direct`` (Spark only plans the batch and keeps its offset log; the driver reads each
+    #: partition's range [start, end) from that log with a librdkafka consumer and writes it) or ``auto``
+    #: (``direct`` on a ``local[...]`` master, where the driver's writer processes share the one host with
+    #: whatever would read, or when an option below that only ``direct`` has is set; ``spark`` on a cluster
+    #: master, whose executors read). See :attr:`reads_directly`
+    read_path: Literal["auto", "spark", "direct"] = "auto"
     #: with ``read_path: direct``: how many writer processes read and write the batches, each owning a share of
     #: the partitions (one Python process is bound by its GIL at about one core); 0 = one per CPU core of the
     #: driver's host, at most 4; 1 = the driver itself
@@ -493,18 +496,32 @@ class SparkConfig(_Frozen):
                 raise ValueError(f"not a trigger: {v!r} (use 'available_now' or a duration like '1 second')") from None
         return v
 
+    @property
+    def reads_directly(self) -> bool:
+        """Whether the driver reads the records (the direct read path): ``read_path: direct``, or ``auto`` on
+        a ``local[...]`` master or with ``transactions: per_writer``, ``keep_writing_for`` or
+        ``overlap_writes`` set (options of the direct path only). The master is the one the job runs on
+        (a job submitted by Airflow runs on the Spark connection's: :func:`with_master`)."""
+        if self.read_path != "auto":
+            return self.read_path == "direct"
+        return (self.master.startswith("local") or self.transactions == "per_writer" or bool(self.keep_writing_for)
+                or self.overlap_writes)
+
     @model_validator(mode="after")
     def _per_writer(self) -> SparkConfig:
         if self.keep_writing_for:
-            if self.read_path != "direct":
-                raise ValueError("keep_writing_for needs read_path: direct (on Spark's read path Spark's tasks read "
+            if self.read_path == "spark":
+                raise ValueError("keep_writing_for needs read_path: direct or auto (on Spark's read path Spark's tasks read "
                                  "the records)")
             if self.overlap_writes:
                 raise ValueError("keep_writing_for and overlap_writes cannot both be on (a batch that keeps "
                                  "writing is the one write in flight)")
+        if self.overlap_writes and self.read_path == "spark":
+            raise ValueError("overlap_writes needs read_path: direct or auto (on Spark's read path each batch is "
+                             "written by the time Spark goes on)")
         if self.transactions == "per_writer":
-            if self.read_path != "direct":
-                raise ValueError("transactions: per_writer needs read_path: direct (Spark's tasks write a "
+            if self.read_path == "spark":
+                raise ValueError("transactions: per_writer needs read_path: direct or auto (Spark's tasks write a "
                                  "transaction per partition)")
             if self.direct_processes > WRITER_SLOTS:
                 raise ValueError(f"transactions: per_writer allows at most {WRITER_SLOTS} direct_processes "
@@ -942,6 +959,19 @@ def with_connections(cfg: MirrorsConfig, resolve: Any) -> MirrorsConfig:
             c = c.resolved(kafka, registry)
         clusters[alias] = c
     return cfg.model_copy(update={"clusters": clusters})
+
+
+#: environment variable naming the Spark master a job was submitted to (set by the Airflow adapter from the
+#: group's Spark connection): the job runs there, whatever the group's ``spark.master`` says
+SUBMITTED_MASTER_ENV = "MIRRORFLOW_SPARK_MASTER"
+
+
+def with_master(group: GroupConfig, master: str | None) -> GroupConfig:
+    """``group`` running on ``master`` (when given): its ``spark.master``, and so what depends on it (the
+    read path of ``read_path: auto``, a local master's batch cap), is the one the job was submitted to."""
+    if not master or master == group.spark.master:
+        return group
+    return group.model_copy(update={"spark": group.spark.model_copy(update={"master": master})})
 
 
 def connections_payload(cfg: MirrorsConfig) -> dict[str, Any]:

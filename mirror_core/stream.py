@@ -536,7 +536,7 @@ class MirrorRuntime:
         so without this the re-created topic's first records would never be mirrored; the writer, finding
         its committed position beyond the source's end, takes them as new. On the direct read path they are
         ranges of the batch instead (:meth:`write_direct`), written by the process that owns the partition."""
-        if not plan.rewound or self.group.spark.read_path == "direct":
+        if not plan.rewound or self.group.spark.reads_directly:
             return []
         bw = BatchWriter(plan)
         for (t, p), (_before, end) in sorted(plan.rewound.items()):
@@ -723,7 +723,7 @@ class MirrorRuntime:
         at most :data:`OVERLAP_MAX_RECORDS` offsets, as a running mirror's are. A larger one (a backlog, a
         drain) is written before Spark goes on: Spark's part is small next to its write, and on two cores
         the overlap slowed 100-byte drains by 7-21 % (Spark's planning then competes with the writers)."""
-        if self.group.spark.read_path != "direct" or not self.group.spark.overlap_writes:
+        if not self.group.spark.reads_directly or not self.group.spark.overlap_writes:
             return False
         n = self.batch_records(batch_id)
         return n is not None and n <= OVERLAP_MAX_RECORDS
@@ -757,7 +757,7 @@ class MirrorRuntime:
 
     def _writer_pool(self) -> Any:
         """The direct path's :class:`~mirror_core.direct.WriterPool`, or None when the driver writes."""
-        if self.group.spark.read_path != "direct" or self.direct_processes() < 2:
+        if not self.group.spark.reads_directly or self.direct_processes() < 2:
             return None
         if self._pool is None:
             from mirror_core.direct import WriterPool
@@ -869,7 +869,7 @@ class MirrorRuntime:
     def warm_up(self) -> threading.Thread | None:
         """In the background: start every mirrored partition's producer and read its position, so the
         driver's first micro-batch finds them ready (runs while Spark plans and reads that batch)."""
-        if not self.group.spark.driver_batch_max_records and self.group.spark.read_path != "direct":
+        if not self.group.spark.driver_batch_max_records and not self.group.spark.reads_directly:
             return None  # the tasks write: their producers live in the Python workers
         plan = self.writer_plan(-1)
         pool = self._writer_pool()
@@ -1193,7 +1193,7 @@ def effective_max_offsets(spark: Any, partitions: int = 0) -> int | None:
     none (large batches are written by tasks spread over the executors, or read by the driver in chunks)."""
     if spark.max_offsets_per_trigger:
         return int(spark.max_offsets_per_trigger)
-    if spark.master.startswith("local") and getattr(spark, "read_path", "spark") == "direct":
+    if spark.master.startswith("local") and getattr(spark, "reads_directly", False):
         from mirror_core.direct import whole_number_env
 
         per = whole_number_env(DIRECT_BATCH_PER_PARTITION_ENV, DIRECT_BATCH_RECORDS_PER_PARTITION, "records")

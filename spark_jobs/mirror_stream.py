@@ -31,7 +31,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from mirror_core import artifacts, clients, process
-from mirror_core.config import GroupConfig, MirrorsConfig, load_config, transactional_id
+from mirror_core.config import (
+    SUBMITTED_MASTER_ENV,
+    GroupConfig,
+    MirrorsConfig,
+    load_config,
+    transactional_id,
+    with_master,
+)
 from mirror_core.errors import MirrorError
 from mirror_core.logs import setup_logging
 from mirror_core.process import DEFAULT_STOP_TIMEOUT
@@ -73,7 +80,7 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
         # win where they overlap
         .config("spark.driver.extraJavaOptions",
                 jvm_archive.driver_options(cache, group.spark.conf.get("spark.driver.extraJavaOptions", ""),
-                                           direct=group.spark.read_path == "direct"))
+                                           direct=group.spark.reads_directly))
     )
     if fs_jar is not None:  # always, when built: the class-data sharing archive was made with this class path
         builder = builder.config("spark.driver.extraClassPath", str(fs_jar))
@@ -244,7 +251,7 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
 
     def for_each_batch(df: DataFrame, batch_id: int) -> None:
         t0 = time.monotonic()
-        direct = group.spark.read_path == "direct"
+        direct = group.spark.reads_directly
         if direct and group.spark.overlap_writes:
             # the batch before may still be writing (it ran on while Spark planned this one): it finishes
             # first, and its failure fails this batch (a restart re-reads it, see MirrorRuntime.replay_starts)
@@ -335,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     stopper = Stopper(args.group, args.stop_timeout or DEFAULT_STOP_TIMEOUT)
     stopper.install()
     cfg = load_config(args.config)
-    group = cfg.group(args.group)
+    # submitted by Airflow: the Spark connection's master, not the group's (the session's master would win)
+    group = with_master(cfg.group(args.group), os.environ.get(SUBMITTED_MASTER_ENV))
     if args.stop_timeout is None:
         stopper.timeout = group.spark.stop_timeout
     from mirror_core import metrics

@@ -20,7 +20,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from mirror_core.config import CONNECTIONS_FILE_ENV
+from mirror_core.config import CONNECTIONS_FILE_ENV, SUBMITTED_MASTER_ENV, with_master
 from mirrorflow_airflow.hooks import MirrorflowHook
 from mirrorflow_airflow.sensors import STEP_REPORT_KEY
 
@@ -429,6 +429,13 @@ class MirrorStreamOperator(SparkSubmitOperator):
             os.environ[f"AIRFLOW_CONN_{self.spark_conn_id.upper()}"] = json.dumps(
                 {"conn_type": "spark", "host": self.master})
 
+    def _hook_master(self) -> str:
+        """The master spark-submit is given: the provider's reading of the Spark connection (host, port and
+        type), or the group's master when the connection names none."""
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        return str(SparkSubmitHook(conn_id=self.spark_conn_id)._connection.get("master") or self.master)
+
     def prepare_submit(self, group: Any = None) -> None:
         """What spark-submit needs on this machine, decided when the task runs (never at parse time): the
         Spark connection (or the group's master), spark-submit on PATH, the Kafka connector jars from
@@ -436,9 +443,9 @@ class MirrorStreamOperator(SparkSubmitOperator):
         the session is built, so the job's own ``spark.jars`` comes too late for the Kafka source), and for
         the same reason the driver JVM's options the job's session would give it (its class-data sharing
         archive, its log configuration, and for a local master and checkpoint the file system that starts
-        no chmod process; for a local master without a UI, the loopback address to bind to)."""
-        from airflow.sdk import BaseHook
-
+        no chmod process; for a local master without a UI, the loopback address to bind to). The job is told
+        the master it is submitted to (``MIRRORFLOW_SPARK_MASTER``): its session would otherwise set the group's
+        ``spark.master``, which wins over spark-submit's ``--master``."""
         from mirror_core import artifacts
         from spark_jobs import jvm_archive
 
@@ -449,9 +456,10 @@ class MirrorStreamOperator(SparkSubmitOperator):
         cache = artifacts.cache_dir()
         if not self.jars:
             self.jars = ",".join(artifacts.spark_kafka_jars(cache))
-        master = BaseHook.get_connection(self.spark_conn_id).host or self.master
+        master = self._hook_master()
+        group = with_master(group, master)  # the job runs where it is submitted (SUBMITTED_MASTER_ENV below)
         driver = jvm_archive.submit_conf(cache, master, group.spark.checkpoint_dir, group.spark.conf,
-                                         direct=group.spark.read_path == "direct")
+                                         direct=group.spark.reads_directly)
         own = dict(self.conf or {})
         for key, sep in (("spark.driver.extraJavaOptions", " "), ("spark.driver.extraClassPath", os.pathsep)):
             # the task's own driver options come after mirrorflow's instead of replacing them: a class path
@@ -459,7 +467,8 @@ class MirrorStreamOperator(SparkSubmitOperator):
             if key in driver and own.get(key) and not own[key].startswith(driver[key]):
                 own[key] = f"{driver[key]}{sep}{own[key]}"
         self.conf = {**driver, **own}
-        self.env_vars = {**jvm_archive.driver_env(master, {**group.spark.conf, **self.conf}), **(self.env_vars or {})}
+        self.env_vars = {**jvm_archive.driver_env(master, {**group.spark.conf, **self.conf}), **(self.env_vars or {}),
+                         SUBMITTED_MASTER_ENV: master}
 
     def execute(self, context: Any) -> None:
         from mirror_core.failover import stream_stop_requested

@@ -144,9 +144,11 @@ def test_the_stream_task_builds_the_exact_spark_submit_command(monkeypatch: pyte
     fs_jar, archive = local_fs.existing_jar(cache), jvm_archive.java_options(cache)
     assert fs_jar is not None and archive, "mirrorflow local fetch builds both"
     logs = f"-Dlog4j2.configurationFile={jvm_archive.LOG_CONFIG}"
+    # the default read path on a local master is the direct one: the JVM only plans (its quick compiler alone)
+    direct = " ".join(jvm_archive.DIRECT_READ_OPTIONS)
     assert cmd == [
         "spark-submit", "--master", "local[2]",
-        "--conf", f"spark.driver.extraJavaOptions={logs} {archive[0]}",
+        "--conf", f"spark.driver.extraJavaOptions={logs} {archive[0]} {direct}",
         "--conf", f"spark.driver.extraClassPath={fs_jar}",
         "--conf", f"spark.hadoop.fs.file.impl={local_fs.FS_CLASS}",
         "--conf", f"spark.pyspark.python={py}", "--conf", f"spark.pyspark.driver.python={py}",
@@ -154,7 +156,9 @@ def test_the_stream_task_builds_the_exact_spark_submit_command(monkeypatch: pyte
         str(ROOT / "spark_jobs" / "mirror_stream.py"), str(ROOT / "config" / "local.yaml"), "--group", "demo",
     ]
     # a local master and no UI: the driver binds to the loopback address
-    assert task.env_vars == {"PYSPARK_PYTHON": py, "PYSPARK_DRIVER_PYTHON": py, "SPARK_LOCAL_IP": "127.0.0.1"}
+    # ... and the job is told the master it is submitted to (its session's would otherwise win)
+    assert task.env_vars == {"PYSPARK_PYTHON": py, "PYSPARK_DRIVER_PYTHON": py, "SPARK_LOCAL_IP": "127.0.0.1",
+                             "MIRRORFLOW_SPARK_MASTER": "local[2]"}
     # a task given driver options of its own (a DAG author's conf=) keeps mirrorflow's before them: a class path
     # without the jar would leave fs.file.impl naming a class the driver cannot load; preparing again adds
     # nothing twice
@@ -163,9 +167,33 @@ def test_the_stream_task_builds_the_exact_spark_submit_command(monkeypatch: pyte
     task.prepare_submit()
     task.prepare_submit()
     assert task.conf["spark.driver.extraClassPath"] == f"{fs_jar}{os.pathsep}/opt/mine.jar"
-    assert task.conf["spark.driver.extraJavaOptions"] == f"{logs} {archive[0]} -Dmine=1"
+    assert task.conf["spark.driver.extraJavaOptions"] == f"{logs} {archive[0]} {direct} -Dmine=1"
     drain = bag.dags["mirrorflow__demo__stream"]  # continuous: no --once
     assert "--once" not in drain.get_task("mirror_stream").application_args
+
+
+def test_a_stream_job_runs_on_the_spark_connections_master(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A Spark connection to a cluster (host and port, as the provider reads them) is where the job runs, though
+    the group says ``local[2]``: spark-submit gets it, and so does the job (``MIRRORFLOW_SPARK_MASTER``), whose
+    session would otherwise set the group's master over spark-submit's. ``read_path: auto`` then reads through
+    Spark's tasks on the executors (no direct-path JVM options), and the driver is not bound to the loopback
+    address."""
+    monkeypatch.setenv("AIRFLOW_CONN_MIRRORFLOW_SPARK",
+                       json.dumps({"conn_type": "spark", "host": "spark://spark-master", "port": 7077}))
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    bag = _dagbag(ROOT / "config" / "local.yaml", monkeypatch)
+    task = bag.dags["mirrorflow__demo__stream"].get_task("mirror_stream")
+    task.prepare_submit()
+    cmd = task._get_hook()._build_spark_submit_command(task.application)
+    assert cmd[:3] == ["spark-submit", "--master", "spark://spark-master:7077"]
+    assert task.env_vars["MIRRORFLOW_SPARK_MASTER"] == "spark://spark-master:7077"
+    assert "SPARK_LOCAL_IP" not in task.env_vars
+    from spark_jobs import jvm_archive
+
+    options = task.conf["spark.driver.extraJavaOptions"].split()
+    assert not set(jvm_archive.DIRECT_READ_OPTIONS) & set(options), options
+    assert "spark.hadoop.fs.file.impl" not in task.conf  # the local file system's class is for local masters
 
 
 def test_a_stream_job_counts_as_running_only_while_its_task_runs() -> None:

@@ -106,9 +106,10 @@ def run_once(config_path, group_name, timeout=300):
 
 @pytest.mark.parametrize("written_by", ["driver", "tasks", "direct"])
 def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters, unique, tmp_path, written_by):
-    """Both writing paths: small batches written by the driver, large ones by one task per partition
-    (forced here with ``driver_batch_max_records: 0``); and the direct read path (``spark.read_path:
-    direct``: Spark plans, the driver reads the ranges itself), whose copy must be the same byte for byte."""
+    """Both writing paths of Spark's read path (``read_path: spark``, a cluster master's default): small batches
+    written by the driver, large ones by one task per partition (forced here with ``driver_batch_max_records:
+    0``); and the direct read path (the default on a local master: Spark plans, the driver reads the ranges
+    itself), whose copy must be the same byte for byte."""
     topic = unique("e2e")
     create_topic(clusters.src_bootstrap, topic, 3)
     src_sr = SchemaRegistryClient({"url": clusters.src_registry})
@@ -147,7 +148,8 @@ def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters
     tp.flush(30)
     tp.abort_transaction(30)
 
-    spark = {"driver": "", "tasks": ", driver_batch_max_records: 0", "direct": ", read_path: direct"}[written_by]
+    spark = {"driver": ", read_path: spark", "tasks": ", read_path: spark, driver_batch_max_records: 0",
+             "direct": ""}[written_by]  # the direct path is the default (read_path: auto) on a local master
     path, cfg = group_yaml(clusters, tmp_path, topic, spark=spark)
     proc = run_once(path, cfg.groups[0].name)
     if written_by == "direct":
@@ -518,7 +520,7 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     dst_topic = f"{topic}.mirror"
     create_topic(clusters.src_bootstrap, topic, 3)
     path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes",
-                           spark={"spark": "", "direct": ", read_path: direct, overlap_writes: true",
+                           spark={"spark": ", read_path: spark", "direct": ", read_path: direct, overlap_writes: true",
                                   "direct-per-writer": ", read_path: direct, transactions: per_writer",
                                   "direct-keep": ", read_path: direct, keep_writing_for: 5 seconds",
                                   "direct-per-writer-keep": ", read_path: direct, transactions: per_writer, "

@@ -426,7 +426,7 @@ groups:
     offset_syncs_topic: "{g}.syncs.internal"
     heartbeats: {{enabled: false}}
     topics_mirroring: {{replication_factor: {{type: fix, value: 1}}}}
-    spark: {{master: "local[2]", checkpoint_dir: "{tmp_path / 'ckpt'}"}}
+    spark: {{master: "local[2]", checkpoint_dir: "{tmp_path / 'ckpt'}", read_path: spark}}
     mirrors:
       - {{source_topic: {topic}, destination_topic: {topic}.m}}
 """)

@@ -216,7 +216,8 @@ def test_sigterm_to_the_jobs_whole_process_group_is_one_clean_stop(clusters, uni
     wherever it finds them."""
     topic = unique("pgstop")
     create_topic(clusters.src_bootstrap, topic, 3)
-    extra = "" if read_path == "spark" else ", read_path: direct, transactions: per_writer, keep_writing_for: 2 seconds"
+    extra = (", read_path: spark" if read_path == "spark"
+             else ", read_path: direct, transactions: per_writer, keep_writing_for: 2 seconds")
     env = private_tmp(tmp_path) | ({"MIRRORFLOW_KEEP_THROUGH_SPARK": "1"} if read_path.endswith("-through") else {})
     path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes",
                            spark=f', stop_timeout: "{STOP_TIMEOUT:.0f}s"{extra}')

@@ -29,6 +29,7 @@ from mirror_core.config import (
     load_config,
     parse_config,
     resolve_mirrors,
+    with_master,
 )
 from mirror_core.errors import ConfigError
 
@@ -714,11 +715,15 @@ MALFORMED: list[tuple[str, Mutation | str, str, str]] = [
     ("zero-heartbeat-interval", _set(f"{G}.heartbeats", {"interval": "0s"}), f"{G}.heartbeats.interval", "positive"),
     ("negative-interval", _set(f"{G}.offsets", {"interval": -5}), f"{G}.offsets.interval", "positive"),
     ("bad-spark-trigger", _set(f"{G}.spark", {"trigger": "sometimes"}), f"{G}.spark.trigger", "available_now"),
-    ("bad-read-path", _set(f"{G}.spark", {"read_path": "jvm"}), f"{G}.spark.read_path", "'spark' or 'direct'"),
+    ("bad-read-path", _set(f"{G}.spark", {"read_path": "jvm"}), f"{G}.spark.read_path", "'auto', 'spark' or 'direct'"),
     ("negative-direct-processes", _set(f"{G}.spark", {"direct_processes": -1}), f"{G}.spark.direct_processes",
      "greater than or equal to 0"),
-    ("per-writer-on-spark-path", _set(f"{G}.spark", {"transactions": "per_writer"}), f"{G}.spark",
-     "per_writer needs read_path: direct"),
+    ("per-writer-on-spark-path", _set(f"{G}.spark", {"transactions": "per_writer", "read_path": "spark"}),
+     f"{G}.spark", "per_writer needs read_path: direct or auto"),
+    ("keep-writing-on-spark-path", _set(f"{G}.spark", {"keep_writing_for": "5s", "read_path": "spark"}),
+     f"{G}.spark", "keep_writing_for needs read_path: direct or auto"),
+    ("overlap-on-spark-path", _set(f"{G}.spark", {"overlap_writes": True, "read_path": "spark"}),
+     f"{G}.spark", "overlap_writes needs read_path: direct or auto"),
     ("per-writer-too-many-processes",
      _set(f"{G}.spark", {"transactions": "per_writer", "read_path": "direct", "direct_processes": 17}),
      f"{G}.spark", "at most 16 direct_processes"),
@@ -868,3 +873,27 @@ groups: [{name: g, source: a, destination: b, mirrors: [{source_topic: t}]}]
     assert [str(i) for i in err.value.issues] == [
         "clusters.a.kafka: required: the librdkafka properties, or 'connection' naming an Airflow connection",
         "clusters.b: give either 'schema_registry' or 'schema_registry_connection', not both"]
+
+
+@pytest.mark.parametrize(("spark", "master", "direct"), [
+    ({}, None, True),  # the default: auto on local[2]
+    ({"master": "local[*]"}, None, True),
+    ({"master": "spark://spark-master:7077"}, None, False),  # executors read
+    ({"master": "yarn", "transactions": "per_writer"}, None, True),  # options only the direct path has
+    ({"master": "yarn", "keep_writing_for": "5s"}, None, True),
+    ({"master": "yarn", "overlap_writes": True}, None, True),
+    ({"read_path": "spark"}, None, False),
+    ({"read_path": "direct", "master": "yarn"}, None, True),
+    # submitted to another master (Airflow's Spark connection): auto follows where the job runs
+    ({}, "spark://spark-master:7077", False),
+    ({"master": "spark://spark-master:7077"}, "local[2]", True),
+    ({"read_path": "spark"}, "local[2]", False),
+])
+def test_auto_reads_directly_on_a_local_master_and_through_spark_on_a_cluster(
+        spark: dict[str, Any], master: str | None, direct: bool) -> None:
+    raw = base_config()
+    raw["groups"][0]["spark"] = spark
+    group = with_master(parse(raw).groups[0], master)
+    assert group.spark.reads_directly is direct
+    assert group.spark.master == (master or spark.get("master", "local[2]"))
+    assert group.spark.read_path == spark.get("read_path", "auto")  # resolved where it is read, not rewritten

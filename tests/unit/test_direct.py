@@ -1077,7 +1077,8 @@ def test_keep_writing_for_is_a_duration_for_the_direct_path_and_not_with_overlap
     assert SparkConfig().keep_writing_for == 0
     assert SparkConfig(read_path="direct", keep_writing_for="500ms").keep_writing_for == 0.5
     assert SparkConfig(read_path="direct", keep_writing_for=0).keep_writing_for == 0
-    for kw, msg in ((dict(keep_writing_for="1s"), "keep_writing_for needs read_path: direct"),
+    assert SparkConfig(keep_writing_for="1s", master="yarn").reads_directly  # auto: the option needs the path
+    for kw, msg in ((dict(read_path="spark", keep_writing_for="1s"), "keep_writing_for needs read_path: direct"),
                     (dict(read_path="direct", keep_writing_for="1s", overlap_writes=True),
                      "keep_writing_for and overlap_writes cannot both be on"),
                     (dict(read_path="direct", keep_writing_for="soon"), "not a duration: 'soon'")):

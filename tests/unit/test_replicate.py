@@ -413,10 +413,13 @@ def test_batch_cap_defaults_to_the_driver_batch_on_local_masters() -> None:
     from mirror_core.config import SparkConfig
     from mirror_core.stream import effective_max_offsets
 
-    assert effective_max_offsets(SparkConfig(master="local[2]")) == 50000
-    assert effective_max_offsets(SparkConfig(master="local[2]", driver_batch_max_records=0)) is None
-    assert effective_max_offsets(SparkConfig(master="local[2]", max_offsets_per_trigger=7)) == 7
+    # Spark's read path: the driver's batch
+    assert effective_max_offsets(SparkConfig(master="local[2]", read_path="spark")) == 50000
+    assert effective_max_offsets(SparkConfig(master="local[2]", read_path="spark", driver_batch_max_records=0)) is None
+    assert effective_max_offsets(SparkConfig(master="local[2]", read_path="spark", max_offsets_per_trigger=7)) == 7
     assert effective_max_offsets(SparkConfig(master="spark://m:7077")) is None
+    # the default (read_path: auto) reads directly on a local master
+    assert effective_max_offsets(SparkConfig(master="local[2]")) == 500_000
     # the direct read path: nothing collected, the driver always writes -> larger batches on a local master
     assert effective_max_offsets(SparkConfig(master="local[2]", read_path="direct")) == 500_000
     assert effective_max_offsets(SparkConfig(master="local[2]", read_path="direct", max_offsets_per_trigger=7)) == 7
