@@ -112,33 +112,37 @@ RESULTS = ROOT / "bench" / "results"
 # local[...] master, the default), Spark's read path once (a cluster master's default), the peers.
 CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
               "mirrorflow-alo-direct-bytes", "mirrorflow-eos", "mm2", "mm2-tuned", "raw-python", "kcat")
-DIRECT_CONTENDERS = ("mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes", "mirrorflow-eos-writer", "mirrorflow-eos-writer-bytes",
-                     "mirrorflow-alo-writer", "mirrorflow-alo-writer-bytes", "mirrorflow-eos-writer-1",
-                     "mirrorflow-eos-writer-1-bytes", "mirrorflow-eos-direct-py", "mirrorflow-eos-direct-py-bytes",
-                     "mirrorflow-eos-writer-1-py-bytes", "mirrorflow-eos-direct-pygc",
-                     "mirrorflow-eos-direct-pygc-bytes", "mirrorflow-alo-direct-pygc-bytes", "mirrorflow-eos-direct-overlap",
-                     "mirrorflow-eos-direct-overlap-bytes", "mirrorflow-alo-direct-overlap-bytes", "mm2-tuned-eos",
-                     "mirrorflow-eos-chmod", "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod",
-                     "mirrorflow-eos-direct-pyread", "mirrorflow-eos-direct-pyread-bytes",
-                     "mirrorflow-alo-direct-pyread-bytes", "mirrorflow-alo-direct-py-bytes",
-                     "mirrorflow-eos-direct-small", "mirrorflow-eos-direct-small-bytes",
-                     "mirrorflow-eos-direct-again-bytes", "mirrorflow-alo-direct-again-bytes",
-                     "mirrorflow-eos-writer-overlap", "mirrorflow-alo-writer-py-bytes",
-                     "mirrorflow-alo-writer-pyread-bytes", "mirrorflow-eos-direct-c2", "mirrorflow-eos-direct-c2-bytes",
-                     "mirrorflow-alo-direct-c2-bytes", "mirrorflow-eos-writer-c2", "mirrorflow-eos-writer-c2-bytes",
-                     "mirrorflow-eos-writer-noverify", "mirrorflow-eos-writer-noverify-bytes",
-                     "mirrorflow-eos-direct-noverify", "mirrorflow-eos-direct-noverify-bytes",
-                     "mirrorflow-eos-writer-keep", "mirrorflow-eos-direct-keep", "mirrorflow-alo-direct-keep",
-                     "mirrorflow-eos-writer-keep10", "mirrorflow-eos-writer-keepthrough",
-                     "mirrorflow-eos-writer-keep-fetch1", "mirrorflow-eos-writer-fetch1-bytes",
-                     "mirrorflow-eos-direct-fetch1-bytes", "mirrorflow-eos-writer-keep-p3",
-                     "mirrorflow-eos-writer-keep-p4", "mirrorflow-eos-writer-txnflat",
-                     "mirrorflow-eos-writer-txnflat-bytes", "mirrorflow-eos-writer-flat",
-                     "mirrorflow-eos-writer-flat-bytes", "mirrorflow-eos-writer-aheadall",
-                     "mirrorflow-eos-writer-aheadall-bytes", "mirrorflow-eos-writer-nowait",
-                     "mirrorflow-eos-writer-nowait-bytes", "mirrorflow-eos-direct-chunk",
-                     "mirrorflow-eos-direct-chunk-bytes", "mirrorflow-alo-direct-chunk",
-                     "mirrorflow-alo-direct-chunk-bytes", "mirrorflow-eos-chunk", "mirrorflow-eos-chunk-bytes")
+#: the contenders outside the default set, for A/Bs
+MORE_CONTENDERS = ("mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes", "mirrorflow-eos-writer",
+                   "mirrorflow-eos-writer-bytes", "mirrorflow-alo-writer", "mirrorflow-alo-writer-bytes",
+                   "mirrorflow-eos-writer-1",
+                   "mirrorflow-eos-writer-1-bytes", "mirrorflow-eos-direct-py", "mirrorflow-eos-direct-py-bytes",
+                   "mirrorflow-eos-writer-1-py-bytes", "mirrorflow-eos-direct-pygc",
+                   "mirrorflow-eos-direct-pygc-bytes", "mirrorflow-alo-direct-pygc-bytes",
+                   "mirrorflow-eos-direct-overlap",
+                   "mirrorflow-eos-direct-overlap-bytes", "mirrorflow-alo-direct-overlap-bytes", "mm2-tuned-eos",
+                   "mirrorflow-eos-chmod", "mirrorflow-eos-direct-chmod", "mirrorflow-alo-direct-chmod",
+                   "mirrorflow-eos-direct-pyread", "mirrorflow-eos-direct-pyread-bytes",
+                   "mirrorflow-alo-direct-pyread-bytes", "mirrorflow-alo-direct-py-bytes",
+                   "mirrorflow-eos-direct-small", "mirrorflow-eos-direct-small-bytes",
+                   "mirrorflow-eos-direct-again-bytes", "mirrorflow-alo-direct-again-bytes",
+                   "mirrorflow-eos-writer-overlap", "mirrorflow-alo-writer-py-bytes",
+                   "mirrorflow-alo-writer-pyread-bytes", "mirrorflow-eos-direct-c2", "mirrorflow-eos-direct-c2-bytes",
+                   "mirrorflow-alo-direct-c2-bytes", "mirrorflow-eos-writer-c2", "mirrorflow-eos-writer-c2-bytes",
+                   "mirrorflow-eos-writer-noverify", "mirrorflow-eos-writer-noverify-bytes",
+                   "mirrorflow-eos-direct-noverify", "mirrorflow-eos-direct-noverify-bytes",
+                   "mirrorflow-eos-writer-keep", "mirrorflow-eos-direct-keep", "mirrorflow-alo-direct-keep",
+                   "mirrorflow-eos-writer-keep10", "mirrorflow-eos-writer-keepthrough",
+                   "mirrorflow-eos-writer-keep-fetch1", "mirrorflow-eos-writer-fetch1-bytes",
+                   "mirrorflow-eos-direct-fetch1-bytes", "mirrorflow-eos-writer-keep-p3",
+                   "mirrorflow-eos-writer-keep-p4", "mirrorflow-eos-writer-txnflat",
+                   "mirrorflow-eos-writer-txnflat-bytes", "mirrorflow-eos-writer-flat",
+                   "mirrorflow-eos-writer-flat-bytes", "mirrorflow-eos-writer-aheadall",
+                   "mirrorflow-eos-writer-aheadall-bytes", "mirrorflow-eos-writer-nowait",
+                   "mirrorflow-eos-writer-nowait-bytes", "mirrorflow-eos-direct-chunk",
+                   "mirrorflow-eos-direct-chunk-bytes", "mirrorflow-alo-direct-chunk",
+                   "mirrorflow-alo-direct-chunk-bytes", "mirrorflow-eos-chunk", "mirrorflow-eos-chunk-bytes")
+#: ``--quick``'s drain contenders
 QUICK_CONTENDERS = ("mirrorflow-eos-direct", "mm2", "mm2-tuned", "raw-python", "kcat")
 #: a drain whose destination count rose by this share of its records or more at once (a transaction's commit
 #: between two looks) is compared by its steady figure: its 10-90 % window is a few such steps apart, and
@@ -188,10 +192,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="records per size: one number for all or one per size (default 200000,50000)")
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--contenders", default=None,
-                    help=f"drain contenders (of {','.join(CONTENDERS + DIRECT_CONTENDERS)}; the default: "
+                    help=f"drain contenders (of {','.join(CONTENDERS + MORE_CONTENDERS)}; the default: "
                          f"{','.join(CONTENDERS)}; --quick: {','.join(QUICK_CONTENDERS)})")
     ap.add_argument("--latency-contenders", default=None,
-                    help=f"latency contenders (of {','.join(LATENCY_CONTENDERS)}; --quick: mirrorflow-eos-direct,mm2-tuned,raw-python)")
+                    help=f"latency contenders (of {','.join(LATENCY_CONTENDERS)}; "
+                         "--quick: mirrorflow-eos-direct,mm2-tuned,raw-python)")
     ap.add_argument("--rate", type=float, default=None, help="latency phase produce rate, records/s (default 2000)")
     ap.add_argument("--seconds", type=float, default=None, help="latency phase duration (default 20)")
     ap.add_argument("--latency-size", type=int, default=100, help="value size in the latency phase")
@@ -245,10 +250,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     lat = [c for c in args.latency_contenders.split(",") if c] if args.latency_contenders else lat_default
     args.latency_contenders = [] if args.no_latency else lat
     args.warmup = args.warmup if args.warmup is not None else (1.0 if quick else 10.0)
-    bad = [c for c in args.contenders if c not in CONTENDERS + DIRECT_CONTENDERS]
+    bad = [c for c in args.contenders if c not in CONTENDERS + MORE_CONTENDERS]
     bad += [c for c in args.latency_contenders if c not in LATENCY_CONTENDERS + LATENCY_AB]
     if bad:
-        ap.error(f"unknown contender(s) {bad}; choose from {CONTENDERS + DIRECT_CONTENDERS}")
+        ap.error(f"unknown contender(s) {bad}; choose from {CONTENDERS + MORE_CONTENDERS}")
     return args
 
 

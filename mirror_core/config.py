@@ -511,8 +511,8 @@ class SparkConfig(_Frozen):
     def _per_writer(self) -> SparkConfig:
         if self.keep_writing_for:
             if self.read_path == "spark":
-                raise ValueError("keep_writing_for needs read_path: direct or auto (on Spark's read path Spark's tasks read "
-                                 "the records)")
+                raise ValueError("keep_writing_for needs read_path: direct or auto (on Spark's read path Spark's "
+                                 "tasks read the records)")
             if self.overlap_writes:
                 raise ValueError("keep_writing_for and overlap_writes cannot both be on (a batch that keeps "
                                  "writing is the one write in flight)")
