@@ -35,7 +35,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -580,16 +580,26 @@ def flush_within(producer: Producer, timeout: float, who: str, check: Callable[[
                         "reachable?); waiting up to %.0f s", who, remaining, now - t0, timeout)
 
 
-def _base_config(limit: int | None) -> dict[str, Any]:
-    """The writer producers' settings over the destination's config, for a destination size limit ``limit``."""
-    base: dict[str, Any] = {"enable.idempotence": True, "acks": "all", "linger.ms": 5, "log_level": 3,
+#: the writer producers' ``linger.ms`` unless the destination cluster's config sets it (or its alias)
+WRITER_LINGER_MS = 5
+
+
+def _base_config(limit: int | None, own: Mapping[str, Any]) -> dict[str, Any]:
+    """The writer producers' settings laid over ``own`` (the destination cluster's config), for a destination
+    size limit ``limit``. What the guarantees rest on is always set; the tuning a user may give on the
+    destination cluster (``linger.ms``, ``batch.size``, as with MirrorMaker 2's ``producer.*``) is kept, a
+    ``batch.size`` within the topic's limit."""
+    base: dict[str, Any] = {"enable.idempotence": True, "acks": "all", "log_level": 3,
                             "logger": LIBRDKAFKA_LOG,
                             # a deleted destination topic must not come back with the broker's default
                             # partitions when the producer asks for its metadata (auto.create.topics.enable)
                             "allow.auto.create.topics": False}
+    if "linger.ms" not in own and "queue.buffering.max.ms" not in own:
+        base["linger.ms"] = WRITER_LINGER_MS
     if limit is not None:
         # keep batches of small records under the topic's limit (a single larger record still goes alone)
-        base["batch.size"] = max(1, min(1_000_000, limit - 100))
+        cap = max(1, min(1_000_000, limit - 100))
+        base["batch.size"] = min(int(own["batch.size"]), cap) if "batch.size" in own else cap
     return base
 
 
@@ -597,7 +607,7 @@ def _producer(s: WriterSettings, partition: int, gapless: bool = False) -> tuple
     """A long-lived producer per (writer, partition) in this process (call with its partition_lock).
     ``gapless`` (at_least_once): the partition's second producer, with ``enable.gapless.guarantee``, for
     chunks written through the C loop (see :meth:`PartitionWriter._write_at_least_once`)."""
-    base = _base_config(s.destination_max_message_bytes)
+    base = _base_config(s.destination_max_message_bytes, s.producer_config)
     if s.delivery == "exactly_once":
         txid = s.transactional_id_for(partition)
         if _built_for_other(txid, s):
@@ -899,10 +909,10 @@ class WriterTransaction:
         if key not in _PRODUCERS:
             if not self.transactional:
                 # gapless: runs go without reports (see the class); the writer says itself when it loses a record
-                p = Producer(self.producer_config | _base_config(self.limit)
+                p = Producer(self.producer_config | _base_config(self.limit, self.producer_config)
                              | {"enable.gapless.guarantee": True, "logger": _GAPLESS_LOG})
             else:
-                p = Producer(self.producer_config | _base_config(self.limit)
+                p = Producer(self.producer_config | _base_config(self.limit, self.producer_config)
                              | {"transactional.id": key, "transaction.timeout.ms": 60000, "logger": _TXN_LOG})
                 p.init_transactions(60)
             _PRODUCERS[key] = p

@@ -1761,3 +1761,38 @@ def test_a_partitions_gapless_producer_gives_up_on_a_record_within_60_s_its_usua
     assert "enable.gapless.guarantee" not in usual
     assert {k: v for k, v in usual.items() if k.endswith("timeout.ms")} == configured
     assert isinstance(gapless, ClientConfig) and "hunter2" not in repr(gapless)
+
+
+@pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
+def test_the_destinations_producer_tuning_reaches_the_writers_producers_and_its_guarantees_stay(
+        monkeypatch: pytest.MonkeyPatch, delivery: str) -> None:
+    """``linger.ms`` and ``batch.size`` on the destination cluster (the tuning MirrorMaker 2 users give as
+    ``producer.*``) reach the partition writers' producers; a ``batch.size`` over the topic's limit is cut to
+    it; the settings the guarantees rest on (idempotence, ``acks=all``) win over the cluster's. Without tuning
+    the writers linger 5 ms. (The destination's settings used to be overwritten: ``linger.ms`` always 5.)"""
+    made: list[dict[str, object]] = []
+
+    class Recording:
+        def __init__(self, conf: dict[str, object]) -> None:
+            made.append(conf)
+
+        def list_topics(self, *_a: object, **_k: object) -> None:
+            return None
+
+        def init_transactions(self, *_a: object) -> None:
+            return None
+
+    monkeypatch.setattr(replicate, "Producer", Recording)
+    monkeypatch.setattr(replicate, "_PRODUCERS", {})
+    tuned = {"bootstrap.servers": "dst:9092", "linger.ms": 20, "batch.size": 262144, "enable.idempotence": False,
+             "acks": 1}
+    replicate._producer(settings(delivery=delivery, producer_config=tuned), 0)
+    replicate._producer(settings(delivery=delivery, producer_config=tuned, mirror="g__big",
+                                 destination_max_message_bytes=100_000), 0)
+    replicate._producer(settings(delivery=delivery, producer_config={"bootstrap.servers": "dst:9092"},
+                                 mirror="g__plain"), 0)
+    (own, capped, plain) = made
+    assert (str(own["linger.ms"]), str(own["batch.size"])) == ("20", "262144")
+    assert own["enable.idempotence"] is True and own["acks"] == "all"
+    assert str(capped["linger.ms"]) == "20" and capped["batch.size"] == 100_000 - 100
+    assert plain["linger.ms"] == replicate.WRITER_LINGER_MS == 5 and "batch.size" not in plain
