@@ -1783,7 +1783,8 @@ def test_the_destinations_producer_tuning_reaches_the_writers_producers_and_its_
             return None
 
     monkeypatch.setattr(replicate, "Producer", Recording)
-    monkeypatch.setattr(replicate, "_PRODUCERS", {})
+    for name in ("_PRODUCERS", "_POSITIONS", "_PRODUCER_LIMITS", "_PRODUCER_PARTITIONS"):
+        monkeypatch.setattr(replicate, name, {})
     tuned = {"bootstrap.servers": "dst:9092", "linger.ms": 20, "batch.size": 262144, "enable.idempotence": False,
              "acks": 1}
     replicate._producer(settings(delivery=delivery, producer_config=tuned), 0)
