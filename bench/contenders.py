@@ -47,8 +47,9 @@ def mirrorflow_yaml(ep: Endpoints, *, group: str, source_topic: str, destination
                     transactions: str = "per_partition", writer_producers: int | None = None,
                     overlap_writes: bool | None = None, spark_conf: dict[str, str] | None = None,
                     max_offsets_per_trigger: int | None = None, keep_writing_for: str | None = None,
-                    direct_processes: int | None = None) -> str:
-    """A mirrors YAML with one group mirroring ``source_topic`` to ``destination_topic``."""
+                    direct_processes: int | None = None, destination_kafka: dict[str, str] | None = None) -> str:
+    """A mirrors YAML with one group mirroring ``source_topic`` to ``destination_topic`` (``destination_kafka``:
+    more librdkafka properties of the destination cluster, e.g. its producers' tuning)."""
     def reg(url: str | None) -> str:
         return f"\n    schema_registry: {{url: \"{url}\"}}" if url else ""
 
@@ -64,11 +65,12 @@ def mirrorflow_yaml(ep: Endpoints, *, group: str, source_topic: str, destination
     if direct_processes is not None:
         producers += f"\n      direct_processes: {direct_processes}"
     conf = ", ".join(f'{k}: "{v}"' for k, v in {"spark.ui.showConsoleProgress": "false", **(spark_conf or {})}.items())
+    dst_more = "".join(f', {k}: "{v}"' for k, v in (destination_kafka or {}).items())
     return f"""clusters:
   src:
     kafka: {{bootstrap.servers: "{ep.src_bootstrap}"}}{reg(ep.src_registry)}
   dst:
-    kafka: {{bootstrap.servers: "{ep.dst_bootstrap}"}}{reg(ep.dst_registry)}
+    kafka: {{bootstrap.servers: "{ep.dst_bootstrap}"{dst_more}}}{reg(ep.dst_registry)}
 groups:
   - name: {group}
     source: src

@@ -107,7 +107,9 @@ RESULTS = ROOT / "bench" / "results"
 # *-nowait* variants report each record of a partition whose last commit markers are late at once, without
 # waiting for them (MIRRORFLOW_LATE_MARKERS_WAIT=0; an A/B of stream.LATE_MARKERS_WAIT_S); *-chunk* variants write a
 # partition's records a chunk at a time (a transaction or flush each 20,000 records), not what was queued for it
-# while it wrote the last (MIRRORFLOW_COALESCE_RECORDS=0; an A/B of stream.COALESCE_RECORDS).
+# while it wrote the last (MIRRORFLOW_COALESCE_RECORDS=0; an A/B of stream.COALESCE_RECORDS); *-tuned* variants give
+# the destination cluster the tuned MirrorMaker 2's producer settings (linger.ms 20, batch.size 262144; the writers'
+# own default is linger.ms 5, batch.size 1,000,000).
 # The default set: the direct read path in both modes and serdes (what spark.read_path: auto reads with on a
 # local[...] master, the default), Spark's read path once (a cluster master's default), the peers.
 CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
@@ -141,7 +143,11 @@ MORE_CONTENDERS = ("mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-byt
                    "mirrorflow-eos-writer-aheadall-bytes", "mirrorflow-eos-writer-nowait",
                    "mirrorflow-eos-writer-nowait-bytes", "mirrorflow-eos-direct-chunk",
                    "mirrorflow-eos-direct-chunk-bytes", "mirrorflow-alo-direct-chunk",
-                   "mirrorflow-alo-direct-chunk-bytes", "mirrorflow-eos-chunk", "mirrorflow-eos-chunk-bytes")
+                   "mirrorflow-alo-direct-chunk-bytes", "mirrorflow-eos-chunk", "mirrorflow-eos-chunk-bytes",
+                   "mirrorflow-eos-direct-tuned", "mirrorflow-eos-direct-tuned-bytes", "mirrorflow-alo-direct-tuned",
+                   "mirrorflow-alo-direct-tuned-bytes")
+#: the ``-tuned`` variants' destination producer settings: the tuned MirrorMaker 2's (``mm2-tuned``)
+TUNED_PRODUCER = {"linger.ms": "20", "batch.size": "262144"}
 #: ``--quick``'s drain contenders
 QUICK_CONTENDERS = ("mirrorflow-eos-direct", "mm2", "mm2-tuned", "raw-python", "kcat")
 #: a drain whose destination count rose by this share of its records or more at once (a transaction's commit
@@ -414,7 +420,8 @@ class Bench:
                 keep_writing_for=KEEP_WRITING_FOR if {"keep", "keepthrough"} & set(parts)
                 else "10 seconds" if "keep10" in parts else None,
                 spark_conf=_variant_conf(parts),
-                direct_processes=3 if "p3" in parts else 4 if "p4" in parts else None))
+                direct_processes=3 if "p3" in parts else 4 if "p4" in parts else None,
+                destination_kafka=TUNED_PRODUCER if "tuned" in parts else None))
             cmd = mirrorflow_cmd(path, group, once=drain)
             if "py" in parts:
                 env["MIRRORFLOW_NATIVE"] = "0"

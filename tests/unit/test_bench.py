@@ -96,6 +96,13 @@ def test_mirrorflow_yaml_is_a_valid_mirrors_config(tmp_path: Path):
     spark = parse_config(yaml.safe_load(p3), env={}).group("bench-eos-writer-keep-p3-s100").spark
     assert (spark.direct_processes, spark.keep_writing_for) == (3, 2.0)
     assert g.spark.direct_processes == 0  # unset: one per core
+    tuned = mirrorflow_yaml(EP, group="bench-eos-direct-tuned-s100", source_topic="bench.s100",
+                            destination_topic="bench.s100.t", delivery="exactly_once", value_serde="bytes",
+                            trigger="1 second", checkpoint_dir=tmp_path, read_path="direct",
+                            destination_kafka={"linger.ms": "20", "batch.size": "262144"})
+    dst = parse_config(yaml.safe_load(tuned), env={}).clusters["dst"].kafka_properties()
+    assert (dst["linger.ms"], dst["batch.size"]) == ("20", "262144")
+    assert "linger.ms" not in cfg.clusters["dst"].kafka_properties()
     chmod = mirrorflow_yaml(EP, group="bench-eos-chmod-s100", source_topic="bench.s100", destination_topic="bench.s100.c",
                             delivery="exactly_once", value_serde="avro", trigger="1 second", checkpoint_dir=tmp_path,
                             spark_conf={"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"})
