@@ -9,7 +9,6 @@ from datetime import datetime
 from io import BytesIO
 from pathlib import Path
 
-import pytest
 import yaml
 from fastavro import schemaless_reader
 
@@ -459,37 +458,3 @@ def test_the_warm_up_covers_as_many_partitions_as_the_run():
     assert warm_shape(24) == (24, 300, 50)
     assert warm_shape(96) == (96, 100, 12)
     assert warm_shape(1000) == (1000, 100, 1)
-
-
-def test_touching_memory_writes_the_size_asked_and_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """touch_memory writes exactly ``nbytes`` (in chunks, the last one short) and deletes its scratch file, also
-    when a write fails part way (a full disk must not leave gigabytes in the results directory)."""
-    from bench import workload
-
-    written: list[int] = []
-    real_open = open
-
-    class Counting:
-        def __init__(self, path: Path, mode: str) -> None:
-            self.f = real_open(path, mode)
-
-        def __enter__(self) -> Counting:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            self.f.close()
-
-        def write(self, data: bytes) -> int:
-            written.append(len(data))
-            if fail and len(written) == 2:
-                raise OSError(28, "No space left on device")
-            return self.f.write(data)
-
-    monkeypatch.setattr(workload, "open", Counting, raising=False)
-    fail = False
-    assert workload.touch_memory(tmp_path, 3 * 1024 + 100, chunk=1024) >= 0
-    assert written == [1024, 1024, 1024, 100] and list(tmp_path.iterdir()) == []
-    fail, written[:] = True, []
-    with pytest.raises(OSError):
-        workload.touch_memory(tmp_path, 5000, chunk=1024)
-    assert list(tmp_path.iterdir()) == []
