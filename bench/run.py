@@ -60,7 +60,6 @@ from bench.workload import (  # noqa: E402
     Loaded,
     RateProducer,
     load,
-    touch_memory,
     transaction_verification,
     warm_broker,
     warm_shape,
@@ -223,9 +222,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "executor scaling, with --driver-max 0 so the tasks write) instead of local[2]")
     ap.add_argument("--timeout", type=float, default=600.0, help="deadline per contender run, seconds")
     ap.add_argument("--no-latency", action="store_true", help="skip the latency phase")
-    ap.add_argument("--no-touch", action="store_true",
-                    help="drains without writing and deleting a file of their size first (see "
-                         "bench.workload.touch_memory): an A/B of that")
     ap.add_argument("--no-drain", action="store_true", help="skip the drain phase")
     ap.add_argument("--rounds", type=int, default=1,
                     help="drain every contender this many times per size, each round on freshly loaded data and "
@@ -513,12 +509,6 @@ class Bench:
                                        "avg_value_bytes": round(loaded.value_bytes / records, 1),
                                        "round": rnd, "position": pos}
                 tag = f"s{size}" + ("" if rnd == 1 else f"r{rnd}")
-                if not self.args.no_touch:
-                    # what the drain will write, a fifth more for the record batches' overhead, and a gigabyte
-                    # for what the contender's processes take as they start
-                    touch = int(row["bytes"] * 1.2) + (1 << 30)
-                    row["touched_mb"] = round(touch / 1e6)
-                    row["touch_s"] = round(touch_memory(self.out, touch), 1)
                 self.measure(row, lambda r, c=contender, s=topic, t=tag: self.drain_one(c, s, t, records, r))
 
     def load_topic(self, topic: str, size: int, records: int) -> Loaded:

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from io import BytesIO
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Producer
@@ -201,30 +200,6 @@ def warm_shape(partitions: int) -> tuple[int, int, int]:
     per_txn = WARM_PARTITIONS * WARM_RECORDS_PER_PARTITION  # records a transaction of the fixed shape
     transactions = max(WARM_TRANSACTIONS_MIN, min(WARM_TRANSACTIONS, WARM_TRANSACTIONS * 24 // partitions))
     return partitions, transactions, max(1, per_txn // partitions)
-
-
-def touch_memory(directory: Path, nbytes: int, chunk: int = 8 << 20) -> float:
-    """Write ``nbytes`` to a scratch file in ``directory``, delete it, and return the seconds that took.
-
-    This development machine is a virtual machine whose host takes back the guest's free memory within a
-    minute. The guest kernel then spends about three times the system time writing into such memory as into
-    memory freed seconds before: writing 6 GB to a file took 21.5 s of system time, then 6-7 s right after a
-    delete, and 21.6 s again after a minute idle. A broker writing a drain's records into new segment files
-    pays that too, so the first drains of an invocation ran slower than later ones, whichever contender
-    they were (see docs/benchmarks.md, 5 December 12:19). Written and deleted just before a drain, a file of
-    the drain's size leaves that much memory freed seconds before, for the drain's broker to write into.
-    """
-    path = directory / ".touch-memory"
-    block = b"\0" * chunk
-    t0 = time.monotonic()
-    try:
-        with open(path, "wb") as f:
-            left = nbytes
-            while left > 0:
-                left -= f.write(block[:min(chunk, left)])
-    finally:
-        path.unlink(missing_ok=True)
-    return time.monotonic() - t0
 
 
 def warm_broker(bootstrap: str, topic: str, partitions: int, seconds: float = 0.0,
