@@ -1193,7 +1193,7 @@ def effective_max_offsets(spark: Any, partitions: int = 0) -> int | None:
     none (large batches are written by tasks spread over the executors, or read by the driver in chunks)."""
     if spark.max_offsets_per_trigger:
         return int(spark.max_offsets_per_trigger)
-    if spark.master.startswith("local") and getattr(spark, "reads_directly", False):
+    if spark.master.startswith("local") and spark.reads_directly:
         from mirror_core.direct import whole_number_env
 
         per = whole_number_env(DIRECT_BATCH_PER_PARTITION_ENV, DIRECT_BATCH_RECORDS_PER_PARTITION, "records")

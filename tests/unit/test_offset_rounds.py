@@ -201,22 +201,9 @@ def test_item8_cached_producer_is_rebuilt_when_the_destination_grows(monkeypatch
     knows the new partitions (librdkafka refuses a partition it does not know)."""
     import dataclasses
 
-    built: list[dict] = []
+    from tests.unit.test_replicate import recording_producers
 
-    class _P:
-        def __init__(self, conf: dict) -> None:
-            built.append(conf)
-
-        def list_topics(self, *a: Any, **k: Any) -> None:
-            return None
-
-        def init_transactions(self, *a: Any) -> None:
-            return None
-
-    monkeypatch.setattr(replicate, "Producer", _P)
-    for name in ("_PRODUCERS", "_POSITIONS", "_PRODUCER_LIMITS", "_LEARNED_LIMITS"):
-        monkeypatch.setattr(replicate, name, {})
-    monkeypatch.setattr(replicate, "_PRODUCER_PARTITIONS", {}, raising=False)
+    recording_producers(monkeypatch)
     monkeypatch.setattr(replicate, "fence_legacy_writer", lambda s, p: None, raising=False)
     for delivery in ("exactly_once", "at_least_once"):
         s = WriterSettings(group="g", mirror="m", source_alias="src", destination_alias="dst", source_topic="t",

@@ -46,6 +46,27 @@ def settings(**over: object) -> WriterSettings:
     return WriterSettings(**(base | over))  # type: ignore[arg-type]
 
 
+def recording_producers(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
+    """The writer's producers replaced by ones that only record the config each is built with (returned, in
+    order), and its producer tables emptied, so each test builds its own."""
+    made: list[dict[str, object]] = []
+
+    class Recording:
+        def __init__(self, conf: dict[str, object]) -> None:
+            made.append(conf)
+
+        def list_topics(self, *_a: object, **_k: object) -> None:
+            return None
+
+        def init_transactions(self, *_a: object) -> None:
+            return None
+
+    monkeypatch.setattr(replicate, "Producer", Recording)
+    for name in ("_PRODUCERS", "_POSITIONS", "_PRODUCER_LIMITS", "_LEARNED_LIMITS", "_PRODUCER_PARTITIONS"):
+        monkeypatch.setattr(replicate, name, {})
+    return made
+
+
 def rec(value: bytes | None, headers: tuple = (), key: bytes | None = b"k", offset: int = 5) -> SourceRecord:
     return SourceRecord("t", 1, offset, key, value, tuple(headers), 1_700_000_000_000)
 
@@ -1770,21 +1791,7 @@ def test_the_destinations_producer_tuning_reaches_the_writers_producers_and_its_
     ``producer.*``) reach the partition writers' producers; a ``batch.size`` over the topic's limit is cut to
     it; the settings the guarantees rest on (idempotence, ``acks=all``) win over the cluster's. Without tuning
     the writers linger 5 ms. (The destination's settings used to be overwritten: ``linger.ms`` always 5.)"""
-    made: list[dict[str, object]] = []
-
-    class Recording:
-        def __init__(self, conf: dict[str, object]) -> None:
-            made.append(conf)
-
-        def list_topics(self, *_a: object, **_k: object) -> None:
-            return None
-
-        def init_transactions(self, *_a: object) -> None:
-            return None
-
-    monkeypatch.setattr(replicate, "Producer", Recording)
-    for name in ("_PRODUCERS", "_POSITIONS", "_PRODUCER_LIMITS", "_PRODUCER_PARTITIONS"):
-        monkeypatch.setattr(replicate, name, {})
+    made = recording_producers(monkeypatch)
     tuned = {"bootstrap.servers": "dst:9092", "linger.ms": 20, "batch.size": 262144, "enable.idempotence": False,
              "acks": 1}
     replicate._producer(settings(delivery=delivery, producer_config=tuned), 0)
