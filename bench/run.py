@@ -74,9 +74,11 @@ RESULTS = ROOT / "bench" / "results"
 # bytes. mm2 is MirrorMaker 2 as shipped, mm2-tuned as a performance-minded operator runs it, mm2-tuned-eos
 # that with MM2's exactly-once source support (transactions; opt-in, not in the default set).
 # *-direct* run with spark.read_path: direct (Spark plans, the driver reads the ranges itself; what the default,
-# read_path: auto, does on a local master); the others without it with read_path: spark (Spark's tasks read, as
-# on a cluster master); *-writer* too, with spark.transactions: per_writer (one transaction per writer process
-# and batch, on two producers by turns; at_least_once: one idempotent producer per writer process);
+# read_path: auto, does on a local master) and spark.transactions: per_partition (a transaction per partition and
+# batch); the others without it with read_path: spark (Spark's tasks read, as on a cluster master); *-writer* with
+# read_path: direct and spark.transactions: per_writer (one transaction per writer process and batch, on two
+# producers by turns; at_least_once: one idempotent producer per writer process; what the defaults resolve to on a
+# local master);
 # *-writer-1* with one producer per writer process (spark.writer_producers: 1), as before the turns.
 # *-py* variants run with MIRRORFLOW_NATIVE=0: every record through the Python produce loop, none through
 # the C loop (mirror_core.native), for an A/B of the two in one invocation; *-pyread* variants with
@@ -110,14 +112,15 @@ RESULTS = ROOT / "bench" / "results"
 # while it wrote the last (MIRRORFLOW_COALESCE_RECORDS=0; an A/B of stream.COALESCE_RECORDS); *-tuned* variants give
 # the destination cluster the tuned MirrorMaker 2's producer settings (linger.ms 20, batch.size 262144; the writers'
 # own default is linger.ms 5, batch.size 1,000,000).
-# The default set: the direct read path in both modes and serdes (what spark.read_path: auto reads with on a
-# local[...] master, the default), Spark's read path once (a cluster master's default), the peers.
-CONTENDERS = ("mirrorflow-eos-direct", "mirrorflow-alo-direct", "mirrorflow-eos-direct-bytes",
-              "mirrorflow-alo-direct-bytes", "mirrorflow-eos", "mm2", "mm2-tuned", "raw-python", "kcat")
+# The default set: *-writer* in both modes and serdes (what spark.read_path: auto and spark.transactions: auto
+# resolve to on a local[...] master, the defaults), a transaction per partition on the direct path once
+# (transactions: per_partition), Spark's read path once (a cluster master's default), the peers.
+CONTENDERS = ("mirrorflow-eos-writer", "mirrorflow-alo-writer", "mirrorflow-eos-writer-bytes",
+              "mirrorflow-alo-writer-bytes", "mirrorflow-eos-direct", "mirrorflow-eos", "mm2", "mm2-tuned",
+              "raw-python", "kcat")
 #: the contenders outside the default set, for A/Bs
-MORE_CONTENDERS = ("mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes", "mirrorflow-eos-writer",
-                   "mirrorflow-eos-writer-bytes", "mirrorflow-alo-writer", "mirrorflow-alo-writer-bytes",
-                   "mirrorflow-eos-writer-1",
+MORE_CONTENDERS = ("mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes", "mirrorflow-alo-direct",
+                   "mirrorflow-eos-direct-bytes", "mirrorflow-alo-direct-bytes", "mirrorflow-eos-writer-1",
                    "mirrorflow-eos-writer-1-bytes", "mirrorflow-eos-direct-py", "mirrorflow-eos-direct-py-bytes",
                    "mirrorflow-eos-writer-1-py-bytes", "mirrorflow-eos-direct-pygc",
                    "mirrorflow-eos-direct-pygc-bytes", "mirrorflow-alo-direct-pygc-bytes",
@@ -149,7 +152,7 @@ MORE_CONTENDERS = ("mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-byt
 #: the ``-tuned`` variants' destination producer settings: the tuned MirrorMaker 2's (``mm2-tuned``)
 TUNED_PRODUCER = {"linger.ms": "20", "batch.size": "262144"}
 #: ``--quick``'s drain contenders
-QUICK_CONTENDERS = ("mirrorflow-eos-direct", "mm2", "mm2-tuned", "raw-python", "kcat")
+QUICK_CONTENDERS = ("mirrorflow-eos-writer", "mm2", "mm2-tuned", "raw-python", "kcat")
 #: a drain whose destination count rose by this share of its records or more at once (a transaction's commit
 #: between two looks) is compared by its steady figure: its 10-90 % window is a few such steps apart, and
 #: measures when they landed more than the pace (see bench.report.rate)
@@ -252,7 +255,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.contenders = [c for c in args.contenders.split(",") if c] if args.contenders else default
     if args.no_drain:
         args.contenders = []
-    lat_default = ["mirrorflow-eos-direct", "mm2-tuned", "raw-python"] if quick else list(LATENCY_CONTENDERS)
+    lat_default = ["mirrorflow-eos-writer", "mm2-tuned", "raw-python"] if quick else list(LATENCY_CONTENDERS)
     lat = [c for c in args.latency_contenders.split(",") if c] if args.latency_contenders else lat_default
     args.latency_contenders = [] if args.no_latency else lat
     args.warmup = args.warmup if args.warmup is not None else (1.0 if quick else 10.0)

@@ -132,7 +132,8 @@ class WriterPlan:
     #: topic was re-created or its log truncated): Spark drops that range, :meth:`MirrorRuntime.write_rewound`
     #: (or, on the direct path, :meth:`MirrorRuntime.write_direct`) writes it from the partition's start
     rewound: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
-    #: ``spark.transactions`` (the direct path's writers: a transaction per partition or per writer)
+    #: ``spark.transactions`` as it resolves (:attr:`SparkConfig.writes_per_writer`): the direct path's writers
+    #: commit a transaction per partition (``per_partition``) or per writer process (``per_writer``)
     transactions: str = "per_partition"
     #: ``spark.writer_producers`` (``transactions: per_writer``: the producers a writer takes turns with)
     writer_producers: int = WRITER_PRODUCERS_DEFAULT
@@ -518,7 +519,8 @@ class MirrorRuntime:
         return WriterPlan(dict(self.settings), dict(self.id_map), ends,
                           clients.kafka_config(self.dst), regs,
                           ignored=frozenset(self.known_topics - set(self.settings)), group=self.group.name,
-                          rewound=rewound, transactions=self.group.spark.transactions,
+                          rewound=rewound,
+                          transactions="per_writer" if self.group.spark.writes_per_writer else "per_partition",
                           writer_producers=self.group.spark.writer_producers)
 
     def batch_starts(self, batch_id: int) -> dict[str, dict[int, int]]:

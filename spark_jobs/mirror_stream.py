@@ -230,11 +230,12 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
     drains = once or group.spark.trigger == "available_now"  # ends when what is there is written
 
     def report(batch_id: int, rows: list[dict[str, Any]], t0: float, t1: float, written_by: str, read_by: str,
-               waited: float = 0.0) -> None:
+               transactions: str, waited: float = 0.0) -> None:
         t2 = time.monotonic()
         summary = rt.after_batch(batch_id, rows, t2 - t0)
         summary["written_by"] = written_by
         summary["read_by"] = read_by
+        summary["transactions"] = transactions  # as spark.transactions resolved (auto: per_writer reading directly)
         summary["driver_ms"] = {"plan": round((t1 - t0) * 1000), "tasks": round((t2 - t1) * 1000),
                                 "after": round((time.monotonic() - t2) * 1000)}
         if waited:
@@ -261,7 +262,8 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
             overlap = rt.overlaps(batch_id)  # a large batch (a backlog) is written before Spark goes on
             t1 = time.monotonic()
             rt.write_direct_behind(plan, batch_id,
-                                   lambda rows: report(batch_id, rows, t0, t1, "driver", "direct", waited))
+                                   lambda rows: report(batch_id, rows, t0, t1, "driver", "direct", plan.transactions,
+                                                      waited))
             if not overlap:
                 rt.wait_for_write()
             return
@@ -292,7 +294,8 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
             release_producers()  # the tasks' producers fence the driver's
             rows = [r.asDict() for r in df.mapInArrow(arrow_writer(plan), RESULT_DDL).collect()]
         rows += rt.write_rewound(plan)  # partitions whose end moved back: Spark dropped their range
-        report(batch_id, rows, t0, t1, "driver" if on_driver else "tasks", "direct" if direct else "spark")
+        report(batch_id, rows, t0, t1, "driver" if on_driver else "tasks", "direct" if direct else "spark",
+               plan.transactions)
 
     rt.rewind_unwritten_batch()  # a batch whose write a crash cut short runs again, also on a quiet source
     writer = source.writeStream.foreachBatch(for_each_batch).option("checkpointLocation", rt.checkpoint_dir())

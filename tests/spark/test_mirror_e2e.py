@@ -109,7 +109,8 @@ def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters
     """Both writing paths of Spark's read path (``read_path: spark``, a cluster master's default): small batches
     written by the driver, large ones by one task per partition (forced here with ``driver_batch_max_records:
     0``); and the direct read path (the default on a local master: Spark plans, the driver reads the ranges
-    itself), whose copy must be the same byte for byte."""
+    itself, and each writer process commits one transaction per batch, ``transactions: auto``), whose copy must
+    be the same byte for byte."""
     topic = unique("e2e")
     create_topic(clusters.src_bootstrap, topic, 3)
     src_sr = SchemaRegistryClient({"url": clusters.src_registry})
@@ -153,9 +154,11 @@ def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters
     path, cfg = group_yaml(clusters, tmp_path, topic, spark=spark)
     proc = run_once(path, cfg.groups[0].name)
     if written_by == "direct":
-        assert "'written_by': 'driver', 'read_by': 'direct'" in proc.stderr + proc.stdout
+        # the defaults on a local master: read directly, a transaction per writer process and batch
+        assert "'written_by': 'driver', 'read_by': 'direct', 'transactions': 'per_writer'" in proc.stderr + proc.stdout
     else:
-        assert f"'written_by': '{written_by}', 'read_by': 'spark'" in proc.stderr + proc.stdout
+        assert (f"'written_by': '{written_by}', 'read_by': 'spark', 'transactions': 'per_partition'"
+                in proc.stderr + proc.stdout)
 
     got = read_all(clusters.dst_bootstrap, f"{topic}.mirror")
     dst_sr = SchemaRegistryClient({"url": clusters.dst_registry})
@@ -504,7 +507,8 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     one; from the second kill on, another writer keeps a transaction open on the offset-sync partition 8 s
     at a time (as another group's job sharing the sync topic does), hiding the job's newest syncs from a
     read_committed lookup (issue 11 item 6): the restarts after it, and the final drain, must still
-    resume exactly. With ``read_path: direct`` the driver reads each batch's ranges itself: a replayed
+    resume exactly. With ``read_path: direct`` (``direct``, ``direct-keep``: a transaction per partition) the
+    driver reads each batch's ranges itself: a replayed
     batch re-reads the same range from Spark's offset log; with ``overlap_writes`` (on here) a batch's write
     runs on after Spark recorded it, so a kill cuts writes short that no replay would redo, and the restart
     must read them again from the written log: at least one kill must have left such a batch (read from the
@@ -520,9 +524,11 @@ def test_exactly_once_survives_sigkill(clusters, unique, tmp_path, read_path):
     dst_topic = f"{topic}.mirror"
     create_topic(clusters.src_bootstrap, topic, 3)
     path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes",
-                           spark={"spark": ", read_path: spark", "direct": ", read_path: direct, overlap_writes: true",
+                           spark={"spark": ", read_path: spark",
+                                  "direct": ", read_path: direct, transactions: per_partition, overlap_writes: true",
                                   "direct-per-writer": ", read_path: direct, transactions: per_writer",
-                                  "direct-keep": ", read_path: direct, keep_writing_for: 5 seconds",
+                                  "direct-keep": ", read_path: direct, transactions: per_partition, "
+                                                 "keep_writing_for: 5 seconds",
                                   "direct-per-writer-keep": ", read_path: direct, transactions: per_writer, "
                                                             "keep_writing_for: 5 seconds",
                                   "direct-per-writer-keep-through": ", read_path: direct, transactions: per_writer, "

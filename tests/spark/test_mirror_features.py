@@ -163,7 +163,7 @@ def _exists(bootstrap: str, topic: str) -> bool:
 # --------------------------------------------------------------------------- one drain, many mirrors
 
 
-@pytest.mark.parametrize("read_path", ["spark", "direct", "direct, transactions: per_writer"])
+@pytest.mark.parametrize("read_path", ["spark", "direct, transactions: per_partition", "direct"])
 def test_dead_letters_header_ids_passthrough_heartbeats_and_at_least_once(clusters, unique, tmp_path, read_path):
     g = unique("feat").replace("-", "")
     big, hdr, txt, alo = (f"{g}.big", f"{g}.hdr", f"{g}.txt", f"{g}.alo")

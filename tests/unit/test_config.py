@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from mirror_core.cli import app
 from mirror_core.config import (
+    WRITER_SLOTS,
     ClusterConfig,
     CountRule,
     GroupConfig,
@@ -875,25 +876,35 @@ groups: [{name: g, source: a, destination: b, mirrors: [{source_topic: t}]}]
         "clusters.b: give either 'schema_registry' or 'schema_registry_connection', not both"]
 
 
-@pytest.mark.parametrize(("spark", "master", "direct"), [
-    ({}, None, True),  # the default: auto on local[2]
-    ({"master": "local[*]"}, None, True),
-    ({"master": "spark://spark-master:7077"}, None, False),  # executors read
-    ({"master": "yarn", "transactions": "per_writer"}, None, True),  # options only the direct path has
-    ({"master": "yarn", "keep_writing_for": "5s"}, None, True),
-    ({"master": "yarn", "overlap_writes": True}, None, True),
-    ({"read_path": "spark"}, None, False),
-    ({"read_path": "direct", "master": "yarn"}, None, True),
+@pytest.mark.parametrize(("spark", "master", "direct", "per_writer"), [
+    ({}, None, True, True),  # the defaults: both auto, on local[2]
+    ({"master": "local[*]"}, None, True, True),
+    ({"master": "spark://spark-master:7077"}, None, False, False),  # executors read, a task per partition writes
+    ({"master": "yarn", "transactions": "per_writer"}, None, True, True),  # options only the direct path has
+    ({"master": "yarn", "keep_writing_for": "5s"}, None, True, True),
+    ({"master": "yarn", "overlap_writes": True}, None, True, True),
+    ({"read_path": "spark"}, None, False, False),
+    ({"read_path": "direct", "master": "yarn"}, None, True, True),
+    ({"transactions": "per_partition"}, None, True, False),  # a transaction per partition, asked for
+    ({"read_path": "direct", "master": "yarn", "transactions": "per_partition"}, None, True, False),
+    # more writer processes than writer slots: a transaction per partition
+    ({"direct_processes": WRITER_SLOTS + 1}, None, True, False),
+    ({"direct_processes": WRITER_SLOTS}, None, True, True),
     # submitted to another master (Airflow's Spark connection): auto follows where the job runs
-    ({}, "spark://spark-master:7077", False),
-    ({"master": "spark://spark-master:7077"}, "local[2]", True),
-    ({"read_path": "spark"}, "local[2]", False),
+    ({}, "spark://spark-master:7077", False, False),
+    ({"master": "spark://spark-master:7077"}, "local[2]", True, True),
+    ({"read_path": "spark"}, "local[2]", False, False),
 ])
 def test_auto_reads_directly_on_a_local_master_and_through_spark_on_a_cluster(
-        spark: dict[str, Any], master: str | None, direct: bool) -> None:
+        spark: dict[str, Any], master: str | None, direct: bool, per_writer: bool) -> None:
+    """``read_path: auto`` reads directly on a local master (and where an option of the direct path is set),
+    and ``transactions: auto`` then commits a transaction per writer process; on Spark's read path Spark's
+    tasks write a transaction per partition."""
     raw = base_config()
     raw["groups"][0]["spark"] = spark
     group = with_master(parse(raw).groups[0], master)
     assert group.spark.reads_directly is direct
+    assert group.spark.writes_per_writer is per_writer
     assert group.spark.master == (master or spark.get("master", "local[2]"))
     assert group.spark.read_path == spark.get("read_path", "auto")  # resolved where it is read, not rewritten
+    assert group.spark.transactions == spark.get("transactions", "auto")
