@@ -514,10 +514,10 @@ class SparkConfig(_Frozen):
     def writes_per_writer(self) -> bool:
         """Whether each writer process commits one transaction per micro-batch for all its partitions
         (``transactions: per_writer``, or ``auto`` on the direct read path with at most :data:`WRITER_SLOTS`
-        writer processes) rather than one per partition. ``auto`` takes it where it can: on this machine it
-        drained 100 B and 1 KB records at 1.0-1.3x a transaction per partition's rate (exactly_once, 6
-        partitions; 2-3x at hundreds of partitions), with less memory (a producer per writer process, not
-        one per partition) and half the latency at 24 partitions."""
+        writer processes) rather than one per partition. ``auto`` takes it where it can: on the development
+        machine it drained 100 B and 1 KB records at 0.99-1.29x a transaction per partition's rate (6
+        partitions, both delivery modes and serdes), with less memory (a producer per writer process, not one
+        per partition), and had half the latency at 24 partitions (README, The data path)."""
         if self.transactions != "auto":
             return self.transactions == "per_writer"
         return self.reads_directly and self.direct_processes <= WRITER_SLOTS

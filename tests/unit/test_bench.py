@@ -487,3 +487,49 @@ def test_the_warm_up_covers_as_many_partitions_as_the_run():
     assert warm_shape(24) == (24, 300, 50)
     assert warm_shape(96) == (96, 100, 12)
     assert warm_shape(1000) == (1000, 100, 1)
+
+
+def test_the_burn_in_drains_once_per_size_before_the_first_measured_drain_and_is_no_result(monkeypatch):
+    """Before the first measured drain of each value size the raw pipe copies that round's records once,
+    unmeasured (the invocation's first drain was slower whoever ran it): it runs before round 1's first
+    contender of each size, never again, is not a row of the results, and a failing burn-in is noted and
+    the measured drains still run. ``--no-burn-in`` leaves it out."""
+    from argparse import Namespace
+
+    import bench.run as run
+    from bench.workload import Loaded
+
+    def bench(no_burn_in: bool, fail: bool = False) -> tuple[run.Bench, list[tuple[str, str]]]:
+        b = run.Bench.__new__(run.Bench)
+        b.args = Namespace(rounds=2, contenders=["mirrorflow-eos-writer", "mm2-tuned"], no_burn_in=no_burn_in,
+                           no_sync=True)
+        b.rows, b.doc, b.current, b.burned_in = [], {"notes": []}, None, set()
+        calls: list[tuple[str, str]] = []
+
+        def drain_one(contender: str, topic: str, tag: str, records: int, row: dict) -> None:
+            calls.append((contender, topic))
+            assert row["bytes"] == 10 * int(topic.split(".")[1][1:])  # the loaded bytes, which drain_one uses
+            if fail and contender == run.BURN_IN:
+                raise RuntimeError("no broker")
+            row.update(status="ok", wall_s=1.0, startup_s=0.5, records_per_s=records, memory={"peak_rss_mb": 1.0})
+
+        monkeypatch.setattr(b, "load_topic", lambda topic, size, records: Loaded(records, 0, size * records, 0.1))
+        monkeypatch.setattr(b, "drain_one", drain_one)
+        monkeypatch.setattr(b, "say", lambda msg: None)
+        monkeypatch.setattr(b, "save", lambda: None)
+        for size in (100, 1000):
+            b.drain_phase(size, 10)
+        return b, calls
+
+    b, calls = bench(no_burn_in=False)
+    assert calls == [("burn-in", "bench.s100"), ("mirrorflow-eos-writer", "bench.s100"), ("mm2-tuned", "bench.s100"),
+                     ("mm2-tuned", "bench.s100.r2"), ("mirrorflow-eos-writer", "bench.s100.r2"),
+                     ("burn-in", "bench.s1000"), ("mirrorflow-eos-writer", "bench.s1000"), ("mm2-tuned", "bench.s1000"),
+                     ("mm2-tuned", "bench.s1000.r2"), ("mirrorflow-eos-writer", "bench.s1000.r2")]
+    assert [r["contender"] for r in b.rows] == [c for c, _ in calls if c != "burn-in"]
+    assert b.doc["burn_in"]["100"]["status"] == "ok" and b.doc["burn_in"]["1000"]["records_per_s"] == 10
+    b, calls = bench(no_burn_in=False, fail=True)
+    assert b.doc["burn_in"]["100"]["error"] == "RuntimeError: no broker"
+    assert [r["status"] for r in b.rows] == ["ok"] * 8
+    b, calls = bench(no_burn_in=True)
+    assert "burn-in" not in [c for c, _ in calls] and "burn_in" not in b.doc
