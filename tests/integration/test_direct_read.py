@@ -284,6 +284,65 @@ def test_direct_batches_mirror_committed_records_once_and_a_replay_adds_nothing(
         rt.close()
 
 
+def test_a_job_of_the_old_default_restarted_on_the_new_one_resumes_exactly(clusters, unique, tmp_path):
+    """``transactions: auto`` (a transaction per writer process on the direct path) replaced ``per_partition``
+    as the default on 5 December. A job of the old default wrote batch 0 and died while a writer of it held a
+    transaction open on a partition's own transactional id. Restarted on the new default (two writer processes,
+    as on two cores), it replays batch 0 and writes batch 1: the new writers fence each partition's own id
+    before they read its position, so the open transaction is aborted and its writer cannot commit after;
+    every record arrives once, in order, and the replay adds nothing."""
+    from confluent_kafka import KafkaException
+
+    topic = unique("dupg")
+    create_topic(clusters.src_bootstrap, topic, 2)
+    p = Producer({"bootstrap.servers": clusters.src_bootstrap})
+    want = {part: [f"{part}-{i}".encode() for i in range(20)] for part in range(2)}
+    for part, keys in want.items():
+        for k in keys:
+            p.produce(topic, key=k, value=b"x", partition=part)
+    assert p.flush(30) == 0
+    name = unique("dupg").replace("-", "")
+    cfg, g = one_group(clusters, name, topic, tmp_path, processes=2, transactions="per_partition")
+    old = MirrorRuntime(cfg, g)
+    old.prepare()
+    try:
+        write_initial_offsets(old, {topic: {0: 0, 1: 0}})
+        write_offset_log(old, 0, {topic: {0: 10, 1: 10}})
+        write_offset_log(old, 1, {topic: {0: 20, 1: 20}})
+        plan = old.writer_plan(0)
+        assert plan.transactions == "per_partition"
+        assert old.after_batch(0, old.write_direct(plan, 0), 1.0)["mirrored"] == 20
+        txid = old.settings[topic].transactional_id_for(0)
+    finally:
+        old.close()
+    # what a writer of the old job left: a transaction open on partition 0's own id, records in it
+    zombie = Producer({"bootstrap.servers": clusters.dst_bootstrap, "transactional.id": txid})
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    for i in range(5):
+        zombie.produce(f"{topic}.m", key=b"zombie-%d" % i, value=b"z", partition=0)
+    assert zombie.flush(30) == 0
+
+    cfg, g = one_group(clusters, name, topic, tmp_path, processes=2, transactions="auto")
+    assert g.spark.writes_per_writer
+    new = MirrorRuntime(cfg, g)
+    new.prepare()
+    try:
+        summaries = []
+        for batch_id in (0, 1):  # Spark replays batch 0 (not committed when the job died), then goes on
+            plan = new.writer_plan(batch_id)
+            assert plan.transactions == "per_writer"
+            summaries.append(new.after_batch(batch_id, new.write_direct(plan, batch_id), 1.0))
+        assert summaries[0]["mirrored"] == 0 and summaries[0]["replayed_skipped"] == 20
+        assert summaries[1]["mirrored"] == 20
+        assert read_dst(clusters.dst_bootstrap, f"{topic}.m", 2) == want
+        with pytest.raises(KafkaException):  # fenced: the old writer can no longer commit
+            zombie.commit_transaction(30)
+        assert read_dst(clusters.dst_bootstrap, f"{topic}.m", 2) == want
+    finally:
+        new.close()
+
+
 def test_records_deleted_before_the_read_are_skipped_and_reported(clusters, unique, tmp_path, caplog):
     """The source's log start moved past the batch's start (retention, DeleteRecords) between Spark's
     planning and the read: the records still there are mirrored, the deleted ones are reported in one
