@@ -48,7 +48,7 @@ CONNECTOR_KEYS = frozenset({
 
 #: Connector settings with no mirrorflow equivalent, and why.
 NO_EQUIVALENT = {
-    "tasks.max": "Spark runs one task per source partition",
+    "tasks.max": "parallelism follows the host: spark.direct_processes writer processes, one per core by default, on the direct read path; a Spark task per source partition on Spark's",
     "refresh.topics.enabled": "a regex flow picks up new topics at every trigger",
     "refresh.topics.interval.seconds": "a regex flow picks up new topics at every trigger",
     "refresh.groups.enabled": "consumer groups are listed at every checkpoint round",

@@ -214,7 +214,7 @@ def _mirror(draft: Draft, mi: int, m: Any, consumer_opts: dict[str, dict[str, st
             if k == "config":
                 continue
             if k == "tasksMax":
-                draft.unmapped(f"{w}.{conn}.tasksMax", f"{v}: no equivalent (Spark runs one task per source partition)",
+                draft.unmapped(f"{w}.{conn}.tasksMax", f"{v}: no equivalent (parallelism follows the host: spark.direct_processes writer processes, one per core by default, on the direct read path; a Spark task per source partition on Spark's)",
                                ("groups", gi))
             else:
                 draft.unmapped(f"{w}.{conn}.{k}", f"{_short(v)}: no equivalent (a Kafka Connect connector setting)",
