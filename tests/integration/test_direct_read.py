@@ -294,13 +294,7 @@ def test_a_job_of_the_old_default_restarted_on_the_new_one_resumes_exactly(clust
     from confluent_kafka import KafkaException
 
     topic = unique("dupg")
-    create_topic(clusters.src_bootstrap, topic, 2)
-    p = Producer({"bootstrap.servers": clusters.src_bootstrap})
-    want = {part: [f"{part}-{i}".encode() for i in range(20)] for part in range(2)}
-    for part, keys in want.items():
-        for k in keys:
-            p.produce(topic, key=k, value=b"x", partition=part)
-    assert p.flush(30) == 0
+    want = keyed_source(clusters, topic, 2)
     name = unique("dupg").replace("-", "")
     cfg, g = one_group(clusters, name, topic, tmp_path, processes=2, transactions="per_partition")
     old = MirrorRuntime(cfg, g)
@@ -432,19 +426,26 @@ def test_per_writer_falls_back_to_partition_transactions_without_losing_or_doubl
         rt.close()
 
 
+def keyed_source(clusters, topic: str, partitions: int) -> dict[int, list[bytes]]:
+    """Create ``topic`` on the source with ``partitions`` partitions of 20 records each (keys
+    ``<partition>-<i>``); returns the keys each partition holds, in order."""
+    create_topic(clusters.src_bootstrap, topic, partitions)
+    p = Producer({"bootstrap.servers": clusters.src_bootstrap})
+    want = {part: [f"{part}-{i}".encode() for i in range(20)] for part in range(partitions)}
+    for part, keys in want.items():
+        for k in keys:
+            p.produce(topic, key=k, value=b"x", partition=part)
+    assert p.flush(30) == 0
+    return want
+
+
 def four_partitions_per_writer(clusters, unique, tmp_path: Path, stem: str
                                ) -> tuple[str, str, dict[int, list[bytes]], MirrorRuntime]:
     """A source topic of 4 partitions with 20 records each (keys ``<partition>-<i>``) and a prepared exactly_once
     ``per_writer`` mirror of it in one writer process: the topic, the mirror's name, the keys each partition
     should arrive with, the runtime."""
     topic = unique(stem)
-    create_topic(clusters.src_bootstrap, topic, 4)
-    p = Producer({"bootstrap.servers": clusters.src_bootstrap})
-    want = {part: [f"{part}-{i}".encode() for i in range(20)] for part in range(4)}
-    for part, keys in want.items():
-        for k in keys:
-            p.produce(topic, key=k, value=b"x", partition=part)
-    assert p.flush(30) == 0
+    want = keyed_source(clusters, topic, 4)
     name = unique(stem).replace("-", "")
     cfg, g = one_group(clusters, name, topic, tmp_path, processes=1, transactions="per_writer")
     rt = MirrorRuntime(cfg, g)
