@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from importer_samples import fixture_text, load, run_import
+from importer_samples import fixture_text, load, printed_lines, readme_section, run_import
 
 from mirror_core.config import resolve_mirrors
 from mirror_core.importers import import_config
@@ -178,10 +178,7 @@ def test_the_readmes_example_prints_what_the_import_prints():
     """README, *MirrorMaker 2*: its sample (an excerpt is shown, the whole is the fixture it links to), imported
     as ``mm2.properties``, prints exactly the lines the README says (`mirrorflow import` prints each finding and
     each placeholder's note, in that order), and the excerpt is the sample's own lines."""
-    from pathlib import Path
-
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    section = readme[readme.index("### MirrorMaker 2 (`mm2`, dedicated mode)"):]
+    section = readme_section("### MirrorMaker 2 (`mm2`, dedicated mode)")
     props = section[section.index("```properties\n") + len("```properties\n"):]
     props = props[:props.index("```")]
     printed = section[section.index("-o mirrors.yaml` prints\n\n```\n") + len("-o mirrors.yaml` prints\n\n```\n"):]
@@ -189,7 +186,5 @@ def test_the_readmes_example_prints_what_the_import_prints():
     sample = fixture_text("mm2.properties")
     for line in props.splitlines():  # the excerpt shows the sample's lines (its password elided)
         assert line.split("password=")[0] in sample, line
-    res = import_config("mm2", sample, "mm2.properties")
-    lines = [f"{f.file or 'mm2.properties'}: {f}" for f in res.findings]
-    lines += [f"note: set {var} before running ({what})" for var, what in res.env_vars]
+    lines = printed_lines(import_config("mm2", sample, "mm2.properties"), "mm2.properties")
     assert lines == printed.splitlines()

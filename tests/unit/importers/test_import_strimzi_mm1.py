@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from importer_samples import FIXTURES, fixture_text, load, mm1_import, run_import
+from importer_samples import (
+    FIXTURES,
+    assert_excerpt,
+    fixture_text,
+    load,
+    mm1_import,
+    printed_lines,
+    readme_section,
+    run_import,
+)
 
 from mirror_core.config import resolve_mirrors
 from mirror_core.importers import import_config
@@ -35,6 +44,22 @@ def test_strimzi_bidirectional_two_groups_with_secret_references():
               "spec.mirrors[0].heartbeatConnector.config.heartbeats.topic.replication.factor"):
         assert w in wheres
         assert f"# {w}: " in res.yaml_text
+
+
+def test_the_readmes_strimzi_example_shows_what_the_import_prints_and_writes():
+    """README, *Strimzi*: its sample imported as ``kmm2.yaml`` prints the lines the README shows, in that
+    order (the README leaves runs out with ``...``), and the YAML it shows is the written file's lines."""
+    section = readme_section("### Strimzi (`strimzi`, a `KafkaMirrorMaker2` resource)")
+    shown = section[section.index("```\n$ mirrorflow import strimzi kmm2.yaml -o mirrors.yaml\n"):]
+    shown = shown[shown.index("\n") + 1:]
+    shown = shown[shown.index("\n") + 1:shown.index("```")]
+    written = section[section.index("```yaml\n") + len("```yaml\n"):]
+    written = written[:written.index("```")]
+    res = import_config("strimzi", fixture_text("strimzi-bidirectional.yaml"), "kmm2.yaml")
+    assert len(shown.splitlines()) >= 6 and len(written.splitlines()) >= 15
+    assert_excerpt(shown, printed_lines(res, "kmm2.yaml"))
+    assert_excerpt(written, res.yaml_text.splitlines())
+    load(res)  # and what it writes validates
 
 
 def test_strimzi_tls_client_auth_maps_to_file_placeholders():
