@@ -9,11 +9,14 @@ Spark's Python workers and a shell pipeline's members all share its session id).
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
@@ -356,6 +359,61 @@ def unwritten_mb(meminfo: str | None = None) -> float | None:
     kb = {k: int(v.split()[0]) for k, v in (ln.split(":", 1) for ln in text.splitlines() if ":" in ln)
           if k in ("Dirty", "Writeback")}
     return round(sum(kb.values()) / 1024, 1) if kb else None
+
+
+#: :func:`fill_free_memory` leaves this much memory free (the kernel and new processes take it first)
+FILL_LEAVE_MB = 2048
+#: ... writes in pieces of this size (the progress callback's step)
+FILL_CHUNK_MB = 64
+#: ... and keeps at least this much of the file system free
+FILL_DISK_LEAVE_MB = 10240
+
+
+def meminfo_mb(key: str, meminfo: str | None = None) -> float | None:
+    """One field of /proc/meminfo (``MemFree``, ``Cached``, ...), in MB."""
+    try:
+        text = Path("/proc/meminfo").read_text() if meminfo is None else meminfo
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        if name == key and rest.split():
+            return round(int(rest.split()[0]) / 1024, 1)
+    return None
+
+
+def fill_free_memory(directory: Path, leave_mb: float = FILL_LEAVE_MB,
+                     progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Turn the machine's free memory into clean page cache: write a file of zeros as large as the free memory
+    less ``leave_mb`` into ``directory`` (a new file a call; the caller deletes the directory at the end), and
+    write it to disk, so that the brokers' log appends and the contenders' own memory come from reclaimed
+    page cache rather than from free memory.
+
+    On the machine these figures come from (a VM whose host takes back free guest memory), writing into memory
+    that has been free for a while costs several times the system CPU per byte of writing into memory freed
+    moments before or reclaimed from the page cache (``dd`` of 4 GB: 6.4-9.1 s of system time, against
+    0.8 s with the page cache filled first, 5 December). Whichever drain grew the brokers' page cache into
+    free memory paid that, so a drain's place in the invocation decided its figure at 1 KB (bench/README.md).
+    Returns what it wrote: MB, seconds, the free MB before and after."""
+    free = meminfo_mb("MemFree") or 0.0
+    disk = shutil.disk_usage(directory).free / 1024 / 1024 if directory.exists() else 0.0
+    want = int(min(free - leave_mb, disk - FILL_DISK_LEAVE_MB) // FILL_CHUNK_MB)
+    out: dict[str, Any] = {"free_mb_before": free, "mb": 0, "seconds": 0.0}
+    if want <= 0:
+        out["free_mb_after"] = free
+        return out
+    t0 = time.monotonic()
+    chunk = bytes(FILL_CHUNK_MB * 1024 * 1024)
+    fd, _ = tempfile.mkstemp(prefix="fill-", dir=directory)
+    with os.fdopen(fd, "wb") as f:
+        for i in range(want):
+            f.write(chunk)
+            if progress is not None:
+                progress(i + 1, want)
+        f.flush()
+        os.fsync(f.fileno())  # clean pages: the kernel reclaims them without writing anything back
+    out.update(mb=want * FILL_CHUNK_MB, seconds=round(time.monotonic() - t0, 1), free_mb_after=meminfo_mb("MemFree"))
+    return out
 
 
 def settle_page_cache() -> dict[str, float | None]:

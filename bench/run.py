@@ -49,6 +49,7 @@ from bench.observe import (  # noqa: E402
     DstWatcher,
     PidsCpu,
     cores_between,
+    fill_free_memory,
     latency_windows,
     percentile,
     settle_page_cache,
@@ -240,6 +241,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "run's sizes by turns): a broker's CPU per record keeps falling for minutes after start")
     ap.add_argument("--no-warm", action="store_true",
                     help="skip warming the brokers (transactions written and read back) before the contenders")
+    ap.add_argument("--no-fill", action="store_true",
+                    help="do not fill the free memory with page cache before each round's load (a file of zeros "
+                         "written to disk and kept until the end): on a VM whose host takes back free memory, "
+                         "the first writes into it cost several times the system CPU, and the drains that grew "
+                         "the brokers' page cache into it were the slow ones")
     ap.add_argument("--no-burn-in", action="store_true",
                     help="skip the burn-in: before the first measured drain of each size, the raw pipe copies "
                          "that round's records once into a topic of its own, unmeasured (the invocation's first "
@@ -513,6 +519,7 @@ class Bench:
         for rnd in range(1, self.args.rounds + 1):
             suffix = "" if rnd == 1 else f".r{rnd}"
             topic = f"bench.s{size}{suffix}"
+            self.fill_memory(f"s{size} round {rnd}")
             loaded = self.load_topic(topic, size, records)
             if size not in self.burned_in and not self.args.no_burn_in:
                 self.burn_in(topic, size, records, loaded.key_bytes + loaded.value_bytes)
@@ -541,6 +548,28 @@ class Bench:
         rate = row.get("records_per_s_window") or row.get("records_per_s")
         self.say(f"burn-in: the raw pipe copied {topic} once, unmeasured ({row.get('status')}, "
                  f"{row.get('wall_s')} s" + (f", {rate:,} records/s)" if rate else ")"))
+
+    def fill_memory(self, label: str) -> None:
+        """Fill the free memory with clean page cache before a round (:func:`bench.observe.fill_free_memory`):
+        the brokers then grow their logs into memory reclaimed from the page cache, the same for every drain
+        of the round. The JSON keeps what each fill wrote (``page_cache_fill``)."""
+        if self.args.no_fill:
+            return
+        directory = self.out / "fill"
+        directory.mkdir(parents=True, exist_ok=True)
+        with Progress(TextColumn("filling free memory with page cache"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=self.console, transient=True) as prog:
+            task = prog.add_task("fill", total=None)
+            try:
+                done = fill_free_memory(directory, progress=lambda i, n: prog.update(task, completed=i, total=n))
+            except OSError as exc:  # a full disk: the run goes on as without --fill, and says so
+                self.doc["notes"].append(f"free memory not filled before {label}: {exc}")
+                self.say(f"[red]free memory not filled before {label}: {exc}")
+                return
+        self.doc.setdefault("page_cache_fill", []).append({"before": label, **done})
+        if done["mb"]:
+            self.say(f"filled {done['mb']:,} MB of free memory with page cache in {done['seconds']} s before "
+                     f"{label} (free {done['free_mb_before']:,.0f} -> {done['free_mb_after']:,.0f} MB)")
 
     def measure_quietly(self, row: dict[str, Any], run: Any) -> None:
         """:meth:`measure` without a row of the results: a failure is noted in ``row`` and the run goes on."""
@@ -652,6 +681,7 @@ class Bench:
 
     def latency_phase(self) -> None:
         for rnd in range(1, self.args.rounds + 1):
+            self.fill_memory(f"latency round {rnd}")
             for pos, contender in enumerate(round_order(self.args.latency_contenders, rnd), 1):
                 row: dict[str, Any] = {"phase": "latency", "contender": contender, "rate": self.args.rate,
                                        "seconds": self.args.seconds, "size": self.args.latency_size,
@@ -763,6 +793,7 @@ class Bench:
         stopped += local.down(self.env)
         self.say(f"clusters stopped ({len(stopped)} processes)")
         shutil.rmtree(self.out / "checkpoints", ignore_errors=True)
+        shutil.rmtree(self.out / "fill", ignore_errors=True)
 
 
 def round_order(contenders: list[str], rnd: int) -> list[str]:

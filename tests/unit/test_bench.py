@@ -9,6 +9,8 @@ import time
 from datetime import datetime
 from io import BytesIO
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import yaml
 from fastavro import schemaless_reader
@@ -502,7 +504,7 @@ def test_the_burn_in_drains_once_per_size_before_the_first_measured_drain_and_is
     def bench(no_burn_in: bool, fail: bool = False) -> tuple[run.Bench, list[tuple[str, str]]]:
         b = run.Bench.__new__(run.Bench)
         b.args = Namespace(rounds=2, contenders=["mirrorflow-eos-writer", "mm2-tuned"], no_burn_in=no_burn_in,
-                           no_sync=True)
+                           no_sync=True, no_fill=True)
         b.rows, b.doc, b.current, b.burned_in = [], {"notes": []}, None, set()
         calls: list[tuple[str, str]] = []
 
@@ -533,3 +535,73 @@ def test_the_burn_in_drains_once_per_size_before_the_first_measured_drain_and_is
     assert [r["status"] for r in b.rows] == ["ok"] * 8
     b, calls = bench(no_burn_in=True)
     assert "burn-in" not in [c for c, _ in calls] and "burn_in" not in b.doc
+
+
+def test_the_fill_turns_free_memory_less_what_it_leaves_into_a_file_on_disk(monkeypatch, tmp_path):
+    """``fill_free_memory`` writes a file as large as the free memory less what it leaves (in whole pieces, and
+    never into the file system's last gigabytes), to disk; with nothing to spare it writes nothing."""
+    import bench.observe as observe
+
+    free = {"MemFree": observe.FILL_LEAVE_MB + 5.5}
+    monkeypatch.setattr(observe, "meminfo_mb", lambda key, meminfo=None: free[key])
+    monkeypatch.setattr(observe, "FILL_CHUNK_MB", 1)
+    monkeypatch.setattr(observe, "FILL_DISK_LEAVE_MB", 0)
+    steps: list[tuple[int, int]] = []
+    done = observe.fill_free_memory(tmp_path, progress=lambda i, n: steps.append((i, n)))
+    files = list(tmp_path.iterdir())
+    assert done["mb"] == 5 and [f.stat().st_size for f in files] == [5 * 1024 * 1024]
+    assert steps == [(i, 5) for i in range(1, 6)]
+    assert files[0].read_bytes()[-1024:] == bytes(1024)
+    monkeypatch.setattr(observe.shutil, "disk_usage", lambda p: SimpleNamespace(free=3 * 1024 * 1024))
+    assert observe.fill_free_memory(tmp_path)["mb"] == 3  # the disk's free space bounds it
+    free["MemFree"] = observe.FILL_LEAVE_MB - 1.0
+    assert observe.fill_free_memory(tmp_path)["mb"] == 0 and len(list(tmp_path.iterdir())) == 2
+
+
+def test_each_round_fills_free_memory_before_its_load_unless_told_not_to(monkeypatch, tmp_path):
+    """The drain phase fills free memory before each round's load (its drains then grow the brokers' logs into
+    reclaimed page cache alike), the latency phase before each of its rounds; ``--no-fill`` leaves it out."""
+    from argparse import Namespace
+
+    from rich.console import Console
+
+    import bench.run as run
+    from bench.workload import Loaded
+
+    def phases(no_fill: bool) -> tuple[run.Bench, list[str]]:
+        b = run.Bench.__new__(run.Bench)
+        b.args = Namespace(rounds=2, contenders=["raw-python"], latency_contenders=[], no_burn_in=True, no_sync=True,
+                           no_fill=no_fill)
+        b.rows, b.doc, b.current, b.burned_in = [], {"notes": []}, None, set()
+        b.console, b.out = Console(quiet=True), tmp_path
+        steps: list[str] = []
+
+        def fill(directory: Path, progress: Any = None) -> dict[str, float]:
+            steps.append("fill")
+            return {"mb": 1, "seconds": 0.1, "free_mb_before": 3000.0, "free_mb_after": 2000.0}
+
+        def load_topic(topic: str, size: int, records: int) -> Loaded:
+            steps.append(f"load {topic}")
+            return Loaded(records, 0, size * records, 0.1)
+
+        def drain_one(contender: str, topic: str, tag: str, records: int, row: dict) -> None:
+            steps.append(f"drain {topic}")
+            row.update(status="ok", wall_s=1.0, startup_s=0.5, records_per_s=records, memory={"peak_rss_mb": 1.0})
+
+        monkeypatch.setattr(run, "fill_free_memory", fill)
+        monkeypatch.setattr(b, "load_topic", load_topic)
+        monkeypatch.setattr(b, "drain_one", drain_one)
+        monkeypatch.setattr(b, "say", lambda msg: None)
+        monkeypatch.setattr(b, "save", lambda: None)
+        b.drain_phase(100, 10)
+        b.latency_phase()
+        return b, steps
+
+    b, steps = phases(no_fill=False)
+    assert steps == ["fill", "load bench.s100", "drain bench.s100", "fill", "load bench.s100.r2", "drain bench.s100.r2",
+                     "fill", "fill"]
+    assert [f["before"] for f in b.doc["page_cache_fill"]] == ["s100 round 1", "s100 round 2", "latency round 1",
+                                                               "latency round 2"]
+    b, steps = phases(no_fill=True)
+    assert steps == ["load bench.s100", "drain bench.s100", "load bench.s100.r2", "drain bench.s100.r2"]
+    assert "page_cache_fill" not in b.doc
