@@ -416,6 +416,20 @@ def fill_free_memory(directory: Path, leave_mb: float = FILL_LEAVE_MB,
     return out
 
 
+def disk_read_mb(vmstat: str | None = None) -> float | None:
+    """What the machine has read from its disks since boot (``pgpgin`` in /proc/vmstat), in MB: a drain whose
+    source records are no longer in the page cache reads them from disk, and waits for it."""
+    try:
+        text = Path("/proc/vmstat").read_text() if vmstat is None else vmstat
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "pgpgin" and value.strip().isdigit():
+            return round(int(value) / 1024, 1)
+    return None
+
+
 def settle_page_cache() -> dict[str, float | None]:
     """Write the page cache's dirty data to disk before a measurement (``sync``): the load's gigabyte (or what
     the contender before wrote) is then not written back by the kernel's threads on the cores the next

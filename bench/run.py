@@ -49,6 +49,7 @@ from bench.observe import (  # noqa: E402
     DstWatcher,
     PidsCpu,
     cores_between,
+    disk_read_mb,
     fill_free_memory,
     latency_windows,
     percentile,
@@ -593,6 +594,7 @@ class Bench:
         return loaded
 
     def drain_one(self, contender: str, topic: str, tag: str, records: int, row: dict[str, Any]) -> None:
+        read_before = disk_read_mb()
         run, dest = self.launch(contender, topic, tag, drain=True)
         row.update(destination_topic=dest, log=str(run.log), env=run.env_extra)
         watcher = DrainCounter(self.ep.dst_bootstrap, dest, expected=records)
@@ -621,6 +623,9 @@ class Bench:
                 pass
             run.alive()
         row["memory"] = self.finish(run)
+        read_after = disk_read_mb()
+        # what the machine read from disk while the contender ran (its source records, if the cache lost them)
+        row["disk_read_mb"] = None if read_before is None or read_after is None else round(read_after - read_before, 1)
         row["exit_code"] = run.proc.returncode
         row["visible"] = seen.count
         if not ok:

@@ -24,7 +24,7 @@ from bench.contenders import (
     mm2_remote_topic,
     parse_batches,
 )
-from bench.observe import cpu_seconds, latency_windows, percentile, unwritten_mb
+from bench.observe import cpu_seconds, disk_read_mb, latency_windows, meminfo_mb, percentile, unwritten_mb
 from bench.report import add_ratios, summarize, summarize_latency
 from bench.run import CONTENDERS, QUICK_CONTENDERS, round_order
 from bench.workload import PARSED, RateProducer, make_value, measured_key, parse_measured_key
@@ -350,6 +350,13 @@ def test_unwritten_page_cache_is_dirty_plus_writeback_in_mb():
     meminfo = "MemFree:  100 kB\nDirty:    2048 kB\nWriteback:  1024 kB\nWritebackTmp:  4096 kB\n"
     assert unwritten_mb(meminfo) == 3.0
     assert unwritten_mb("MemFree: 1 kB\n") is None
+
+
+def test_free_memory_and_disk_reads_are_read_in_mb():
+    assert meminfo_mb("MemFree", "MemTotal:  4096 kB\nMemFree:  2048 kB\n") == 2.0
+    assert meminfo_mb("Cached", "MemFree:  2048 kB\n") is None
+    assert disk_read_mb("pgpgin_x 1\npgpgin 3072\npgpgout 5\n") == 3.0  # pgpgin counts KB read from disks
+    assert disk_read_mb("pgpgout 5\n") is None
 
 
 def test_system_cpu_is_the_kernel_part_of_a_process_cpu() -> None:
