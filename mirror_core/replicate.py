@@ -749,6 +749,12 @@ def fence_transactional_id(producer_config: dict[str, Any], txid: str) -> None:
     p.init_transactions(60)
 
 
+#: ``transactions: per_writer``: the writer ids a job does not use are fenced this many at a time when a writer
+#: process starts (:meth:`WriterTransaction.fence_unused`). Each fence is a producer of its own and a few round
+#: trips, about 0.25-0.5 s here, mostly waiting: 60 in a row took 15 s. The 62 ids a job of two writer processes
+#: leaves unused took 1.05-2.84 s 8 at a time and 0.60-0.68 s 32 at a time, also with two processes fencing them
+#: at once (5 December): at 8 the warm-up of a writer process took 1.5-3.5 s and could run into the first batch
+FENCE_THREADS = 32
 #: ``transactions: per_writer``: per-partition transactional ids this process has fenced (see
 #: :meth:`PartitionWriter.prepare_shared`)
 _FENCED_PARTITIONS: set[str] = set()
@@ -844,9 +850,7 @@ class WriterTransaction:
             with _FENCE_GUARD:
                 _FENCED_PARTITIONS.add(txid)
 
-        # each fence is a producer of its own and a few round trips (about 0.25-0.5 s here): 60 in a row took
-        # 15 s, 8 at a time 1.8 s
-        with ThreadPoolExecutor(max_workers=min(8, len(todo)), thread_name_prefix="mirrorflow-fence") as pool:
+        with ThreadPoolExecutor(min(FENCE_THREADS, len(todo)), thread_name_prefix="mirrorflow-fence") as pool:
             list(pool.map(fence, todo))
 
     def producer(self) -> Producer:
