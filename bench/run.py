@@ -246,7 +246,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="do not fill the free memory with page cache before each round's load (a file of zeros "
                          "written to disk and kept until the end): on a VM whose host takes back free memory, "
                          "the first writes into it cost several times the system CPU, and the drains that grew "
-                         "the brokers' page cache into it were the slow ones")
+                         "the brokers' page cache into it were the slow ones (--quick leaves it out too: a smoke "
+                         "run is no comparison)")
     ap.add_argument("--no-burn-in", action="store_true",
                     help="skip the burn-in: before the first measured drain of each size, the raw pipe copies "
                          "that round's records once into a topic of its own, unmeasured (the invocation's first "
@@ -260,6 +261,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if len(recs) != len(args.sizes):
         ap.error("--records needs one number or one per --sizes entry")
     args.records = recs
+    args.no_fill = args.no_fill or quick
     if args.rounds < 1:
         ap.error("--rounds needs 1 or more")
     args.rate = args.rate or (1000.0 if quick else 2000.0)
@@ -563,7 +565,7 @@ class Bench:
             task = prog.add_task("fill", total=None)
             try:
                 done = fill_free_memory(directory, progress=lambda i, n: prog.update(task, completed=i, total=n))
-            except OSError as exc:  # a full disk: the run goes on as without --fill, and says so
+            except OSError as exc:  # a full disk: the run goes on as with --no-fill, and says so
                 self.doc["notes"].append(f"free memory not filled before {label}: {exc}")
                 self.say(f"[red]free memory not filled before {label}: {exc}")
                 return

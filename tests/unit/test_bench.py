@@ -612,3 +612,5 @@ def test_each_round_fills_free_memory_before_its_load_unless_told_not_to(monkeyp
     b, steps = phases(no_fill=True)
     assert steps == ["load bench.s100", "drain bench.s100", "load bench.s100.r2", "drain bench.s100.r2"]
     assert "page_cache_fill" not in b.doc
+    # a run fills unless told not to; a --quick smoke run never does
+    assert [run.parse_args(a).no_fill for a in ([], ["--no-fill"], ["--quick"])] == [False, True, True]
