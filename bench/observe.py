@@ -350,15 +350,25 @@ class PidsCpu:
         self._thread.join(5)
 
 
-def unwritten_mb(meminfo: str | None = None) -> float | None:
-    """Page-cache data not yet on disk (``Dirty`` + ``Writeback`` in /proc/meminfo), in MB."""
+def proc_numbers(path: str, text: str | None = None) -> dict[str, int] | None:
+    """The ``name value`` lines of a /proc table (/proc/meminfo's ``Name:  123 kB``, /proc/vmstat's
+    ``name 123``) as numbers; ``text`` instead of reading ``path``. None when the file cannot be read."""
     try:
-        text = Path("/proc/meminfo").read_text() if meminfo is None else meminfo
+        text = Path(path).read_text() if text is None else text
     except OSError:
         return None
-    kb = {k: int(v.split()[0]) for k, v in (ln.split(":", 1) for ln in text.splitlines() if ":" in ln)
-          if k in ("Dirty", "Writeback")}
-    return round(sum(kb.values()) / 1024, 1) if kb else None
+    out = {}
+    for line in text.splitlines():
+        parts = line.replace(":", " ", 1).split()
+        if len(parts) >= 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def unwritten_mb(meminfo: str | None = None) -> float | None:
+    """Page-cache data not yet on disk (``Dirty`` + ``Writeback`` in /proc/meminfo), in MB."""
+    kb = [v for k, v in (proc_numbers("/proc/meminfo", meminfo) or {}).items() if k in ("Dirty", "Writeback")]
+    return round(sum(kb) / 1024, 1) if kb else None
 
 
 #: :func:`fill_free_memory` leaves this much memory free (the kernel and new processes take it first)
@@ -371,15 +381,8 @@ FILL_DISK_LEAVE_MB = 10240
 
 def meminfo_mb(key: str, meminfo: str | None = None) -> float | None:
     """One field of /proc/meminfo (``MemFree``, ``Cached``, ...), in MB."""
-    try:
-        text = Path("/proc/meminfo").read_text() if meminfo is None else meminfo
-    except OSError:
-        return None
-    for line in text.splitlines():
-        name, _, rest = line.partition(":")
-        if name == key and rest.split():
-            return round(int(rest.split()[0]) / 1024, 1)
-    return None
+    kb = (proc_numbers("/proc/meminfo", meminfo) or {}).get(key)
+    return None if kb is None else round(kb / 1024, 1)
 
 
 def fill_free_memory(directory: Path, leave_mb: float = FILL_LEAVE_MB,
@@ -417,17 +420,10 @@ def fill_free_memory(directory: Path, leave_mb: float = FILL_LEAVE_MB,
 
 
 def disk_read_mb(vmstat: str | None = None) -> float | None:
-    """What the machine has read from its disks since boot (``pgpgin`` in /proc/vmstat), in MB: a drain whose
-    source records are no longer in the page cache reads them from disk, and waits for it."""
-    try:
-        text = Path("/proc/vmstat").read_text() if vmstat is None else vmstat
-    except OSError:
-        return None
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name == "pgpgin" and value.strip().isdigit():
-            return round(int(value) / 1024, 1)
-    return None
+    """What the machine has read from its disks since boot (``pgpgin`` in /proc/vmstat, in KB), in MB: a drain
+    whose source records are no longer in the page cache reads them from disk, and waits for it."""
+    kb = (proc_numbers("/proc/vmstat", vmstat) or {}).get("pgpgin")
+    return None if kb is None else round(kb / 1024, 1)
 
 
 def settle_page_cache() -> dict[str, float | None]:
