@@ -110,6 +110,20 @@ def test_airflow_standalone_with_project(services: dict[str, Any]) -> None:
         assert dep["condition"] == "service_healthy"
 
 
+def test_every_airflow_connection_set_is_one_mirrorflow_reads(services: dict[str, Any]) -> None:
+    """A connection set in the environment that no group or cluster names does nothing: a user reading
+    the file would think it picks the Spark master (it once set spark_default, which mirrorflow never reads)."""
+    cfg = load_config(COMPOSE_CONFIG, env={})
+    read = {g.spark.airflow_conn_id for g in cfg.groups}
+    for alias in ("src", "dst"):
+        cluster = cfg.cluster(alias)
+        read |= {c for c in (cluster.connection, cluster.schema_registry_connection) if c}
+    for service in services.values():
+        for name in _env(service):
+            if name.startswith("AIRFLOW_CONN_"):
+                assert name.removeprefix("AIRFLOW_CONN_").lower() in read, name
+
+
 def test_spark_checkpoints_are_shared(services: dict[str, Any]) -> None:
     for name in ("airflow", "spark-master", "spark-worker"):
         assert "mirrorflow-state:/state" in services[name]["volumes"], name
