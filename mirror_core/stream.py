@@ -870,7 +870,15 @@ class MirrorRuntime:
 
     def warm_up(self) -> threading.Thread | None:
         """In the background: start every mirrored partition's producer and read its position, so the
-        driver's first micro-batch finds them ready (runs while Spark plans and reads that batch)."""
+        driver's first micro-batch finds them ready (runs while Spark plans and reads that batch). Makes the
+        admin clients the batches ask through (the destination check's; with ``keep_writing_for``, the
+        source's)."""
+        # the admin clients a batch asks through are made now, not at the first batch's first question: a new
+        # client's first request can wait 1-3 s (replicate.markers_admin)
+        if self.destination_ids and self._dst_admin is None:
+            self._dst_admin = self._dst_admin_factory()  # check_destinations
+        if self.group.spark.keep_writing_for and self._src_admin is None:
+            self._src_admin = clients.admin(self.src)  # _stable_ends
         if not self.group.spark.driver_batch_max_records and not self.group.spark.reads_directly:
             return None  # the tasks write: their producers live in the Python workers
         plan = self.writer_plan(-1)

@@ -1496,6 +1496,38 @@ def test_per_writer_the_next_transaction_reports_each_record_where_the_last_comm
     assert txn.late_markers([("t", 1)]) == set() and asked == []
 
 
+def test_per_writer_the_admin_that_asks_about_late_markers_is_made_when_the_producers_start(monkeypatch) -> None:
+    """A new admin client's first request could wait 1-3 s (it lost its leader lookup while swapping its
+    bootstrap connection): with producers by turns, the client that asks about the last commit's markers is
+    made when the writer's producers start (the warm-up), so the first commit's lookup finds it there. One
+    writer producer asks nothing, and makes none."""
+    from mirror_core.replicate import WriterTransaction
+
+    class Quiet:
+        def __init__(self, config: dict) -> None:
+            self.config = config
+
+        def init_transactions(self, timeout: float) -> None:
+            pass
+
+    admins: list[dict] = []
+    monkeypatch.setattr(replicate, "Producer", Quiet)
+    monkeypatch.setattr(replicate, "AdminClient", lambda config: admins.append(config) or object())
+    for name, empty in (("_PRODUCERS", {}), ("_PRODUCER_LIMITS", {}), ("_PRODUCER_PARTITIONS", {}), ("_ADMINS", {}),
+                        ("_TURNS", {})):
+        monkeypatch.setattr(replicate, name, empty)
+    config = {"bootstrap.servers": "dst:9092"}
+    WriterTransaction([settings(producer_config=config)], 0, 1, producers=1).producer()
+    assert admins == []
+    txn = WriterTransaction([settings(producer_config=config)], 0, 1, producers=2)
+    txn.producer()
+    assert [a["bootstrap.servers"] for a in admins] == ["dst:9092"]
+    made = replicate._ADMINS.copy()
+    monkeypatch.setattr(replicate, "latest_offsets", lambda admin, parts, committed, timeout: dict.fromkeys(parts, 5))
+    assert txn.still_late([("t", 0)], 10.0) == set()
+    assert len(admins) == 1 and replicate._ADMINS == made  # the lookup asked through the one made at the start
+
+
 def _late_markers_writer(monkeypatch):
     """:func:`_twenty_records_in_three_transactions` on a destination the writer can ask about late markers
     (none known landed or due yet, no reporting of every record); returns the sync store, the producers made,
