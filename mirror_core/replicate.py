@@ -653,10 +653,10 @@ def markers_admin(config: dict[str, Any]) -> AdminClient:
     """The admin client :func:`markers_pending` asks through, one for each destination config in this process.
     Made before it is first asked (when a writer's producers start, in the warm-up): a new client swaps its
     bootstrap connection for the broker's own within milliseconds, and a request sent in that moment lost its
-    leader lookup with the bootstrap connection and was looked up again only after 1 s, or 3 s. The first
-    lookup of a writer process, made new at its first commit, took 1,006-3,009 ms in 5 of 14 exactly-once
-    1 KB drains (librdkafka's debug log shows the lost lookup), with nothing else running: the whole first
-    micro-batch waited (5 December)."""
+    leader lookup with the bootstrap connection and was looked up again only after 1 s, or 3 s (librdkafka's
+    debug log shows the lost lookup). Made new at a writer process's first commit, the lookup held up the first
+    micro-batch of 6 of 19 exactly-once 1 KB drains, with nothing else running: five took 4.0-4.8 s instead of
+    1.2-1.8 s, one 2.0 s. In 22 drains since, none took over 1.9 s (docs/benchmarks.md, 5 December)."""
     key = tuple(sorted((k, str(v)) for k, v in config.items()))
     with _ADMINS_GUARD:
         admin = _ADMINS.get(key)
