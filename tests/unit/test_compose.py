@@ -111,10 +111,17 @@ def test_airflow_standalone_with_project(services: dict[str, Any]) -> None:
 
 
 def test_every_airflow_connection_set_is_one_mirrorflow_reads(services: dict[str, Any]) -> None:
-    """A connection set in the environment that no group or cluster names does nothing: a user reading
-    the file would think it picks the Spark master (it once set spark_default, which mirrorflow never reads)."""
+    """A connection set in the environment that no group or cluster names, and that the failover's pause does
+    not use, does nothing: a user reading the file would think it picks the Spark master (it once set
+    spark_default, which mirrorflow never reads)."""
+    import ast
+
     cfg = load_config(COMPOSE_CONFIG, env={})
-    read = {g.spark.airflow_conn_id for g in cfg.groups}
+    operators = ast.parse((REPO / "plugins" / "mirrorflow_airflow" / "operators.py").read_text())
+    api = [node.value.value for node in operators.body if isinstance(node, ast.Assign)
+           and any(getattr(t, "id", "") == "AIRFLOW_API_CONN_ID" for t in node.targets)]
+    assert len(api) == 1, "operators.AIRFLOW_API_CONN_ID not found"
+    read = {g.spark.airflow_conn_id for g in cfg.groups} | set(api)
     for alias in ("src", "dst"):
         cluster = cfg.cluster(alias)
         read |= {c for c in (cluster.connection, cluster.schema_registry_connection) if c}
