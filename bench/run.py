@@ -569,7 +569,17 @@ class Bench:
                 self.doc["notes"].append(f"free memory not filled before {label}: {exc}")
                 self.say(f"[red]free memory not filled before {label}: {exc}")
                 return
+        first = not self.doc.get("page_cache_fill")
         self.doc.setdefault("page_cache_fill", []).append({"before": label, **done})
+        if first and not done["mb"]:
+            # the run's first fill found the memory taken already: other files hold the page cache (an earlier
+            # run's broker logs), and a drain may then read its source back from disk (disk_read_mb): at 1,000
+            # partitions on 5 December, 30-1,025 MB of an 871 MB source a drain
+            note = (f"free memory not filled before {label}: only {done['free_mb_before']:,.0f} MB free, the page "
+                    f"cache holds other files (an earlier run's bench/results/<stamp>/state?); drains may read "
+                    f"their source from disk (disk_read_mb)")
+            self.doc["notes"].append(note)
+            self.say(f"[yellow]{note}")
         if done["mb"]:
             self.say(f"filled {done['mb']:,} MB of free memory with page cache in {done['seconds']} s before "
                      f"{label} (free {done['free_mb_before']:,.0f} -> {done['free_mb_after']:,.0f} MB)")

@@ -565,6 +565,29 @@ def test_the_fill_turns_free_memory_less_what_it_leaves_into_a_file_on_disk(monk
     assert observe.fill_free_memory(tmp_path)["mb"] == 0 and len(list(tmp_path.iterdir())) == 2
 
 
+def test_a_first_fill_that_finds_the_memory_taken_says_so_and_later_ones_do_not(monkeypatch, tmp_path):
+    """When the run's first fill writes nothing, the page cache holds other files (an earlier run's logs) and a
+    drain may read its source from disk: the run notes it (console and JSON). A later fill that writes nothing
+    is the usual case (the first one's file still holds the memory) and says nothing."""
+    from argparse import Namespace
+
+    from rich.console import Console
+
+    import bench.run as run
+
+    b = run.Bench.__new__(run.Bench)
+    b.args = Namespace(no_fill=False)
+    b.doc, b.console, b.out = {"notes": []}, Console(quiet=True), tmp_path
+    said: list[str] = []
+    monkeypatch.setattr(b, "say", said.append)
+    monkeypatch.setattr(run, "fill_free_memory", lambda directory, progress=None: {
+        "mb": 0, "seconds": 0.0, "free_mb_before": 861.4, "free_mb_after": 861.4})
+    b.fill_memory("s100 round 1")
+    assert len(b.doc["notes"]) == 1 and "only 861 MB free" in b.doc["notes"][0] and "disk_read_mb" in said[0]
+    b.fill_memory("s100 round 2")
+    assert len(b.doc["notes"]) == 1 and len(said) == 1
+
+
 def test_each_round_fills_free_memory_before_its_load_unless_told_not_to(monkeypatch, tmp_path):
     """The drain phase fills free memory before each round's load (its drains then grow the brokers' logs into
     reclaimed page cache alike), the latency phase before each of its rounds; ``--no-fill`` leaves it out."""
@@ -609,6 +632,7 @@ def test_each_round_fills_free_memory_before_its_load_unless_told_not_to(monkeyp
                      "fill", "fill"]
     assert [f["before"] for f in b.doc["page_cache_fill"]] == ["s100 round 1", "s100 round 2", "latency round 1",
                                                                "latency round 2"]
+    assert b.doc["notes"] == []
     b, steps = phases(no_fill=True)
     assert steps == ["load bench.s100", "drain bench.s100", "load bench.s100.r2", "drain bench.s100.r2"]
     assert "page_cache_fill" not in b.doc
