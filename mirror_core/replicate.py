@@ -873,8 +873,6 @@ class WriterTransaction:
         with _WRITER_GUARD:  # the driver's warm-up and its first batch may both ask: one producer, not two
             for key in self.txids:
                 self._start(key)
-            if self.transactional and len(self.txids) > 1 and self.producer_config.get("bootstrap.servers"):
-                markers_admin(self.producer_config)  # ready before the first commit asks it (late_markers)
             return _PRODUCERS[self.txid]
 
     def took_turn(self, partitions: Iterable[tuple[str, int]] = ()) -> None:
@@ -935,6 +933,8 @@ class WriterTransaction:
                 p = Producer(self.producer_config | _base_config(self.limit, self.producer_config)
                              | {"transactional.id": key, "transaction.timeout.ms": 60000, "logger": _TXN_LOG})
                 p.init_transactions(60)
+                if len(self.txids) > 1 and self.producer_config.get("bootstrap.servers"):
+                    markers_admin(self.producer_config)  # ready before the first commit asks it (late_markers)
             _PRODUCERS[key] = p
             _PRODUCER_LIMITS[key] = self.limit
             _PRODUCER_PARTITIONS[key] = self.partitions
