@@ -13,8 +13,10 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,10 @@ class Arrivals:
     # the window the throughput figure is taken over, free of start-up and of the last straggling batch
     at_10: float | None = None
     at_90: float | None = None
+    #: the count at ``first_at``: what the first look that saw records found already there. A contender the
+    #: watcher times (no log of its own start) is measured from that look, so these records, which became
+    #: visible before its clock started, are not counted in its steady figure (see bench.run)
+    first_count: int = 0
     #: the most records that became visible at once (between two looks at the destination): a transaction
     #: that commits a large share of the drain makes the 10 %/90 % window a measure of when its commits
     #: landed, not of the pace (see bench.report.rate)
@@ -131,7 +137,8 @@ class DstWatcher:
             return
         self.seen.largest_step = max(self.seen.largest_step, count - self.seen.count)
         self.seen.count = count
-        self.seen.first_at = self.seen.first_at or now
+        if self.seen.first_at is None:
+            self.seen.first_at, self.seen.first_count = now, count
         self.seen.last_at = now
         if self.expected:
             if self.seen.at_10 is None and count >= 0.1 * self.expected:
@@ -178,11 +185,17 @@ class DrainCounter(DstWatcher):
     there, by reading them.
     """
 
-    #: the watcher sleeps at least this many times as long as its last ListOffsets took, so that it and the
-    #: broker answering it take a small share of the machine whatever the partition count. Asked every 20 ms
-    #: for 9,000 partitions, the watcher alone kept a third of a core busy for the whole drain, and the
-    #: destination broker answering it as busy again
+    #: the watcher sleeps at least this many times as long as its recent ListOffsets took (the quickest of the
+    #: last :attr:`BUSY_LOOKS`), so that it and the broker answering it take a small share of the machine
+    #: whatever the partition count. Asked every 20 ms for 9,000 partitions, the watcher alone kept a third of
+    #: a core busy for the whole drain, and the destination broker answering it as busy again
     IDLE_PER_BUSY = 9
+    #: how many of the last looks :attr:`IDLE_PER_BUSY` takes the quickest of. At 6 partitions a broker busy
+    #: writing 1 KB records answered one ListOffsets in 0.12 s now and then (5 December, 23:03): slept after
+    #: by itself, that one look left the watcher blind for 1.1 s, and its next look found 10-30 % of a raw-pipe
+    #: drain at once (a coarse window, and a steady clock started late). A slow answer costs the watcher and
+    #: the broker no more than a quick one; thousands of partitions make every look slow
+    BUSY_LOOKS = 5
 
     def __init__(self, bootstrap: str, topic: str, *, expected: int, interval: float = 0.02):
         super().__init__(bootstrap, topic, expected=expected)
@@ -196,6 +209,9 @@ class DrainCounter(DstWatcher):
         self._parts: list[int] = []
         self.offsets_count = 0
         self._polled_at: float | None = None  # epoch seconds of the last answered ListOffsets
+        #: every answered look: (epoch seconds, count, seconds the look took); see :meth:`looks_summary`
+        self.looks: list[tuple[float, int, float]] = []
+        self._busy: deque[float] = deque(maxlen=self.BUSY_LOOKS)  # the last looks' durations
 
     def poll(self, timeout: float = 0.1) -> int:
         t0 = time.monotonic()
@@ -203,24 +219,28 @@ class DrainCounter(DstWatcher):
             md = self._admin.list_topics(self.topic, timeout=5).topics.get(self.topic)
             if md is not None and md.error is None and md.partitions:
                 self._parts = sorted(md.partitions)
-        busy = 0.0
         if self._parts:
             asked = {TopicPartition(self.topic, p): self._latest() for p in self._parts}
+            t1 = time.monotonic()
             try:
                 got = self._admin.list_offsets(asked, isolation_level=self._committed, request_timeout=5)
                 total = sum(f.result().offset for f in got.values())
             except Exception:  # noqa: BLE001 - a broker busy or restarting: ask again next round
                 total = self.offsets_count
-            busy = time.monotonic() - t0
+            busy = time.monotonic() - t1
             before, self.offsets_count = self.offsets_count, total
             now = time.time()
+            if self.looks:  # the first look also connects to the partitions' leaders: not what a look costs
+                self._busy.append(busy)
+            self.looks.append((now, total, busy))
             self._mark(total, now)
             self._between_polls(before, total, now)
             self._polled_at = now
             grew = total - before
         else:
             grew = 0
-        time.sleep(max(self._interval - (time.monotonic() - t0), self.IDLE_PER_BUSY * busy))
+        quickest = min(self._busy, default=0.0)
+        time.sleep(max(self._interval - (time.monotonic() - t0), self.IDLE_PER_BUSY * quickest))
         return grew
 
     def _between_polls(self, before: int, count: int, now: float) -> None:
@@ -233,6 +253,23 @@ class DrainCounter(DstWatcher):
             mark = share * self.expected
             if before < mark <= count:
                 setattr(self.seen, name, self._polled_at + (now - self._polled_at) * (mark - before) / (count - before))
+
+    def looks_summary(self) -> dict[str, Any]:
+        """How closely the drain was watched: the looks, the longest time between two of them and the slowest
+        one, and the first look that saw records: how many it saw and how long after the look before it.
+        A first look that finds a large share of the drain already there starts a watcher-timed contender's
+        clock late (see bench.run's steady figure)."""
+        out: dict[str, Any] = {"looks": len(self.looks)}
+        if not self.looks:
+            return out
+        gaps = [b[0] - a[0] for a, b in pairwise(self.looks)]
+        out["largest_gap_s"] = round(max(gaps), 3) if gaps else None
+        out["slowest_look_s"] = round(max(busy for _, _, busy in self.looks), 3)
+        first = next((i for i, (_, count, _) in enumerate(self.looks) if count), None)
+        if first is not None:
+            out["first_count"] = self.looks[first][1]
+            out["first_after_s"] = round(self.looks[first][0] - self.looks[first - 1][0], 3) if first else None
+        return out
 
     def count_records(self, deadline: float) -> int:
         """Read the destination from the beginning (read_committed): how many records it holds, once that

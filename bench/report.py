@@ -152,7 +152,8 @@ def _load(r: dict[str, Any]) -> str:
 
 def throughput_table(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="Drain throughput (same pre-loaded data; 10-90% = window between 10 % and 90 % of the records "
-                    "visible on the destination, ratios use it; steady = data path start -> last record visible; "
+                    "visible on the destination, ratios use it; steady = data path start -> last record visible, "
+                    "counting what became visible after the start; "
                     "CPU us/rec = CPU time of the contender's processes over the window per record in it, servers = "
                     "of both clusters' brokers and registries; ~ = a coarse window, a tenth of the records or more "
                     "became visible at once: that row's ratios use its steady figure)")
