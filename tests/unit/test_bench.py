@@ -378,46 +378,60 @@ def test_system_cpu_is_the_kernel_part_of_a_process_cpu() -> None:
     assert system1 - system0 < (total1 - total0) / 2
 
 
-def test_the_drain_counter_leaves_the_machine_to_the_contender_and_puts_the_marks_between_its_polls(monkeypatch):
-    """The drain counter asks the destination's offsets no more often than leaves it idle nine times as long
-    as the asking took (at thousands of partitions a ListOffsets is slow), and a 10 %/90 % mark crossed
-    between two polls is put where an even pace between them puts it, not at the later poll."""
-    from types import SimpleNamespace
+class _Clock:
+    """The drain counter's clocks and sleep, advanced by hand: ``took(s)`` is time spent answering."""
 
-    import pytest
+    def __init__(self, monkeypatch: Any) -> None:
+        from bench import observe
 
-    from bench import observe
+        self.mono, self.wall = 0.0, 1000.0
+        self.slept: list[float] = []
+        monkeypatch.setattr(observe.time, "monotonic", lambda: self.mono)
+        monkeypatch.setattr(observe.time, "time", lambda: self.wall)
+        monkeypatch.setattr(observe.time, "sleep", self.sleep)
+
+    def took(self, s: float) -> None:
+        self.mono += s
+        self.wall += s
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.took(s)
+
+
+def _drain_counter(clock: _Clock, answers: list[tuple[float, int]]) -> Any:
+    """A DrainCounter of 1,000 expected records over one partition whose ListOffsets answers are ``answers``:
+    (seconds it takes, offset)."""
     from bench.observe import Arrivals, DrainCounter
 
-    clock = {"mono": 0.0, "wall": 1000.0}
-    slept: list[float] = []
-
-    def sleep(s: float) -> None:
-        slept.append(s)
-        clock["mono"] += s
-        clock["wall"] += s
-
-    monkeypatch.setattr(observe.time, "monotonic", lambda: clock["mono"])
-    monkeypatch.setattr(observe.time, "time", lambda: clock["wall"])
-    monkeypatch.setattr(observe.time, "sleep", sleep)
-    totals = iter([0, 50, 250, 1000])
+    left = iter(answers)
 
     class Admin:
-        def list_offsets(self, asked, isolation_level, request_timeout):
-            clock["mono"] += 0.1  # each ListOffsets takes 100 ms
-            clock["wall"] += 0.1
-            n = next(totals)
-            return {tp: SimpleNamespace(result=lambda n=n: SimpleNamespace(offset=n)) for tp in list(asked)[:1]}
+        def list_offsets(self, asked: dict, isolation_level: Any, request_timeout: float) -> dict:
+            took, offset = next(left)
+            clock.took(took)
+            return {tp: SimpleNamespace(result=lambda: SimpleNamespace(offset=offset)) for tp in asked}
 
     w = DrainCounter.__new__(DrainCounter)
     w.topic, w.expected, w.seen = "t", 1000, Arrivals()
     w._admin, w._latest, w._committed, w._interval = Admin(), lambda: None, None, 0.02
     w._parts, w.offsets_count, w._polled_at, w.looks = [0], 0, None, []
     w._busy = deque(maxlen=DrainCounter.BUSY_LOOKS)
+    return w
+
+
+def test_the_drain_counter_leaves_the_machine_to_the_contender_and_puts_the_marks_between_its_polls(monkeypatch):
+    """The drain counter asks the destination's offsets no more often than leaves it idle nine times as long
+    as the asking took (at thousands of partitions a ListOffsets is slow), and a 10 %/90 % mark crossed
+    between two polls is put where an even pace between them puts it, not at the later poll."""
+    import pytest
+
+    clock = _Clock(monkeypatch)
+    w = _drain_counter(clock, [(0.1, 0), (0.1, 50), (0.1, 250), (0.1, 1000)])  # each ListOffsets takes 100 ms
     for _ in range(4):
         w.poll()
     # not 20 ms apart: 100 ms busy, 900 ms idle (the first look, which connects, does not count)
-    assert slept == pytest.approx([0.0, 0.9, 0.9, 0.9])
+    assert clock.slept == pytest.approx([0.0, 0.9, 0.9, 0.9])
     # polls answered at wall 1000.1, 1000.2, 1001.2, 1002.2 with 0, 50, 250, 1000 records
     assert w.seen.at_10 == pytest.approx(1000.2 + 1.0 * (100 - 50) / 200)
     assert w.seen.at_90 == pytest.approx(1001.2 + 1.0 * (900 - 250) / 750)
@@ -431,42 +445,14 @@ def test_one_slow_answer_does_not_leave_the_drain_counter_blind(monkeypatch):
     """A broker busy with the drain answers a ListOffsets slowly now and then; the counter's idle time follows
     the quickest of its last looks, so one slow answer does not stop it looking for nine times as long (at 1 KB
     on 5 December, 23:03, a 0.12 s answer left it blind for 1.1 s and its next look found 29 % of a drain)."""
-    from types import SimpleNamespace
-
     import pytest
 
-    from bench import observe
-    from bench.observe import Arrivals, DrainCounter
-
-    clock = {"mono": 0.0, "wall": 1000.0}
-    slept: list[float] = []
-
-    def sleep(s: float) -> None:
-        slept.append(s)
-        clock["mono"] += s
-        clock["wall"] += s
-
-    monkeypatch.setattr(observe.time, "monotonic", lambda: clock["mono"])
-    monkeypatch.setattr(observe.time, "time", lambda: clock["wall"])
-    monkeypatch.setattr(observe.time, "sleep", sleep)
-    took = iter([0.05, 0.002, 0.002, 0.12, 0.002, 0.002])
-
-    class Admin:
-        def list_offsets(self, asked, isolation_level, request_timeout):
-            t = next(took)
-            clock["mono"] += t
-            clock["wall"] += t
-            return {tp: SimpleNamespace(result=lambda: SimpleNamespace(offset=0)) for tp in asked}
-
-    w = DrainCounter.__new__(DrainCounter)
-    w.topic, w.expected, w.seen = "t", 1000, Arrivals()
-    w._admin, w._latest, w._committed, w._interval = Admin(), lambda: None, None, 0.02
-    w._parts, w.offsets_count, w._polled_at, w.looks = [0], 0, None, []
-    w._busy = deque(maxlen=DrainCounter.BUSY_LOOKS)
+    clock = _Clock(monkeypatch)
+    w = _drain_counter(clock, [(t, 0) for t in (0.05, 0.002, 0.002, 0.12, 0.002, 0.002)])
     for _ in range(6):
         w.poll()
     # the first look connects (50 ms): no idle time for it; the 120 ms answer: 18 ms of idle, not 1.08 s
-    assert slept == pytest.approx([0.0, 0.018, 0.018, 0.018, 0.018, 0.018])
+    assert clock.slept == pytest.approx([0.0, 0.018, 0.018, 0.018, 0.018, 0.018])
     assert w.looks_summary()["slowest_look_s"] == 0.12
 
 
