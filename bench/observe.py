@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -461,6 +462,45 @@ def disk_read_mb(vmstat: str | None = None) -> float | None:
     whose source records are no longer in the page cache reads them from disk, and waits for it."""
     kb = (proc_numbers("/proc/vmstat", vmstat) or {}).get("pgpgin")
     return None if kb is None else round(kb / 1024, 1)
+
+
+#: a jump of the wall clock against the monotonic one of more than this many seconds during a measurement
+#: means the machine stood still (a VM paused or snapshotted) and the wall clock was set right after it
+PAUSE_JUMP_S = 1.0
+#: the line a Linux guest's kernel logs when its VM is snapshotted ("forked") and goes on
+VM_FORK_LINE = "virtual machine fork"
+
+
+def vm_forks(dmesg: str | None = None) -> int | None:
+    """How many times the kernel has logged that its VM was forked (snapshotted) since boot; None where the
+    kernel log cannot be read."""
+    if dmesg is None:
+        try:
+            dmesg = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10, check=True).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+    return dmesg.count(VM_FORK_LINE)
+
+
+class PauseWatch:
+    """Whether the machine stood still while something ran: the wall clock jumped against the monotonic one
+    (which does not count a pause), or the kernel logged a VM snapshot. On 5 December at 23:28-23:30 the
+    development VM was snapshotted in the middle of a bench run: the page cache was dropped, free memory was
+    handed back to its host, one drain's watcher saw nothing for 49 s, and the drains after it ran at half
+    speed on memory the host had to give back."""
+
+    def __init__(self) -> None:
+        self._offset = time.time() - time.monotonic()
+        self._forks = vm_forks()
+
+    def result(self) -> dict[str, Any] | None:
+        """None if nothing was seen, else what was: the clock's jump (s) and the snapshots logged."""
+        jump = (time.time() - time.monotonic()) - self._offset
+        forks_now = vm_forks()
+        forks = None if forks_now is None or self._forks is None else forks_now - self._forks
+        if abs(jump) <= PAUSE_JUMP_S and not forks:
+            return None
+        return {"clock_jump_s": round(jump, 1), "vm_snapshots": forks}
 
 
 def settle_page_cache() -> dict[str, float | None]:

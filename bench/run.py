@@ -47,6 +47,7 @@ from bench.observe import (  # noqa: E402
     Arrivals,
     DrainCounter,
     DstWatcher,
+    PauseWatch,
     PidsCpu,
     cores_between,
     disk_read_mb,
@@ -528,6 +529,7 @@ class Bench:
         if not self.args.no_sync:
             row["page_cache"] = settle_page_cache()
         load0 = os.getloadavg()[0]
+        pause = PauseWatch()
         try:
             run(row)
         except Skip as exc:
@@ -537,6 +539,15 @@ class Bench:
             if self.current:
                 row["memory"] = self.finish(self.current)
         _note_load(row, load0, getattr(self, "_load_end", None))
+        paused = pause.result()
+        if paused:
+            row["machine_paused"] = paused
+            note = (f"{row.get('contender')} s{row.get('size')} round {row.get('round', 1)}: the machine stood still "
+                    f"while it ran (wall clock jumped {paused['clock_jump_s']} s against the monotonic one; VM "
+                    f"snapshots logged: {paused['vm_snapshots']}); its figures, and those of the drains after it, "
+                    f"say little")
+            self.doc["notes"].append(note)
+            self.say(f"[yellow]{note}")
         if "page_cache" in row:
             row["page_cache"]["unwritten_mb_end"] = unwritten_mb()  # what the measurement left to write
         self.say(_row_line(row))

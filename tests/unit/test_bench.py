@@ -690,3 +690,50 @@ def test_each_round_fills_free_memory_before_its_load_unless_told_not_to(monkeyp
     assert "page_cache_fill" not in b.doc
     # a run fills unless told not to; a --quick smoke run never does
     assert [run.parse_args(a).no_fill for a in ([], ["--no-fill"], ["--quick"])] == [False, True, True]
+
+
+def test_a_measurement_during_which_the_machine_stood_still_is_marked(monkeypatch):
+    """A VM paused or snapshotted during a drain stops the monotonic clock but not the wall clock, and a
+    snapshot leaves a line in the kernel log: either marks the row (``machine_paused``), notes it in the JSON
+    and says it on the console; a measurement with neither is left alone."""
+    from argparse import Namespace
+
+    import bench.run as run
+    from bench import observe
+
+    clock = {"mono": 10.0, "wall": 1000.0}
+    log = ["[1.2] random: crng reseeded due to virtual machine fork\n"]
+    monkeypatch.setattr(observe.time, "monotonic", lambda: clock["mono"])
+    monkeypatch.setattr(observe.time, "time", lambda: clock["wall"])
+    real_vm_forks = observe.vm_forks  # reads the text it is given instead of running dmesg
+    monkeypatch.setattr(observe, "vm_forks", lambda: real_vm_forks("".join(log)))
+
+    b = run.Bench.__new__(run.Bench)
+    b.args = Namespace(no_sync=True)
+    b.rows, b.doc, b.current = [], {"notes": []}, None
+    said: list[str] = []
+    monkeypatch.setattr(b, "say", said.append)
+    monkeypatch.setattr(b, "save", lambda: None)
+
+    def drain(mono: float, wall: float, snapshot: bool = False) -> dict:
+        def run_it(row: dict) -> None:
+            clock["mono"] += mono
+            clock["wall"] += wall
+            if snapshot:
+                log.append("[33661.4] random: crng reseeded due to virtual machine fork\n")
+            row.update(status="ok", records_per_s=1, wall_s=1.0, startup_s=0.1, memory={"peak_rss_mb": 1.0})
+
+        row = {"phase": "throughput", "contender": "raw-python", "size": 1000, "round": 1}
+        b.measure(row, run_it)
+        return row
+
+    assert "machine_paused" not in drain(5.0, 5.3)  # clocks that drift a little
+    assert not b.doc["notes"]
+    assert drain(8.0, 57.0)["machine_paused"] == {"clock_jump_s": 49.0, "vm_snapshots": 0}
+    assert drain(8.0, 8.0, snapshot=True)["machine_paused"] == {"clock_jump_s": 0.0, "vm_snapshots": 1}
+    assert len(b.doc["notes"]) == 2 and "stood still" in b.doc["notes"][0] and "49.0 s" in b.doc["notes"][0]
+    assert sum("stood still" in s for s in said) == 2
+    # where the kernel log cannot be read, the clocks alone decide
+    monkeypatch.setattr(observe, "vm_forks", lambda: None)
+    assert drain(3.0, 3.0).get("machine_paused") is None
+    assert drain(3.0, 9.0)["machine_paused"] == {"clock_jump_s": 6.0, "vm_snapshots": None}
