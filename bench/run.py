@@ -542,10 +542,12 @@ class Bench:
         paused = pause.result()
         if paused:
             row["machine_paused"] = paused
-            note = (f"{row.get('contender')} s{row.get('size')} round {row.get('round', 1)}: the machine stood still "
-                    f"while it ran (wall clock jumped {paused['clock_jump_s']} s against the monotonic one; VM "
-                    f"snapshots logged: {paused['vm_snapshots']}); its figures, and those of the drains after it, "
-                    f"say little")
+            what = " ".join(str(part) for part in (row.get("phase"), row.get("contender"),
+                                                     f"s{row['size']}" if row.get("size") else None,
+                                                     f"round {row.get('round', 1)}") if part)
+            note = (f"{what}: the machine stood still while it ran (wall clock jumped {paused['clock_jump_s']} s "
+                    f"against the monotonic one; VM snapshots logged: {paused['vm_snapshots']}); its figures, and "
+                    f"those of the measurements after it, say little")
             self.doc["notes"].append(note)
             self.say(f"[yellow]{note}")
         if "page_cache" in row:
