@@ -14,7 +14,6 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -212,7 +211,6 @@ class DrainCounter(DstWatcher):
         self._polled_at: float | None = None  # epoch seconds of the last answered ListOffsets
         #: every answered look: (epoch seconds, count, seconds the look took); see :meth:`looks_summary`
         self.looks: list[tuple[float, int, float]] = []
-        self._busy: deque[float] = deque(maxlen=self.BUSY_LOOKS)  # the last looks' durations
 
     def poll(self, timeout: float = 0.1) -> int:
         t0 = time.monotonic()
@@ -231,8 +229,6 @@ class DrainCounter(DstWatcher):
             busy = time.monotonic() - t1
             before, self.offsets_count = self.offsets_count, total
             now = time.time()
-            if self.looks:  # the first look also connects to the partitions' leaders: not what a look costs
-                self._busy.append(busy)
             self.looks.append((now, total, busy))
             self._mark(total, now)
             self._between_polls(before, total, now)
@@ -240,7 +236,9 @@ class DrainCounter(DstWatcher):
             grew = total - before
         else:
             grew = 0
-        quickest = min(self._busy, default=0.0)
+        # the first look also connects to the partitions' leaders: not what a look costs
+        recent = self.looks[max(1, len(self.looks) - self.BUSY_LOOKS):]
+        quickest = min((took for _, _, took in recent), default=0.0)
         time.sleep(max(self._interval - (time.monotonic() - t0), self.IDLE_PER_BUSY * quickest))
         return grew
 

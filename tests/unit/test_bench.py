@@ -6,7 +6,6 @@ import os
 import shlex
 import struct
 import time
-from collections import deque
 from datetime import datetime
 from io import BytesIO
 from pathlib import Path
@@ -416,7 +415,6 @@ def _drain_counter(clock: _Clock, answers: list[tuple[float, int]]) -> Any:
     w.topic, w.expected, w.seen = "t", 1000, Arrivals()
     w._admin, w._latest, w._committed, w._interval = Admin(), lambda: None, None, 0.02
     w._parts, w.offsets_count, w._polled_at, w.looks = [0], 0, None, []
-    w._busy = deque(maxlen=DrainCounter.BUSY_LOOKS)
     return w
 
 
