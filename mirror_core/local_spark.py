@@ -13,6 +13,7 @@ import http.client
 import importlib.util
 import json
 import os
+import shutil
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -66,12 +67,18 @@ def up(env: local.LocalEnv, workers: int = 2, cores_per_worker: int = 1, memory_
     logs.mkdir(parents=True, exist_ok=True)
     work = env.state_dir / "spark-work"
     work.mkdir(parents=True, exist_ok=True)
+    scratch = scratch_dir(env)  # left over only by a cluster that was killed: nothing reads it any more
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
     taken: set[int] = set()  # below the ephemeral range, as the brokers' (see local.server_ports)
     port, ui = local.server_ports(1, taken), local.server_ports(1, taken)
     # pyspark's distribution has no build directories to tell the Scala version from: the workers' executor
     # launcher needs it said (as Spark's own load-spark-env.sh does)
+    # the executors' block managers and fetched files go under the state directory, not the machine's temporary
+    # one: a worker stopped before its executors clean up (a stop, a killed worker) would leave them there
     spawn_env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
-                 "SPARK_SCALA_VERSION": os.environ.get("SPARK_SCALA_VERSION", "2.13")}
+                 "SPARK_SCALA_VERSION": os.environ.get("SPARK_SCALA_VERSION", "2.13"),
+                 "SPARK_LOCAL_DIRS": str(scratch)}
     pids: list[int] = []
 
     def spawn(cmd: list[str], log: Path) -> int:
@@ -187,7 +194,14 @@ def down(env: local.LocalEnv) -> list[str]:
     recs.append({"role": "spark master", "pid": cluster.master_pid, "address": cluster.master_url[8:]})
     stopped = local._stop_records(recs)
     (env.state_dir / STATE_FILE).unlink(missing_ok=True)
+    shutil.rmtree(scratch_dir(env), ignore_errors=True)
     return stopped
+
+
+def scratch_dir(env: local.LocalEnv) -> Path:
+    """The executors' local directories (``SPARK_LOCAL_DIRS``: block managers, fetched files), removed by
+    :func:`down`; the executors' logs stay in the workers' work directories."""
+    return env.state_dir / "spark-work" / "local"
 
 
 def _write(path: Path, cluster: SparkCluster) -> None:

@@ -25,7 +25,7 @@ BACKLOG = 40000
 
 
 @pytest.fixture
-def kafka_and_spark(tmp_path: Path) -> Iterator[tuple[local.ClusterSpec, local_spark.SparkCluster]]:
+def kafka_and_spark(tmp_path: Path) -> Iterator[tuple[local.ClusterSpec, local_spark.SparkCluster, local.LocalEnv]]:
     env = local.LocalEnv.from_environment(tmp_path / "clusters")
     spec = local.free_spec(registries=False)
     try:
@@ -34,14 +34,14 @@ def kafka_and_spark(tmp_path: Path) -> Iterator[tuple[local.ClusterSpec, local_s
         # the master's ports lie where the brokers' do: below the ephemeral range, so nothing outgoing takes them
         ports = [int(cluster.master_url.rsplit(":", 1)[1]), int(cluster.master_ui.rstrip("/").rsplit(":", 1)[1])]
         assert all(p in local._SERVER_PORTS for p in ports), ports
-        yield spec, cluster
+        yield spec, cluster, env
     finally:
         local_spark.down(env)
         local.down(env)
 
 
 def test_backlog_on_a_standalone_cluster_survives_a_worker_kill(kafka_and_spark, tmp_path, unique):
-    spec, cluster = kafka_and_spark
+    spec, cluster, cluster_env = kafka_and_spark
     src, dst = spec.sides
     topic = unique("scaleout")
     admin = AdminClient({"bootstrap.servers": src.bootstrap})
@@ -111,3 +111,9 @@ groups:
     print(f"  worker killed when {killed_at} of {BACKLOG} were mirrored", flush=True)
     assert fig["lost"] == 0 and fig["duplicated"] == 0
     assert "'written_by': 'tasks'" in text  # the writing ran in Spark tasks on the executors
+    # the executors' block managers and fetched files were under the state directory, and go with the cluster:
+    # a killed worker's executors never clean theirs up, which used to leave them in the machine's /tmp
+    scratch = local_spark.scratch_dir(cluster_env)
+    assert list(scratch.glob("spark-*/executor-*")), f"no executor's local directory under {scratch}"
+    local_spark.down(cluster_env)
+    assert not scratch.exists()
