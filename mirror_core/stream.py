@@ -1536,28 +1536,29 @@ class BatchWriter:
                              ) -> set[tuple[str, int]]:
         from confluent_kafka import KafkaException
 
-        #: pieces to write, each with whether it is already a second try after a producer error
-        todo = [(parts, False)]
+        #: pieces to write, each with whether it is already a second try after a producer error, and whether
+        #: each of its records is reported (written again after another producer's marker landed among a run)
+        todo = [(parts, False, False)]
         left: set[tuple[str, int]] = set()
         since: float | None = None
         limit = delivery_timeout(txn.producer_config)
         while todo:
-            piece, again = todo.pop(0)
+            piece, again, reported = todo.pop(0)
             try:
-                left |= self._write_shared(txn, piece, once_more=not again)
+                left |= self._write_shared(txn, piece, once_more=not again, reported=reported)
                 continue
             except _AgainWithReports:
-                # aborted; reporting every record now, it cannot meet this again. In halves: a writer transaction may
+                # aborted; reporting every record, it cannot meet this again. In halves: a writer transaction may
                 # hold 125 MiB, and its rewrite (after an abort, every record reported) keeps further from the
                 # 60 s timeout so
-                todo[0:0] = [(half, again) for half in _halves(piece)]
+                todo[0:0] = [(half, again, True) for half in _halves(piece)]
                 continue
             except _ProducerFailed as exc:
                 halves = _halves(piece)
                 log.warning("%s: the writer's transaction of %d partitions failed (%s); writing them again as %s "
                             "(then, should that fail too, partition by partition)", self.plan.group, len(piece),
                             exc.why, _as_transactions(halves))
-                todo[0:0] = [(half, True) for half in halves]
+                todo[0:0] = [(half, True, reported) for half in halves]
                 time.sleep(SHARED_RETRY_PAUSE)
                 continue
             except _AckTimeout as exc:
@@ -1577,12 +1578,12 @@ class BatchWriter:
             log.warning("%s: the writer's transaction of %d partitions was lost (%s); writing them again as %s "
                         "(waited %.0f s of up to %.0f s)", self.plan.group, len(piece), why, _as_transactions(halves),
                         now - since, limit)
-            todo[0:0] = [(half, again) for half in halves]
+            todo[0:0] = [(half, again, reported) for half in halves]
             time.sleep(SHARED_RETRY_PAUSE)
         return left
 
     def _write_shared(self, txn: WriterTransaction, parts: dict[tuple[str, int], tuple[Columns, int]],
-                      once_more: bool = False) -> set[tuple[str, int]]:
+                      once_more: bool = False, reported: bool = False) -> set[tuple[str, int]]:
         """One transaction of ``txn``'s producer holding ``parts``: records, dead letters and every partition's
         offset syncs commit together, or nothing does.
 
@@ -1594,7 +1595,7 @@ class BatchWriter:
         destination topic gone) is raised here, after the abort; records not acknowledged within the wait raise
         :class:`_AckTimeout`, after the abort. With ``once_more``, a producer error of the transaction raises
         :class:`_ProducerFailed` (after the abort, or with the producer replaced) instead of handing every partition
-        back.
+        back. With ``reported``, every record gets a delivery report (none goes through the C loop's runs).
 
         With ``txn.transactional`` False (the writer's at-least-once partitions): the same, with the shared
         idempotent producer and no transaction: the records, then the offset syncs, are flushed once for all
@@ -1649,7 +1650,7 @@ class BatchWriter:
             if transactional:
                 producer.begin_transaction()
             try:
-                for w, part, cols, upstream_end, in_c in self._stage_order(txn, todo, late):
+                for w, part, cols, upstream_end, in_c in self._stage_order(txn, todo, late, not reported):
                     r, st = w.stage(part, cols, upstream_end, producer, in_c=in_c)
                     results.append(r)
                     if st is not None:
@@ -1726,14 +1727,16 @@ class BatchWriter:
             again = transactional and isinstance(exc, _RunsUnproven) and len(txn.txids) > 1
             forget(positions=not again)
             if again:
-                # the other producer's commit markers landed among records produced without reports: this
-                # writer reports every record from now on (one producer alone never meets its own markers), and
-                # the transaction is written again so (the partitions' own producers, each fenced and started
-                # for it, took 17 s for 12 partitions on a loaded two-core machine)
-                txn.report_each()
+                # the other producer's commit markers landed among records produced without reports: the
+                # transaction is written again with a report a record (one producer alone never meets its own
+                # markers; the partitions' own producers, each fenced and started for it, took 17 s for 12
+                # partitions on a loaded two-core machine), and this writer asks before each transaction where
+                # the last commit's markers are still due
+                txn.ask_always()
                 log.info("%s: a commit marker of the writer's other producer landed among records produced "
-                         "without delivery reports; the writer reports every record from now on and writes "
-                         "the transaction again", self.plan.group)
+                         "without delivery reports; the writer writes the transaction again, each record "
+                         "reported, and from now on asks before each transaction where the last commit's "
+                         "markers are still due", self.plan.group)
             else:
                 log.info("%s: the writer %s was %s (delivery reports not tied to records, or a record the "
                          "destination rejected as too large); writing the batch partition by partition",
@@ -1777,23 +1780,28 @@ class BatchWriter:
         return set(left)
 
     def _stage_order(self, txn: WriterTransaction, todo: list[tuple[PartitionWriter, int, Columns, int]],
-                     late: set[tuple[str, int]]) -> Iterator[tuple[PartitionWriter, int, Columns, int, bool]]:
+                     late: set[tuple[str, int]], in_c: bool = True
+                     ) -> Iterator[tuple[PartitionWriter, int, Columns, int, bool]]:
         """The partitions of a writer transaction in the order they are staged, each with whether it goes through
         the C loop: first those whose destination partition is not in ``late`` (where the last commit's markers had
         not landed yet when asked: :meth:`WriterTransaction.late_markers`); then, asking again every
         :data:`LATE_MARKERS_POLL_S` for up to :data:`LATE_MARKERS_WAIT_S`, each late one once its markers have
         landed, through the C loop too; the rest last, each record reported (a marker may land among them). The
         markers of a new topic's partitions land one after the other over seconds: those that land while the
-        others are staged cost nothing."""
+        others are staged cost nothing. Without ``in_c``, every partition in order, each record reported."""
         def dest(item: tuple[PartitionWriter, int, Columns, int]) -> tuple[str, int]:
             return item[0].s.destination_topic, item[1]
 
+        if not in_c:
+            for item in todo:
+                yield (*item, False)
+            return
         waiting = []
         for item in todo:
             if dest(item) in late:
                 waiting.append(item)
             else:
-                yield (*item, txn.in_c)
+                yield (*item, True)
         if not waiting:
             return
         from mirror_core.direct import whole_number_env
@@ -1805,7 +1813,7 @@ class BatchWriter:
             still = txn.still_late((dest(item) for item in waiting), max(0.2, deadline - time.monotonic()))
             for item in waiting:
                 if dest(item) not in still:
-                    yield (*item, txn.in_c)
+                    yield (*item, True)
             waiting = [item for item in waiting if dest(item) in still]
             if waiting:
                 time.sleep(min(LATE_MARKERS_POLL_S, max(0.0, deadline - time.monotonic())))

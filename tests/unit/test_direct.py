@@ -840,7 +840,7 @@ def _shared_writer(monkeypatch, cap: int, lost, producer_config=None):
     committed: list[int] = []
     bw.once_more = []  # type: ignore[attr-defined]
 
-    def once(txn, parts, once_more=False) -> set:
+    def once(txn, parts, once_more=False, reported=False) -> set:
         tried.append([p for _t, p in parts])
         bw.once_more.append(once_more)  # type: ignore[attr-defined]
         exc = lost(len(parts))

@@ -1411,20 +1411,21 @@ def test_per_writer_at_least_once_partitions_share_one_producer_without_transact
     assert sorted((r["partition"], r["mirrored"], r["upstream_end"]) for r in rows) == [(0, 10, 12), (1, 10, 10)]
 
 
-def test_per_writer_on_two_producers_reports_every_record_once_a_marker_landed_among_a_run(monkeypatch,
-                                                                                          caplog) -> None:
+def test_per_writer_on_two_producers_writes_a_transaction_again_with_reports_when_a_marker_landed_among_a_run(
+        monkeypatch, caplog) -> None:
     """With two producers by turns, the broker may write one transaction's commit markers while the next one's
     records go out. When a marker lands among records the C loop produced without reports, their offsets are
-    unknown: that transaction is aborted (nothing guessed) and written again by the same writer, which reports
-    every record from then on, so it cannot meet the same again; no partition's own producer is started, and
-    the position is not read again (nothing of an aborted transaction committed; at 1,000 partitions reading
-    them again took 10-20 s)."""
+    unknown: that transaction is aborted (nothing guessed) and written again by the same writer, each record
+    reported, so it cannot meet the same again; no partition's own producer is started, and the position is
+    not read again (nothing of an aborted transaction committed; at 1,000 partitions reading them again took
+    10-20 s). The writer's later transactions go through the C loop again, and each asks first where the last
+    commit's markers are still due (until 6 December every later record was reported, for the life of the
+    process)."""
     from mirror_core import native
-    from mirror_core.replicate import WriterTransaction
 
     s = settings(value_serde="bytes", source_partitions=1, destination_partitions=1)
     store, _commits, per_partition = _per_writer_fakes(monkeypatch)
-    monkeypatch.setattr(replicate, "_REPORT_EACH", set())
+    monkeypatch.setattr(replicate, "_ASK_ALWAYS", set())
     made, offsets, run = _twenty_records_in_three_transactions(monkeypatch, s, store)
     per_partition._next = offsets
     runs: list[str] = []
@@ -1447,11 +1448,11 @@ def test_per_writer_on_two_producers_reports_every_record_once_a_marker_landed_a
     with caplog.at_level("INFO", logger="mirror_core.stream"):
         rows = run()
     assert lookups == [0]
-    # the first shared run was not provable; the same records went out again, each reported, in the writer's
-    # next transaction, as did the later transactions' records
-    assert runs == ["shared"]
-    assert "reports every record from now on and writes the transaction again" in caplog.text
-    assert not WriterTransaction([s], 0, 1, producers=2).in_c
+    # the first shared run was not provable; the same records went out again, each reported (no run), then the
+    # two later transactions' records through the C loop (the first and last record of each reported)
+    assert runs == ["shared", "shared", "shared"]
+    assert "writes the transaction again, each record reported, and from now on asks" in caplog.text
+    assert replicate._ASK_ALWAYS == {replicate.writer_transactional_id("g", "src", 0, 0)}
     assert per_partition.committed == []
     shared = [k for p in made.values() for c in p.committed for t, k, _v in c if t == "t"]
     assert sorted(shared) == sorted(b"k%d" % o for o in range(20))
@@ -1465,14 +1466,15 @@ def test_per_writer_the_next_transaction_reports_each_record_where_the_last_comm
     partitions it shares with the last commit still wait for that commit's markers; those report each record
     (a marker may land among a run without reports), the others go through the C loop. A partition whose
     markers were once seen landed is not asked about again (only a partition's first markers were slow), nor
-    is any once the writer reports every record, nor when nothing is due."""
+    when nothing is due; once a marker landed among a run all the same, every partition of the last commit is
+    asked about."""
     from mirror_core.replicate import WriterTransaction
 
     s = settings(value_serde="bytes", producer_config={"bootstrap.servers": "dst:9092"})
     monkeypatch.setattr(replicate, "_TURNS", {})
     monkeypatch.setattr(replicate, "_MARKERS_DUE", {})
     monkeypatch.setattr(replicate, "_MARKERS_SEEN", set())
-    monkeypatch.setattr(replicate, "_REPORT_EACH", set())
+    monkeypatch.setattr(replicate, "_ASK_ALWAYS", set())
     asked: list[list[tuple[str, int]]] = []
 
     def pending(config: dict, partitions: list[tuple[str, int]], timeout: float = 10.0) -> list[tuple[str, int]]:
@@ -1491,9 +1493,12 @@ def test_per_writer_the_next_transaction_reports_each_record_where_the_last_comm
     assert txn.late_markers([("t", 1), ("t", 2)]) == {("t", 1)}
     assert asked == [[("t", 1)]]  # partition 2's markers were seen landed before: not asked again
     asked.clear()
-    txn.took_turn([("t", 1)])
-    txn.report_each()  # records reported one by one anyway
-    assert txn.late_markers([("t", 1)]) == set() and asked == []
+    txn.took_turn([("t", 1), ("t", 2)])
+    txn.ask_always()  # a marker landed among a run all the same
+    assert txn.late_markers([("t", 1), ("t", 2)]) == {("t", 1)}
+    assert asked == [[("t", 1), ("t", 2)]]  # partition 2 too, although its markers were seen landed before
+    asked.clear()
+    assert txn.late_markers([("t", 2)]) == set() and asked == []  # nothing due: nothing asked
 
 
 def test_per_writer_the_admin_that_asks_about_late_markers_is_made_when_the_producers_start(monkeypatch) -> None:
@@ -1535,7 +1540,7 @@ def _late_markers_writer(monkeypatch):
     s = settings(value_serde="bytes", source_partitions=1, destination_partitions=1,
                  producer_config={"bootstrap.servers": "dst:9092"})
     store, _commits, per_partition = _per_writer_fakes(monkeypatch)
-    monkeypatch.setattr(replicate, "_REPORT_EACH", set())
+    monkeypatch.setattr(replicate, "_ASK_ALWAYS", set())
     monkeypatch.setattr(replicate, "_MARKERS_DUE", {})
     monkeypatch.setattr(replicate, "_MARKERS_SEEN", set())
     made, offsets, run = _twenty_records_in_three_transactions(monkeypatch, s, store)
