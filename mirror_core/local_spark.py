@@ -73,9 +73,9 @@ def up(env: local.LocalEnv, workers: int = 2, cores_per_worker: int = 1, memory_
     taken: set[int] = set()  # below the ephemeral range, as the brokers' (see local.server_ports)
     port, ui = local.server_ports(1, taken), local.server_ports(1, taken)
     # pyspark's distribution has no build directories to tell the Scala version from: the workers' executor
-    # launcher needs it said (as Spark's own load-spark-env.sh does)
-    # the executors' block managers and fetched files go under the state directory, not the machine's temporary
-    # one: a worker stopped before its executors clean up (a stop, a killed worker) would leave them there
+    # launcher needs it said (as Spark's own load-spark-env.sh does). The executors' block managers and fetched
+    # files go under the state directory, not the machine's temporary one: a worker stopped before its
+    # executors clean up (a stop, a killed worker) would leave them there
     spawn_env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
                  "SPARK_SCALA_VERSION": os.environ.get("SPARK_SCALA_VERSION", "2.13"),
                  "SPARK_LOCAL_DIRS": str(scratch)}
