@@ -313,16 +313,28 @@ def java_kafka_options(cluster: ClusterConfig, secrets_dir: Path | Callable[[], 
 SECRETS_DIR_PREFIX = "mirrorflow-secrets-"
 
 
+#: a local-mode job's private scratch directory for Spark (``spark.local.dir``, the driver JVM's temporary
+#: directory): this, its process id, ``-``, its host's :func:`_host_key`, ``-``
+SPARK_SCRATCH_PREFIX = "mirrorflow-spark-"
+
+
 def private_secrets_dir(base: Path | None = None) -> Path:
     """A new directory (0700) under ``base`` (the temporary directory) for this process's secrets files, named
     after its process id and host; the caller removes it when the process exits. Such directories of this user
     and host whose process is gone are removed first: a job killed with SIGKILL never ran its exit handler, and
     its directory held secrets no process reads any more. (The host is in the name so that a temporary
     directory shared by containers, whose process ids are not each other's, never loses a live job's.)"""
+    return private_dir(SECRETS_DIR_PREFIX, base)
+
+
+def private_dir(prefix: str, base: Path | None = None) -> Path:
+    """A new directory (0700) under ``base`` (the temporary directory), named ``prefix``, this process's id and
+    host: what :func:`private_secrets_dir` makes, for any ``prefix``; directories of the same prefix, user and
+    host whose process is gone are removed first."""
     base = Path(base or tempfile.gettempdir())
     host = _host_key()
-    for old in base.glob(f"{SECRETS_DIR_PREFIX}*-{host}-*"):
-        pid, _, rest = old.name[len(SECRETS_DIR_PREFIX):].partition("-")
+    for old in base.glob(f"{prefix}*-{host}-*"):
+        pid, _, rest = old.name[len(prefix):].partition("-")
         if not pid.isdigit() or not rest.startswith(f"{host}-") or int(pid) == os.getpid() \
                 or psutil.pid_exists(int(pid)):
             continue
@@ -331,7 +343,7 @@ def private_secrets_dir(base: Path | None = None) -> Path:
                 shutil.rmtree(old, ignore_errors=True)
         except OSError:
             pass  # gone meanwhile, or not ours to look at
-    return Path(tempfile.mkdtemp(prefix=f"{SECRETS_DIR_PREFIX}{os.getpid()}-{host}-", dir=base))
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-{host}-", dir=base))
 
 
 def _host_key() -> str:

@@ -18,12 +18,14 @@ import atexit
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from pyspark.errors import StreamingQueryException
@@ -76,12 +78,17 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
         .config("spark.python.worker.reuse", "true")
         .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
-        # a group's own options after mirrorflow's, as spark-submit gets them (jvm_archive.submit_conf): theirs
-        # win where they overlap
-        .config("spark.driver.extraJavaOptions",
-                jvm_archive.driver_options(cache, group.spark.conf.get("spark.driver.extraJavaOptions", ""),
-                                           direct=group.spark.reads_directly))
     )
+    # a group's own options after mirrorflow's, as spark-submit gets them (jvm_archive.submit_conf): theirs
+    # win where they overlap
+    driver_options = jvm_archive.driver_options(cache, group.spark.conf.get("spark.driver.extraJavaOptions", ""),
+                                                direct=group.spark.reads_directly)
+    scratch = scratch_dir(group.spark.master, group.spark.conf)
+    if scratch is not None:
+        builder = builder.config("spark.local.dir", str(scratch))
+        if not any(c.isspace() for c in str(scratch)):  # the options are split at blanks
+            driver_options = f"-Djava.io.tmpdir={scratch} {driver_options}".strip()
+    builder = builder.config("spark.driver.extraJavaOptions", driver_options)
     if fs_jar is not None:  # always, when built: the class-data sharing archive was made with this class path
         builder = builder.config("spark.driver.extraClassPath", str(fs_jar))
     if is_local_path(group.spark.checkpoint_dir):
@@ -105,6 +112,25 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
     if is_local_path(group.spark.checkpoint_dir):
         local_fs.install(spark)  # a JVM started before this session: where Spark has not cached one yet
     return spark
+
+
+_SCRATCH: dict[str, Path] = {}
+
+
+def scratch_dir(master: str, conf: dict[str, str]) -> Path | None:
+    """On a ``local[...]`` master, where the driver's JVM is the executor too: this process's private directory
+    for Spark's scratch files (``spark.local.dir``: block managers, the connector jars' copies, Python workers'
+    files; and the JVM's temporary directory when this process starts it), removed when this process exits, and
+    at the next job's start when a SIGKILL left it (:func:`clients.private_dir`). Spark removes its own only
+    when its JVM ends normally: each job killed (a forced stop, ``spark-submit`` killed by Airflow's
+    ``on_kill``) left some 10 MB in the machine's temporary directory. None on a cluster master, or when
+    ``spark.local.dir`` is set."""
+    if not master.startswith("local") or "spark.local.dir" in conf:
+        return None
+    if "dir" not in _SCRATCH:
+        _SCRATCH["dir"] = clients.private_dir(clients.SPARK_SCRATCH_PREFIX)
+        atexit.register(shutil.rmtree, _SCRATCH["dir"], True)
+    return _SCRATCH["dir"]
 
 
 def leave_stop_signals_to_python(spark: SparkSession) -> None:

@@ -77,6 +77,12 @@ def secrets_dirs(tmp_path: Path) -> list[Path]:
     return list((tmp_path / "tmp").glob("mirrorflow-secrets-*"))
 
 
+def spark_scratch(tmp_path: Path) -> list[Path]:
+    """What Spark of a local-mode job under :func:`private_tmp` keeps on disk: its block manager, the
+    connector jars' copies, its Python workers' files (``spark.local.dir``, the job's private directory)."""
+    return [p for d in (tmp_path / "tmp").glob("mirrorflow-spark-*") for p in d.iterdir()]
+
+
 def with_a_source_secret(path: Path) -> None:
     """Give the job's source a Java-only secret (a trust store password, unused over PLAINTEXT): the job then
     writes its private secrets directory (an unsecured source's job makes none), which the stop must remove."""
@@ -257,7 +263,7 @@ def test_the_job_ends_when_spark_submit_is_killed(clusters, unique, tmp_path):
     gname = cfg.groups[0].name
     producer = Producing(clusters.src_bootstrap, topic, tmp_path)
     spark_submit = Path(sys.executable).parent / "spark-submit"
-    env = os.environ | {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+    env = private_tmp(tmp_path) | {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
                         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "plugins"), os.environ.get("PYTHONPATH", "")])}
     jars = ",".join(artifacts.spark_kafka_jars(artifacts.cache_dir()))  # the driver's classpath: given at launch
     submit = subprocess.Popen([str(spark_submit), "--master", "local[2]", "--jars", jars,
@@ -270,12 +276,15 @@ def test_the_job_ends_when_spark_submit_is_killed(clusters, unique, tmp_path):
         procs = job_tree(submit.pid, workers=False)
         driver = [p for p in procs if "mirror_stream.py" in command(p) and p.pid != submit.pid]
         assert driver, [command(p)[:80] for p in procs]
+        assert spark_scratch(tmp_path), "Spark keeps its scratch files elsewhere"
         t0 = time.monotonic()
         submit.kill()  # what on_kill does
         submit.wait(10)
         took = ended_within(procs, STOP_TIMEOUT + 5) + (time.monotonic() - t0)
         print(f"after spark-submit was killed, {len(procs)} processes ended in {took:.1f}s")
         assert took <= STOP_TIMEOUT, took
+        # the killed JVM never ran Spark's own clean-up; the driver removed its scratch files on its way out
+        assert not list((tmp_path / "tmp").glob("mirrorflow-spark-*"))
     finally:
         process.kill_all(process.tree(submit.pid))
         total = producer.stop()
@@ -309,6 +318,7 @@ def test_stop_is_bounded_while_the_brokers_are_unreachable(clusters, unique, tmp
             wait_until("records mirrored", lambda: mirrored(dst.bootstrap, f"{topic}.mirror"), proc=cli)
             procs = job_tree(cli.pid, workers=False)
             assert secrets_dirs(tmp_path)
+            assert spark_scratch(tmp_path), "Spark keeps its scratch files elsewhere"
             for b in brokers:
                 b.suspend()
             t0 = time.monotonic()
@@ -317,7 +327,10 @@ def test_stop_is_bounded_while_the_brokers_are_unreachable(clusters, unique, tmp
             took = ended_within(procs, 25 - (time.monotonic() - t0)) + (time.monotonic() - t0)
             print(f"stop with frozen brokers: {len(procs)} processes ended in {took:.1f}s")
             assert took <= 15.0, took
-            assert not secrets_dirs(tmp_path)  # a forced stop still removes the job's private directory
+            # a forced stop (the JVM killed: Spark's own clean-up never runs) still removes the job's private
+            # directories: its secrets, and Spark's scratch files (some 10 MB a job, left in /tmp until 6 December)
+            assert not secrets_dirs(tmp_path)
+            assert not list((tmp_path / "tmp").glob("mirrorflow-spark-*"))
         finally:
             for b in brokers:
                 b.resume()
