@@ -313,11 +313,6 @@ def java_kafka_options(cluster: ClusterConfig, secrets_dir: Path | Callable[[], 
 SECRETS_DIR_PREFIX = "mirrorflow-secrets-"
 
 
-#: a local-mode job's private scratch directory for Spark (``spark.local.dir``, the driver JVM's temporary
-#: directory): this, its process id, ``-``, its host's :func:`_host_key`, ``-``
-SPARK_SCRATCH_PREFIX = "mirrorflow-spark-"
-
-
 def private_secrets_dir(base: Path | None = None) -> Path:
     """A new directory (0700) under ``base`` (the temporary directory) for this process's secrets files, named
     after its process id and host; the caller removes it when the process exits. Such directories of this user

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import logging
 import os
 import re
@@ -114,7 +115,9 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
     return spark
 
 
-_SCRATCH: dict[str, Path] = {}
+#: a local-mode job's private scratch directory for Spark (:func:`scratch_dir`): this, its process id, ``-``, its
+#: host's hash, ``-`` (see :func:`clients.private_dir`)
+SPARK_SCRATCH_PREFIX = "mirrorflow-spark-"
 
 
 def scratch_dir(master: str, conf: dict[str, str]) -> Path | None:
@@ -127,10 +130,15 @@ def scratch_dir(master: str, conf: dict[str, str]) -> Path | None:
     ``spark.local.dir`` is set."""
     if not master.startswith("local") or "spark.local.dir" in conf:
         return None
-    if "dir" not in _SCRATCH:
-        _SCRATCH["dir"] = clients.private_dir(clients.SPARK_SCRATCH_PREFIX)
-        atexit.register(shutil.rmtree, _SCRATCH["dir"], True)
-    return _SCRATCH["dir"]
+    return _private_scratch()
+
+
+@functools.cache
+def _private_scratch() -> Path:
+    """One per process: a session built again in the same process keeps the first one's directory."""
+    path = clients.private_dir(SPARK_SCRATCH_PREFIX)
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def leave_stop_signals_to_python(spark: SparkSession) -> None:

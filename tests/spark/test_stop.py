@@ -77,10 +77,15 @@ def secrets_dirs(tmp_path: Path) -> list[Path]:
     return list((tmp_path / "tmp").glob("mirrorflow-secrets-*"))
 
 
+def scratch_dirs(tmp_path: Path) -> list[Path]:
+    """The private directories of local-mode jobs under :func:`private_tmp` for Spark's scratch files."""
+    return list((tmp_path / "tmp").glob("mirrorflow-spark-*"))
+
+
 def spark_scratch(tmp_path: Path) -> list[Path]:
     """What Spark of a local-mode job under :func:`private_tmp` keeps on disk: its block manager, the
     connector jars' copies, its Python workers' files (``spark.local.dir``, the job's private directory)."""
-    return [p for d in (tmp_path / "tmp").glob("mirrorflow-spark-*") for p in d.iterdir()]
+    return [p for d in scratch_dirs(tmp_path) for p in d.iterdir()]
 
 
 def with_a_source_secret(path: Path) -> None:
@@ -284,7 +289,7 @@ def test_the_job_ends_when_spark_submit_is_killed(clusters, unique, tmp_path):
         print(f"after spark-submit was killed, {len(procs)} processes ended in {took:.1f}s")
         assert took <= STOP_TIMEOUT, took
         # the killed JVM never ran Spark's own clean-up; the driver removed its scratch files on its way out
-        assert not list((tmp_path / "tmp").glob("mirrorflow-spark-*"))
+        assert not scratch_dirs(tmp_path)
     finally:
         process.kill_all(process.tree(submit.pid))
         total = producer.stop()
@@ -330,7 +335,7 @@ def test_stop_is_bounded_while_the_brokers_are_unreachable(clusters, unique, tmp
             # a forced stop (the JVM killed: Spark's own clean-up never runs) still removes the job's private
             # directories: its secrets, and Spark's scratch files (some 10 MB a job, left in /tmp until 6 December)
             assert not secrets_dirs(tmp_path)
-            assert not list((tmp_path / "tmp").glob("mirrorflow-spark-*"))
+            assert not scratch_dirs(tmp_path)
         finally:
             for b in brokers:
                 b.resume()
