@@ -114,9 +114,9 @@ RESULTS = ROOT / "bench" / "results"
 # partition's records a chunk at a time (a transaction or flush each 20,000 records), not what was queued for it
 # while it wrote the last (MIRRORFLOW_COALESCE_RECORDS=0; an A/B of stream.COALESCE_RECORDS); *-tuned* variants give
 # the destination cluster the tuned MirrorMaker 2's producer settings (linger.ms 20, batch.size 262144; the writers'
-# own default is linger.ms 5, batch.size 1,000,000); *-trim* variants start the writer processes with glibc's own
-# allocator settings, which hand freed heap back to the kernel (MIRRORFLOW_WRITER_GLIBC_TUNABLES= empty; an A/B of
-# direct.WRITER_GLIBC_TUNABLES).
+# own default is linger.ms 5, batch.size 1,000,000); *-heap* variants start the whole job with glibc set to keep the
+# heap it frees (GLIBC_TUNABLES=HEAP_TUNABLES, which its writer processes inherit; measured on 6 December and not
+# made the default, docs/benchmarks.md).
 # The default set: *-writer* in both modes and serdes (what spark.read_path: auto and spark.transactions: auto
 # resolve to on a local[...] master, the defaults), a transaction per partition on the direct path once
 # (transactions: per_partition), Spark's read path once (a cluster master's default), the peers.
@@ -124,8 +124,10 @@ CONTENDERS = ("mirrorflow-eos-writer", "mirrorflow-alo-writer", "mirrorflow-eos-
               "mirrorflow-alo-writer-bytes", "mirrorflow-eos-direct", "mirrorflow-eos", "mm2", "mm2-tuned",
               "raw-python", "kcat")
 #: the contenders outside the default set, for A/Bs
-MORE_CONTENDERS = ("mirrorflow-eos-writer-trim", "mirrorflow-eos-writer-trim-bytes", "mirrorflow-alo-writer-trim",
-                   "mirrorflow-alo-writer-trim-bytes", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes", "mirrorflow-alo-direct",
+#: the *-heap* variants' glibc allocator settings: up to 256 MiB of freed heap kept, the heap grown 16 MiB at a time
+HEAP_TUNABLES = "glibc.malloc.trim_threshold=268435456:glibc.malloc.top_pad=16777216"
+MORE_CONTENDERS = ("mirrorflow-eos-writer-heap", "mirrorflow-eos-writer-heap-bytes", "mirrorflow-alo-writer-heap",
+                   "mirrorflow-alo-writer-heap-bytes", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes", "mirrorflow-alo-direct",
                    "mirrorflow-eos-direct-bytes", "mirrorflow-alo-direct-bytes", "mirrorflow-eos-writer-1",
                    "mirrorflow-eos-writer-1-bytes", "mirrorflow-eos-direct-py", "mirrorflow-eos-direct-py-bytes",
                    "mirrorflow-eos-writer-1-py-bytes", "mirrorflow-eos-direct-pygc",
@@ -487,8 +489,8 @@ class Bench:
                 env["MIRRORFLOW_WRITER_TXN_PER_PARTITION"] = "0"
             if "chunk" in parts:
                 env["MIRRORFLOW_COALESCE_RECORDS"] = "0"
-            if "trim" in parts:
-                env["MIRRORFLOW_WRITER_GLIBC_TUNABLES"] = ""
+            if "heap" in parts:
+                env["GLIBC_TUNABLES"] = HEAP_TUNABLES
             if "nowait" in parts:
                 env["MIRRORFLOW_LATE_MARKERS_WAIT"] = "0"
             if "aheadall" in parts:

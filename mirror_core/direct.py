@@ -909,24 +909,6 @@ class _Stopped(Exception):
 #: a worker process checks this often whether the job that started it is still there
 PARENT_CHECK_SECONDS = 0.5
 
-#: glibc's allocator settings for the writer processes (:func:`writer_env`): freed heap is kept, up to 256 MiB at
-#: its top, and the heap grows 16 MiB at a time. By default glibc hands the top of the heap back to the kernel
-#: once 128 KiB of it is free, and faults it in again a page at a time for the next chunk; a writer frees a
-#: chunk's record copies at once when its acknowledgements come. ``MIRRORFLOW_WRITER_GLIBC_TUNABLES=`` (empty)
-#: leaves glibc's defaults
-WRITER_GLIBC_TUNABLES = "glibc.malloc.trim_threshold=268435456:glibc.malloc.top_pad=16777216"
-
-
-def writer_env() -> dict[str, str]:
-    """The environment a writer process starts with: this process's, plus ``GLIBC_TUNABLES`` (glibc reads it
-    when a process starts) set to ``MIRRORFLOW_WRITER_GLIBC_TUNABLES`` or :data:`WRITER_GLIBC_TUNABLES`, unless
-    this process has a ``GLIBC_TUNABLES`` of its own, which the writer processes then inherit."""
-    env = dict(os.environ)
-    tunables = env.get("MIRRORFLOW_WRITER_GLIBC_TUNABLES", WRITER_GLIBC_TUNABLES)
-    if "GLIBC_TUNABLES" not in env and tunables:
-        env["GLIBC_TUNABLES"] = tunables
-    return env
-
 
 class WriterPool:
     """The direct path on more than one core: ``processes`` long-lived writer processes, each with its own
@@ -940,8 +922,7 @@ class WriterPool:
     one is raised once all have stopped (the others' partitions are committed, and a replay skips them by
     position, as when a partition writer fails in one process).
 
-    The workers are started with this interpreter (``python -m mirror_core.direct``) and glibc's allocator
-    set to keep the heap it frees (:func:`writer_env`); their configuration,
+    The workers are started with this interpreter (``python -m mirror_core.direct``); their configuration,
     which holds the cluster's secrets, goes over a private socket, never the command line. A worker whose
     job is gone (even a SIGKILL) exits within :data:`PARENT_CHECK_SECONDS`; its open transactions are
     aborted when the next job's producers fence them."""
@@ -1125,7 +1106,7 @@ class _Worker:
 
         ours, theirs = socket.socketpair()
         proc = subprocess.Popen([sys.executable, "-m", "mirror_core.direct", str(theirs.fileno())],
-                                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=writer_env())
+                                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
         conn = Connection(ours.detach())
         conn.send(("setup", *setup))  # not answered

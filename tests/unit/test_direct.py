@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -1457,54 +1456,3 @@ def test_the_reader_pauses_partitions_past_their_ranges_once_it_keeps_ahead_byte
     reader._consumer = c
     _read_into(reader, ranges)
     assert c.paused == [] and reader._ahead.bytes == 90
-
-
-_HEAP_PROBE = """
-import ctypes, os
-PAGE = os.sysconf("SC_PAGE_SIZE")
-libc = ctypes.CDLL(None)
-libc.malloc.restype = ctypes.c_void_p
-libc.malloc.argtypes = [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-def resident():
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * PAGE
-before = resident()
-pieces = [libc.malloc(1024) for _ in range(65536)]
-for p in pieces:
-    ctypes.memset(p, 1, 1024)
-for p in pieces:
-    libc.free(p)
-print((resident() - before) >> 20)
-"""
-
-
-def _heap_kept(env: dict[str, str]) -> int:
-    """MiB a process started with ``env`` still holds after taking 64 MiB from the heap in 1 KiB pieces (as a
-    writer's record copies are) and freeing them."""
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", _HEAP_PROBE], env=env, capture_output=True, text=True, check=True)
-    return int(out.stdout)
-
-
-def test_writer_processes_keep_the_heap_they_free(monkeypatch):
-    """A writer process starts with glibc set to keep the memory it frees: the next chunk's copies reuse it
-    instead of the kernel taking it back and faulting it in again. ``MIRRORFLOW_WRITER_GLIBC_TUNABLES=`` (empty)
-    keeps glibc's defaults, and a job started with a ``GLIBC_TUNABLES`` of its own passes that on instead."""
-    from mirror_core.direct import WRITER_GLIBC_TUNABLES, writer_env
-
-    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-    monkeypatch.delenv("MIRRORFLOW_WRITER_GLIBC_TUNABLES", raising=False)
-    env = writer_env()
-    assert env["GLIBC_TUNABLES"] == WRITER_GLIBC_TUNABLES
-    assert _heap_kept(env) >= 48, "a writer process handed its freed heap back"
-    assert _heap_kept(dict(os.environ)) <= 16, "glibc's defaults kept the freed heap: the probe shows nothing"
-
-    monkeypatch.setenv("MIRRORFLOW_WRITER_GLIBC_TUNABLES", "")
-    assert "GLIBC_TUNABLES" not in writer_env()
-    monkeypatch.setenv("MIRRORFLOW_WRITER_GLIBC_TUNABLES", "glibc.malloc.top_pad=0")
-    assert writer_env()["GLIBC_TUNABLES"] == "glibc.malloc.top_pad=0"
-    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
-    assert writer_env()["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
