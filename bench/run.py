@@ -123,11 +123,12 @@ RESULTS = ROOT / "bench" / "results"
 CONTENDERS = ("mirrorflow-eos-writer", "mirrorflow-alo-writer", "mirrorflow-eos-writer-bytes",
               "mirrorflow-alo-writer-bytes", "mirrorflow-eos-direct", "mirrorflow-eos", "mm2", "mm2-tuned",
               "raw-python", "kcat")
-#: the contenders outside the default set, for A/Bs
 #: the *-heap* variants' glibc allocator settings: up to 256 MiB of freed heap kept, the heap grown 16 MiB at a time
 HEAP_TUNABLES = "glibc.malloc.trim_threshold=268435456:glibc.malloc.top_pad=16777216"
+#: the contenders outside the default set, for A/Bs
 MORE_CONTENDERS = ("mirrorflow-eos-writer-heap", "mirrorflow-eos-writer-heap-bytes", "mirrorflow-alo-writer-heap",
-                   "mirrorflow-alo-writer-heap-bytes", "mirrorflow-alo", "mirrorflow-eos-bytes", "mirrorflow-alo-bytes", "mirrorflow-alo-direct",
+                   "mirrorflow-alo-writer-heap-bytes", "mirrorflow-alo", "mirrorflow-eos-bytes",
+                   "mirrorflow-alo-bytes", "mirrorflow-alo-direct",
                    "mirrorflow-eos-direct-bytes", "mirrorflow-alo-direct-bytes", "mirrorflow-eos-writer-1",
                    "mirrorflow-eos-writer-1-bytes", "mirrorflow-eos-direct-py", "mirrorflow-eos-direct-py-bytes",
                    "mirrorflow-eos-writer-1-py-bytes", "mirrorflow-eos-direct-pygc",
