@@ -20,6 +20,8 @@ from confluent_kafka import KafkaException
 from test_mirror_e2e import _dst_count, create_topic, group_yaml, read_all, run_once  # tests/spark is on sys.path
 
 from mirror_core import artifacts, process
+from mirror_core.clients import SECRETS_DIR_PREFIX
+from spark_jobs.mirror_stream import SPARK_SCRATCH_PREFIX
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,12 +76,12 @@ def private_tmp(tmp_path: Path) -> dict[str, str]:
 
 
 def secrets_dirs(tmp_path: Path) -> list[Path]:
-    return list((tmp_path / "tmp").glob("mirrorflow-secrets-*"))
+    return list((tmp_path / "tmp").glob(f"{SECRETS_DIR_PREFIX}*"))
 
 
 def scratch_dirs(tmp_path: Path) -> list[Path]:
     """The private directories of local-mode jobs under :func:`private_tmp` for Spark's scratch files."""
-    return list((tmp_path / "tmp").glob("mirrorflow-spark-*"))
+    return list((tmp_path / "tmp").glob(f"{SPARK_SCRATCH_PREFIX}*"))
 
 
 def spark_scratch(tmp_path: Path) -> list[Path]:
