@@ -1,4 +1,4 @@
-"""Airflow test set-up: a temporary AIRFLOW_HOME with SQLite for this test session.
+"""Airflow test set-up: a temporary AIRFLOW_HOME with SQLite for this test session, removed when it ends.
 
 Airflow reads its configuration once per process, when it is first imported, so the home is made
 here, before any test module imports airflow; the metadata database is created on first use by the
@@ -7,7 +7,9 @@ here, before any test module imports airflow; the metadata database is created o
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 _HOME = Path(tempfile.mkdtemp(prefix="mirrorflow-airflow-home-"))
+# removed when the test process ends, not by a fixture: Airflow may still write its logs after the last teardown
+atexit.register(shutil.rmtree, _HOME, ignore_errors=True)
 os.environ["AIRFLOW_HOME"] = str(_HOME)
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(ROOT / "dags")

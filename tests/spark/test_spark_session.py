@@ -39,36 +39,36 @@ def test_local_session_with_kafka_connector_starts():
         spark.stop()
 
 
-def test_local_checkpoints_use_the_file_system_manager_and_the_user_can_override_it():
+_MANAGER_SCRIPT = r"""
+import sys
+from mirror_core.config import GroupConfig
+from spark_jobs.mirror_stream import build_session
+
+key = "spark.sql.streaming.checkpointFileManagerClass"
+for ck, conf in (("s3a://b/ck", {}), (sys.argv[1], {}), (sys.argv[1], {key: sys.argv[2]})):
+    group = GroupConfig.model_validate({"name": "g", "source": "a", "destination": "b", "spark": {
+        "master": "local[1]", "checkpoint_dir": ck, "conf": conf}, "mirrors": [{"source_topic": "t"}]})
+    spark = build_session(group, app_name="mirrorflow-ckpt")
+    print(ck.split(":")[0], spark.conf.get(key, None) or "-")
+    spark.stop()
+"""
+
+
+def test_local_checkpoints_use_the_file_system_manager_and_the_user_can_override_it(tmp_path):
     """Two checkpoint files are written per micro-batch: on a local disk the cheaper manager is used;
-    other stores (s3a://, hdfs://) keep Spark's default, and a user's spark.conf wins."""
-    from mirror_core.config import GroupConfig
-    from spark_jobs.mirror_stream import LOCAL_CHECKPOINT_MANAGER, build_session, is_local_path
+    other stores (s3a://, hdfs://) keep Spark's default, and a user's spark.conf wins. In a driver JVM of its
+    own, s3a first: a JVM's first session leaves its settings to the sessions after it (a job has one)."""
+    from spark_jobs.mirror_stream import LOCAL_CHECKPOINT_MANAGER, is_local_path
 
     assert is_local_path(".state/checkpoints") and is_local_path("/var/lib/x") and is_local_path("file:///x")
     assert not is_local_path("s3a://bucket/ck") and not is_local_path("hdfs://nn/ck")
-
-    def group(spark: dict) -> GroupConfig:
-        return GroupConfig.model_validate({"name": "g", "source": "a", "destination": "b", "spark": spark,
-                                           "mirrors": [{"source_topic": "t"}]})
-
-    key = "spark.sql.streaming.checkpointFileManagerClass"
-    spark = build_session(group({"checkpoint_dir": "/tmp/ck"}), app_name="mirrorflow-ckpt")
-    try:
-        assert spark.conf.get(key) == LOCAL_CHECKPOINT_MANAGER
-    finally:
-        spark.stop()
-    spark = build_session(group({"checkpoint_dir": "s3a://b/ck"}), app_name="mirrorflow-ckpt")
-    try:
-        assert spark.conf.get(key, None) in (None, "")
-    finally:
-        spark.stop()
     mine = "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"
-    spark = build_session(group({"checkpoint_dir": "/tmp/ck", "conf": {key: mine}}), app_name="mirrorflow-ckpt")
-    try:
-        assert spark.conf.get(key) == mine
-    finally:
-        spark.stop()
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
+    proc = subprocess.run([sys.executable, "-c", _MANAGER_SCRIPT, str(tmp_path / "ck"), mine], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ck = str(tmp_path / "ck").split(":")[0]
+    assert proc.stdout.splitlines()[-3:] == ["s3a -", f"{ck} {LOCAL_CHECKPOINT_MANAGER}", f"{ck} {mine}"]
 
 
 def test_driver_jvm_archive_is_used_when_present_and_a_bad_one_does_not_stop_spark(tmp_path):
