@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from pyspark import SparkContext
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -86,9 +87,13 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
                                                 direct=group.spark.reads_directly)
     scratch = scratch_dir(group.spark.master, group.spark.conf)
     if scratch is not None:
-        builder = builder.config("spark.local.dir", str(scratch))
-        if not any(c.isspace() for c in str(scratch)):  # the options are split at blanks
+        starts_jvm = SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
+        if starts_jvm and not any(c.isspace() for c in str(scratch)):  # the options are split at blanks
+            # the JVM's temporary directory, which Spark takes for its scratch files without spark.local.dir;
+            # setting that makes Spark warn at every start that a cluster manager would override it
             driver_options = f"-Djava.io.tmpdir={scratch} {driver_options}".strip()
+        else:  # a JVM already running (spark-submit started it): Spark's own setting, warning and all
+            builder = builder.config("spark.local.dir", str(scratch))
     builder = builder.config("spark.driver.extraJavaOptions", driver_options)
     if fs_jar is not None:  # always, when built: the class-data sharing archive was made with this class path
         builder = builder.config("spark.driver.extraClassPath", str(fs_jar))
