@@ -462,6 +462,35 @@ def disk_read_mb(vmstat: str | None = None) -> float | None:
     return None if kb is None else round(kb / 1024, 1)
 
 
+#: /proc/vmstat counters of the kernel reclaiming memory: ``allocstall`` a process stopped to free memory itself
+#: before its allocation could go on (summed over the memory zones), ``pgscan_direct``/``pgsteal_direct`` the pages
+#: such processes scanned and freed, ``pgscan_kswapd``/``pgsteal_kswapd`` those the background reclaimer did,
+#: ``compact_stall`` waits for memory to be compacted, ``pgmajfault`` faults that read from disk
+RECLAIM_COUNTERS = ("allocstall", "pgscan_direct", "pgsteal_direct", "pgscan_kswapd", "pgsteal_kswapd",
+                    "compact_stall", "pgmajfault")
+
+
+def reclaim_counts(vmstat: str | None = None) -> dict[str, int] | None:
+    """The kernel's memory reclaim counters since boot (:data:`RECLAIM_COUNTERS`); None where /proc/vmstat
+    cannot be read. A drain whose processes wait for the kernel to free page cache runs slower, whoever it is."""
+    numbers = proc_numbers("/proc/vmstat", vmstat)
+    if not numbers:
+        return None
+    counts = {name: 0 for name in RECLAIM_COUNTERS}
+    for key, value in numbers.items():
+        name = "allocstall" if key.startswith("allocstall_") else key
+        if name in counts:
+            counts[name] += int(value)
+    return counts
+
+
+def reclaim_between(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, int] | None:
+    """What :func:`reclaim_counts` grew by between two readings."""
+    if before is None or after is None:
+        return None
+    return {name: after[name] - before[name] for name in RECLAIM_COUNTERS}
+
+
 #: a jump of the wall clock against the monotonic one of more than this many seconds during a measurement
 #: means the machine stood still (a VM paused or snapshotted) and the wall clock was set right after it
 PAUSE_JUMP_S = 1.0

@@ -54,6 +54,8 @@ from bench.observe import (  # noqa: E402
     fill_free_memory,
     latency_windows,
     percentile,
+    reclaim_between,
+    reclaim_counts,
     settle_page_cache,
     unwritten_mb,
 )
@@ -654,6 +656,7 @@ class Bench:
 
     def drain_one(self, contender: str, topic: str, tag: str, records: int, row: dict[str, Any]) -> None:
         read_before = disk_read_mb()
+        reclaim_before = reclaim_counts()
         run, dest = self.launch(contender, topic, tag, drain=True)
         row.update(destination_topic=dest, log=str(run.log), env=run.env_extra)
         watcher = DrainCounter(self.ep.dst_bootstrap, dest, expected=records)
@@ -686,6 +689,8 @@ class Bench:
         read_after = disk_read_mb()
         # what the machine read from disk while the contender ran (its source records, if the cache lost them)
         row["disk_read_mb"] = None if read_before is None or read_after is None else round(read_after - read_before, 1)
+        # whether the kernel had to free memory while it ran (processes stopped for it, pages it scanned)
+        row["reclaim"] = reclaim_between(reclaim_before, reclaim_counts())
         row["exit_code"] = run.proc.returncode
         row["visible"] = seen.count
         if not ok:
@@ -900,8 +905,11 @@ def _row_line(r: dict[str, Any]) -> str:
     if r.get("status") != "ok":
         return f"[red]{r['phase']} {r['contender']}: {r.get('status')} - {r.get('error')}"
     if r["phase"] == "throughput":
+        reclaim = r.get("reclaim") or {}
+        stalls = (f", {reclaim['allocstall']:,} reclaim stalls ({reclaim['pgscan_direct']:,} pages scanned)"
+                  if reclaim.get("allocstall") else "")
         return (f"{r['contender']} s{r['size']}: {r['records_per_s']:,} rec/s steady, wall {r['wall_s']}s "
-                f"(startup {r['startup_s']}s), peak RSS {r['memory']['peak_rss_mb']} MB")
+                f"(startup {r['startup_s']}s), peak RSS {r['memory']['peak_rss_mb']} MB{stalls}")
     return (f"{r['contender']} latency: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms "
             f"({r['received']}/{r['sent']}), peak RSS {r['memory']['peak_rss_mb']} MB")
 

@@ -24,7 +24,16 @@ from bench.contenders import (
     mm2_remote_topic,
     parse_batches,
 )
-from bench.observe import cpu_seconds, disk_read_mb, latency_windows, meminfo_mb, percentile, unwritten_mb
+from bench.observe import (
+    cpu_seconds,
+    disk_read_mb,
+    latency_windows,
+    meminfo_mb,
+    percentile,
+    reclaim_between,
+    reclaim_counts,
+    unwritten_mb,
+)
 from bench.report import add_ratios, summarize, summarize_latency
 from bench.run import CONTENDERS, QUICK_CONTENDERS, round_order
 from bench.workload import PARSED, RateProducer, make_value, measured_key, parse_measured_key
@@ -357,6 +366,20 @@ def test_free_memory_and_disk_reads_are_read_in_mb():
     assert meminfo_mb("Cached", "MemFree:  2048 kB\n") is None
     assert disk_read_mb("pgpgin_x 1\npgpgin 3072\npgpgout 5\n") == 3.0  # pgpgin counts KB read from disks
     assert disk_read_mb("pgpgout 5\n") is None
+
+
+def test_reclaim_counts_sum_the_zones_stalls_and_a_drain_gets_what_grew_while_it_ran() -> None:
+    before = reclaim_counts("allocstall_dma 0\nallocstall_normal 2\nallocstall_movable 5\npgscan_direct 100\n"
+                            "pgsteal_direct 90\npgscan_kswapd 7\npgsteal_kswapd 6\ncompact_stall 1\npgmajfault 3\n"
+                            "pgscan_direct_throttle 4\n")
+    assert before == {"allocstall": 7, "pgscan_direct": 100, "pgsteal_direct": 90, "pgscan_kswapd": 7,
+                      "pgsteal_kswapd": 6, "compact_stall": 1, "pgmajfault": 3}
+    after = reclaim_counts("allocstall_normal 2\nallocstall_movable 9\npgscan_direct 350\npgsteal_direct 300\n"
+                           "pgscan_kswapd 7\npgsteal_kswapd 6\ncompact_stall 1\npgmajfault 3\n")
+    assert reclaim_between(before, after) == {"allocstall": 4, "pgscan_direct": 250, "pgsteal_direct": 210,
+                                              "pgscan_kswapd": 0, "pgsteal_kswapd": 0, "compact_stall": 0,
+                                              "pgmajfault": 0}
+    assert reclaim_between(None, after) is None and reclaim_counts("") is None
 
 
 def test_system_cpu_is_the_kernel_part_of_a_process_cpu() -> None:
