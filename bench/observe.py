@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
@@ -358,32 +358,93 @@ def cores_between(timelines: dict[str, CpuTimeline | None], t0: float, t1: float
     return out
 
 
-class PidsCpu:
-    """A :class:`CpuTimeline` of fixed processes (the brokers and registries), sampled in the background, and
-    one of their system CPU alone (``system``)."""
+class _Sampler:
+    """A background thread that calls :meth:`sample` every ``interval`` seconds until :meth:`stop`."""
 
-    def __init__(self, pids: list[int], interval: float = 0.25):
-        self.pids = pids
+    def __init__(self, name: str, interval: float):
         self.interval = interval
-        self.cpu = CpuTimeline()
-        self.system = CpuTimeline()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="cpu-servers", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
-    def start(self) -> PidsCpu:
+    def start(self) -> Self:
         self._thread.start()
         return self
 
+    def sample(self) -> None:
+        raise NotImplementedError
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            times = {pid: cpu_times(pid) for pid in self.pids}  # one read of each process's stat a sample
-            self.cpu.record({pid: None if t is None else t[0] + t[1] for pid, t in times.items()})
-            self.system.record({pid: None if t is None else t[1] for pid, t in times.items()})
+            self.sample()
             self._stop.wait(self.interval)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
+
+
+class PidsCpu(_Sampler):
+    """A :class:`CpuTimeline` of fixed processes (the brokers and registries), sampled in the background, and
+    one of their system CPU alone (``system``)."""
+
+    def __init__(self, pids: list[int], interval: float = 0.25):
+        self.pids = pids
+        self.cpu = CpuTimeline()
+        self.system = CpuTimeline()
+        super().__init__("cpu-servers", interval)
+
+    def sample(self) -> None:
+        times = {pid: cpu_times(pid) for pid in self.pids}  # one read of each process's stat a sample
+        self.cpu.record({pid: None if t is None else t[0] + t[1] for pid, t in times.items()})
+        self.system.record({pid: None if t is None else t[1] for pid, t in times.items()})
+
+
+#: the kinds of the whole machine's CPU time :class:`MachineCpu` follows (see :func:`machine_cpu_seconds`)
+MACHINE_KINDS = ("busy", "iowait", "idle", "steal")
+
+
+def machine_cpu_seconds(stat: str | None = None) -> dict[str, float] | None:
+    """The whole machine's CPU seconds so far, all cores, by kind, from /proc/stat's ``cpu`` line: ``busy`` (user,
+    nice, system, irq, softirq), ``iowait``, ``idle`` and ``steal`` (a core of this VM wanted to run and its host
+    ran something else); ``stat`` instead of reading the file. None when it cannot be read."""
+    try:
+        stat = Path("/proc/stat").read_text() if stat is None else stat
+    except OSError:
+        return None
+    line = next((ln for ln in stat.splitlines() if ln.startswith("cpu ")), None)
+    if line is None:
+        return None
+    v = [int(x) / _TICKS for x in line.split()[1:]] + [0.0] * 10
+    # user nice system idle iowait irq softirq steal (guest time is counted in user already)
+    return {"busy": v[0] + v[1] + v[2] + v[5] + v[6], "iowait": v[4], "idle": v[3], "steal": v[7]}
+
+
+def kernel_threads(prefix: str) -> list[int]:
+    """The pids of the kernel's threads whose name starts with ``prefix`` (``kswapd``: the background memory
+    reclaimer, one per memory node)."""
+    pids = []
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().startswith(prefix):
+                pids.append(int(comm.parent.name))
+        except (OSError, ValueError):
+            continue
+    return sorted(pids)
+
+
+class MachineCpu(_Sampler):
+    """A :class:`CpuTimeline` per kind of the whole machine's CPU time (:data:`MACHINE_KINDS`), sampled in the
+    background: what the cores did besides the processes a run follows, and what the VM's host took."""
+
+    def __init__(self, interval: float = 0.25):
+        self.kinds = {kind: CpuTimeline() for kind in MACHINE_KINDS}
+        super().__init__("cpu-machine", interval)
+
+    def sample(self) -> None:
+        now = machine_cpu_seconds()
+        if now is not None:
+            for kind, timeline in self.kinds.items():
+                timeline.record({0: now[kind]})
 
 
 def proc_numbers(path: str, text: str | None = None) -> dict[str, int] | None:

@@ -47,11 +47,13 @@ from bench.observe import (  # noqa: E402
     Arrivals,
     DrainCounter,
     DstWatcher,
+    MachineCpu,
     PauseWatch,
     PidsCpu,
     cores_between,
     disk_read_mb,
     fill_free_memory,
+    kernel_threads,
     latency_windows,
     percentile,
     reclaim_between,
@@ -336,6 +338,8 @@ class Bench:
         #: CPU time of both clusters' brokers and of their registries, by role (set once they run)
         self.role_cpu: dict[str, PidsCpu] = {}
         self.harness_cpu: PidsCpu | None = None
+        self.kswapd_cpu: PidsCpu | None = None
+        self.machine_cpu: MachineCpu | None = None
         self.kcat = shutil.which("kcat") or shutil.which("kafkacat")
         #: the Spark master mirrorflow runs on (a standalone cluster with --spark-workers)
         self.master = "local[2]"
@@ -383,6 +387,10 @@ class Bench:
         self.role_cpu = {role: PidsCpu(pids).start() for role, pids in roles.items() if pids}
         # the harness's own process (its watcher, samplers, librdkafka threads): what it takes from the cores
         self.harness_cpu = PidsCpu([os.getpid()]).start()
+        # the kernel's background memory reclaimer (it runs on the same cores) and the whole machine's time
+        kswapd = kernel_threads("kswapd")
+        self.kswapd_cpu = PidsCpu(kswapd).start() if kswapd else None
+        self.machine_cpu = MachineCpu().start()
         try:
             import pyspark
 
@@ -738,6 +746,11 @@ class Bench:
                                                                       else round(system / in_window * 1e6, 2))
             harness = self.harness_cpu.cpu.between(seen.at_10, seen.at_90) if self.harness_cpu else None
             row["cpu_window"]["harness_cores"] = None if harness is None else round(harness / window, 2)
+            # what else took the cores: the kernel's memory reclaimer, and the VM's host (steal)
+            others = {"kswapd": self.kswapd_cpu.cpu if self.kswapd_cpu else None,
+                      **(self.machine_cpu.kinds if self.machine_cpu else {})}
+            for name, cores in cores_between(others, seen.at_10, seen.at_90).items():
+                row["cpu_window"][f"{name}_cores"] = cores
 
     # ------------------------------------------------------------------ phase 2: latency
 
@@ -846,7 +859,9 @@ class Bench:
     # ------------------------------------------------------------------ teardown
 
     def down(self) -> None:
-        for timeline in [*self.role_cpu.values(), *([self.harness_cpu] if self.harness_cpu else [])]:
+        for timeline in [*self.role_cpu.values(), *([self.harness_cpu] if self.harness_cpu else []),
+                         *([self.kswapd_cpu] if self.kswapd_cpu else []),
+                         *([self.machine_cpu] if self.machine_cpu else [])]:
             timeline.stop()
         if self.current is not None:
             self.say(f"stopping {self.current.name}")

@@ -25,9 +25,12 @@ from bench.contenders import (
     parse_batches,
 )
 from bench.observe import (
+    MachineCpu,
     cpu_seconds,
     disk_read_mb,
+    kernel_threads,
     latency_windows,
+    machine_cpu_seconds,
     meminfo_mb,
     percentile,
     reclaim_between,
@@ -366,6 +369,28 @@ def test_free_memory_and_disk_reads_are_read_in_mb():
     assert meminfo_mb("Cached", "MemFree:  2048 kB\n") is None
     assert disk_read_mb("pgpgin_x 1\npgpgin 3072\npgpgout 5\n") == 3.0  # pgpgin counts KB read from disks
     assert disk_read_mb("pgpgout 5\n") is None
+
+
+def test_the_machines_cpu_time_by_kind_steal_apart_and_the_reclaimer_found_by_name() -> None:
+    ticks = os.sysconf("SC_CLK_TCK")
+    # user nice system idle iowait irq softirq steal guest guest_nice, in clock ticks
+    stat = f"cpu  {ticks * 10} {ticks} {ticks * 4} {ticks * 100} {ticks * 2} 0 {ticks} {ticks * 3} 0 0\ncpu0 1 2 3\n"
+    assert machine_cpu_seconds(stat) == {"busy": 16.0, "iowait": 2.0, "idle": 100.0, "steal": 3.0}
+    assert machine_cpu_seconds("intr 5\n") is None
+    now = machine_cpu_seconds()  # this machine's
+    assert now is not None and now["busy"] > 0 and now["idle"] > 0
+    sampler = MachineCpu(interval=0.05).start()
+    try:
+        time.sleep(0.1)  # samples on both sides of the stretch asked about
+        t0 = time.time()
+        time.sleep(0.3)
+        busy = sampler.kinds["busy"].between(t0, time.time() - 0.1)
+    finally:
+        sampler.stop()
+    assert busy is not None and busy >= 0
+    assert kernel_threads("kswapd") == sorted(int(p.parent.name) for p in Path("/proc").glob("[0-9]*/comm")
+                                              if p.read_text().startswith("kswapd"))
+    assert kernel_threads("no-such-thread-") == []
 
 
 def test_reclaim_counts_sum_the_zones_stalls_and_a_drain_gets_what_grew_while_it_ran() -> None:
