@@ -100,15 +100,20 @@ def build(cache: Path, timeout: float = 300.0) -> Path | None:
     return target
 
 
+def starts_jvm() -> bool:
+    """The next session of this process starts the driver JVM, so options for the JVM itself still apply: none
+    runs in the process yet, and ``spark-submit`` did not start one for it."""
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
+
+
 def session_conf(master: str, fs_jar: Path | None, user_conf: dict[str, str]) -> dict[str, str]:
     """What a session for a local checkpoint sets before its driver JVM starts: the java.nio file system,
     when this session starts the JVM (so the jar is on its class path), runs in it (``local[...]``: an
     executor elsewhere may not have the jar) and the user configured no ``fs.file.impl`` of their own.
     Set before the JVM starts because Spark caches the ``file:`` file system while it adds ``spark.jars``."""
-    from pyspark import SparkContext
-
-    starts_jvm = SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
-    if fs_jar is None or not starts_jvm or not master.startswith("local") or "spark.hadoop.fs.file.impl" in user_conf:
+    if fs_jar is None or not starts_jvm() or not master.startswith("local") or "spark.hadoop.fs.file.impl" in user_conf:
         return {}
     return {"spark.hadoop.fs.file.impl": FS_CLASS}
 

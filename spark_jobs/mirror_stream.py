@@ -29,7 +29,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from pyspark import SparkContext
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -87,8 +86,7 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
                                                 direct=group.spark.reads_directly)
     scratch = scratch_dir(group.spark.master, group.spark.conf)
     if scratch is not None:
-        starts_jvm = SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
-        if starts_jvm and not any(c.isspace() for c in str(scratch)):  # the options are split at blanks
+        if local_fs.starts_jvm() and not any(c.isspace() for c in str(scratch)):  # options are split at blanks
             # the JVM's temporary directory, which Spark takes for its scratch files without spark.local.dir;
             # setting that makes Spark warn at every start that a cluster manager would override it
             driver_options = f"-Djava.io.tmpdir={scratch} {driver_options}".strip()
@@ -127,12 +125,12 @@ SPARK_SCRATCH_PREFIX = "mirrorflow-spark-"
 
 def scratch_dir(master: str, conf: dict[str, str]) -> Path | None:
     """On a ``local[...]`` master, where the driver's JVM is the executor too: this process's private directory
-    for Spark's scratch files (``spark.local.dir``: block managers, the connector jars' copies, Python workers'
-    files; and the JVM's temporary directory when this process starts it), removed when this process exits, and
-    at the next job's start when a SIGKILL left it (:func:`clients.private_dir`). Spark removes its own only
-    when its JVM ends normally: each job killed (a forced stop, ``spark-submit`` killed by Airflow's
-    ``on_kill``) left some 10 MB in the machine's temporary directory. None on a cluster master, or when
-    ``spark.local.dir`` is set."""
+    for Spark's scratch files (block managers, the connector jars' copies, Python workers' files: the JVM's
+    temporary directory when this process starts the JVM, ``spark.local.dir`` when one runs already), removed
+    when this process exits, and at the next job's start when a SIGKILL left it (:func:`clients.private_dir`).
+    Spark removes its own only when its JVM ends normally: each job killed (a forced stop, ``spark-submit``
+    killed by Airflow's ``on_kill``) left some 10 MB in the machine's temporary directory. None on a cluster
+    master, or when ``spark.local.dir`` is set."""
     if not master.startswith("local") or "spark.local.dir" in conf:
         return None
     return _private_scratch()
