@@ -541,7 +541,7 @@ def reclaim_counts(vmstat: str | None = None) -> dict[str, int] | None:
     for key, value in numbers.items():
         name = "allocstall" if key.startswith("allocstall_") else key
         if name in counts:
-            counts[name] += int(value)
+            counts[name] += value
     return counts
 
 

@@ -859,10 +859,9 @@ class Bench:
     # ------------------------------------------------------------------ teardown
 
     def down(self) -> None:
-        for timeline in [*self.role_cpu.values(), *([self.harness_cpu] if self.harness_cpu else []),
-                         *([self.kswapd_cpu] if self.kswapd_cpu else []),
-                         *([self.machine_cpu] if self.machine_cpu else [])]:
-            timeline.stop()
+        for sampler in (*self.role_cpu.values(), self.harness_cpu, self.kswapd_cpu, self.machine_cpu):
+            if sampler is not None:
+                sampler.stop()
         if self.current is not None:
             self.say(f"stopping {self.current.name}")
             self.finish(self.current)

@@ -10,6 +10,18 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.spark
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _own_jvm(script: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` (Python, from the project root) in a process of its own, so that its session starts a
+    driver JVM of its own (this process's JVM was started by an earlier test, with other options); ``env`` is
+    added to this process's environment. Asserts that it exits 0."""
+    full = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"} | env
+    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300,
+                          env=full, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
 
 
 def test_full_pyspark_installed():
@@ -63,11 +75,8 @@ def test_local_checkpoints_use_the_file_system_manager_and_the_user_can_override
     assert is_local_path(".state/checkpoints") and is_local_path("/var/lib/x") and is_local_path("file:///x")
     assert not is_local_path("s3a://bucket/ck") and not is_local_path("hdfs://nn/ck")
     mine = "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"
-    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
-    proc = subprocess.run([sys.executable, "-c", _MANAGER_SCRIPT, str(tmp_path / "ck"), mine], capture_output=True,
-                          text=True, timeout=300, env=env, cwd=Path(__file__).resolve().parents[2])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ck = str(tmp_path / "ck").split(":")[0]
+    ck = str(tmp_path / "ck")
+    proc = _own_jvm(_MANAGER_SCRIPT, ck, mine)
     assert proc.stdout.splitlines()[-3:] == ["s3a -", f"{ck} {LOCAL_CHECKPOINT_MANAGER}", f"{ck} {mine}"]
 
 
@@ -126,12 +135,8 @@ def test_a_direct_read_driver_jvm_runs_without_the_optimizing_compiler_and_a_spa
         f"{logs} -XX:TieredStopAtLevel=1 -XX:TieredStopAtLevel=4"
     assert jvm_archive.submit_conf(tmp_path, "local[2]", "s3a://b/ck", {}, direct=True) == {
         "spark.driver.extraJavaOptions": f"{logs} -XX:TieredStopAtLevel=1"}
-    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_GATEWAY_PORT"}
     for read_path, level in (("direct", "1"), ("spark", "4")):
-        proc = subprocess.run([sys.executable, "-c", _COMPILER_SCRIPT, str(tmp_path / read_path), read_path],
-                              capture_output=True, text=True, timeout=300, env=env,
-                              cwd=Path(__file__).resolve().parents[2])
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        proc = _own_jvm(_COMPILER_SCRIPT, str(tmp_path / read_path), read_path)
         assert f"level {level} 5" in proc.stdout, (read_path, proc.stdout, proc.stderr[-2000:])
 
 
@@ -175,11 +180,7 @@ def _checkpoint_run(tmp_path: Path, name: str, *extra: str) -> tuple[str, list[s
     (bin_dir / "chmod").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec /bin/chmod "$@"\n')
     (bin_dir / "chmod").chmod(0o755)
     ck = tmp_path / f"ck-{name}"
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("PYSPARK_GATEWAY_PORT", None)
-    proc = subprocess.run([sys.executable, "-c", _CHECKPOINT_SCRIPT, str(ck), *extra], capture_output=True,
-                          text=True, timeout=300, env=env, cwd=Path(__file__).resolve().parents[2])
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _own_jvm(_CHECKPOINT_SCRIPT, str(ck), *extra, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return proc.stdout, calls.read_text().splitlines(), ck, proc.stderr
 
 
