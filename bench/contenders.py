@@ -186,9 +186,10 @@ def java_cmd(java: str, lib: Path, main: str, *args: str, heap: str = "-Xms256m 
             f"-Dlog4j2.configurationFile={BENCH / 'mm2-log4j2.yaml'}", "-cp", f"{lib}/*", main, *args]
 
 
-def raw_pipe_cmd(ep: Endpoints, topic: str, to: str) -> list[str]:
+def raw_pipe_cmd(ep: Endpoints, topic: str, to: str, transaction_records: int = 0) -> list[str]:
+    """The raw pipe (bench/raw_pipe.py); with ``transaction_records``, writing in transactions of that many."""
     return [sys.executable, str(BENCH / "raw_pipe.py"), "--src", ep.src_bootstrap, "--dst", ep.dst_bootstrap,
-            "--topic", topic, "--to", to]
+            "--topic", topic, "--to", to, "--transaction-records", str(transaction_records)]
 
 
 def kcat_cmd(kcat: str, ep: Endpoints, topic: str, to: str, *, exit_at_end: bool) -> list[str]:

@@ -184,6 +184,8 @@ CORES_GRACE_S = 0.6
 WARM_TOPIC = "bench.warm"
 #: the unmeasured drain before the first measured one (the raw pipe; see Bench.burn_in)
 BURN_IN = "burn-in"
+#: the burn-in's records per transaction: 80 commits for 4,000,000 records, 20 for 1,000,000
+BURN_IN_TRANSACTION_RECORDS = 50_000
 FLOOR = "floor"  # no mirror: the watcher reads the source topic itself (what the measurement adds)
 LATENCY_CONTENDERS = (FLOOR, "mirrorflow-eos", "mirrorflow-alo", "mirrorflow-eos-direct", "mirrorflow-alo-direct",
                       "mirrorflow-eos-writer", "mm2", "mm2-tuned", "raw-python", "kcat")
@@ -287,8 +289,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "run is no comparison)")
     ap.add_argument("--no-burn-in", action="store_true",
                     help="skip the burn-in: before the first measured drain of each size, the raw pipe copies "
-                         "that round's records once into a topic of its own, unmeasured (the invocation's first "
-                         "drain, whoever ran it, was 0.6-0.7x its own later drains)")
+                         "that round's records once into a topic of its own in transactions, unmeasured (the "
+                         "invocation's first drain, whoever ran it, was 0.6-0.7x its own later drains)")
     args = ap.parse_args(argv)
     quick = args.quick
     args.sizes = [int(s) for s in (args.sizes or ("100" if quick else "100,1000")).split(",")]
@@ -521,7 +523,8 @@ class Bench:
         elif contender in ("raw-python", BURN_IN):
             dest = f"{source}.raw" if contender == "raw-python" else f"{source}.{BURN_IN}"
             self.create_topic(self.ep.dst_bootstrap, dest, self.args.partitions)
-            cmd = raw_pipe_cmd(self.ep, source, dest)
+            cmd = raw_pipe_cmd(self.ep, source, dest,
+                               transaction_records=BURN_IN_TRANSACTION_RECORDS if contender == BURN_IN else 0)
         elif contender == "kcat":
             if self.kcat is None:
                 raise Skip("kcat not installed")
@@ -593,11 +596,14 @@ class Bench:
 
     def burn_in(self, topic: str, size: int, records: int, loaded_bytes: int) -> None:
         """Before the first measured drain of each value size, the raw pipe copies ``topic`` once into
-        ``<topic>.burn-in``, unmeasured. The brokers' warm-up (small transactions) leaves their bulk paths
-        cold: the first drain of an invocation, whoever ran it, was slower than its own later drains (the
-        tuned MirrorMaker 2 in first place 530,648 records/s against 735,224 in round 2, with 3 times the
-        destination broker's CPU a record; mirrorflow 504,679-560,031 against 879,454-906,566), which
-        decided a row's mean by the order. The JSON keeps what it took (``burn_in``)."""
+        ``<topic>.burn-in``, unmeasured, in transactions of :data:`BURN_IN_TRANSACTION_RECORDS`. The brokers'
+        warm-up (small transactions) leaves their bulk paths cold: the first drain of an invocation, whoever
+        ran it, was slower than its own later drains (the tuned MirrorMaker 2 in first place 530,648 records/s
+        against 735,224 in round 2, with 3 times the destination broker's CPU a record; mirrorflow
+        504,679-560,031 against 879,454-906,566), which decided a row's mean by the order. A burn-in without
+        transactions left their transactional paths to the first exactly_once drain (the destination broker's
+        compiler took 126 samples of its first micro-batch on 6 December, 09:06). The JSON keeps what it took
+        (``burn_in``)."""
         self.burned_in.add(size)
         row: dict[str, Any] = {"phase": "burn-in", "contender": BURN_IN, "size": size, "records": records,
                                "bytes": loaded_bytes}
@@ -606,7 +612,7 @@ class Bench:
             k: row.get(k) for k in ("status", "error", "wall_s", "records_per_s", "records_per_s_window",
                                     "cpu_window")}
         rate = row.get("records_per_s_window") or row.get("records_per_s")
-        self.say(f"burn-in: the raw pipe copied {topic} once, unmeasured ({row.get('status')}, "
+        self.say(f"burn-in: the raw pipe copied {topic} once in transactions, unmeasured ({row.get('status')}, "
                  f"{row.get('wall_s')} s" + (f", {rate:,} records/s)" if rate else ")"))
 
     def fill_memory(self, label: str) -> None:
