@@ -16,15 +16,18 @@ another JDK or for another class path is ignored with a warning, and the job sta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import logging
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import mirror_core
+from mirror_core import clients
 from spark_jobs import local_fs
 
 log = logging.getLogger("mirrorflow.jvm_archive")
@@ -133,6 +136,35 @@ def submit_conf(cache: Path, master: str, checkpoint_dir: str, user_conf: dict[s
                 and "spark.hadoop.fs.file.impl" not in user_conf:
             conf["spark.hadoop.fs.file.impl"] = local_fs.FS_CLASS
     return conf
+
+
+#: the private temporary directory of a ``spark-submit`` JVM (:func:`submit_tmpdir`): this, the id of the process
+#: that starts it (the stream DAG's task), ``-``, its host's hash, ``-`` (see :func:`mirror_core.clients.private_dir`)
+SUBMIT_TMP_PREFIX = "mirrorflow-submit-"
+
+
+@contextlib.contextmanager
+def submit_tmpdir(conf: dict[str, str]) -> Iterator[dict[str, str]]:
+    """``conf`` with the driver JVM's temporary directory (``-Djava.io.tmpdir``) set to a private directory
+    of this process, removed when the block ends. Under ``spark-submit`` the JVM (spark-submit's own, the
+    driver) keeps there what it removes only when it ends normally: the directory ``spark-submit`` fetches
+    into (``spark-<uuid>``) and Spark's artifact directory (``artifacts-<uuid>``). The provider's ``on_kill``
+    SIGKILLs ``spark-submit``: each kill left both in the machine's ``/tmp``. One left by a task process that
+    was itself killed is removed when the next task on the host makes its own. ``conf`` unchanged when its
+    driver options name a temporary directory, or when the directory's path holds a blank (the options are
+    split at blanks)."""
+    options = conf.get("spark.driver.extraJavaOptions", "")
+    if "-Djava.io.tmpdir=" in options:
+        yield conf
+        return
+    path = clients.private_dir(SUBMIT_TMP_PREFIX)
+    try:
+        if any(c.isspace() for c in str(path)):
+            yield conf
+        else:
+            yield {**conf, "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={path} {options}".strip()}
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def build(cache: Path, timeout: float = 600.0) -> Path | None:

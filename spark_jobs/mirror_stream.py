@@ -84,13 +84,15 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
     # win where they overlap
     driver_options = jvm_archive.driver_options(cache, group.spark.conf.get("spark.driver.extraJavaOptions", ""),
                                                 direct=group.spark.reads_directly)
-    scratch = scratch_dir(group.spark.master, group.spark.conf)
+    starts_jvm = local_fs.starts_jvm()
+    scratch = scratch_dir(group.spark.master, group.spark.conf, driver_options, starts_jvm)
     if scratch is not None:
-        if local_fs.starts_jvm() and not any(c.isspace() for c in str(scratch)):  # options are split at blanks
+        if starts_jvm and not any(c.isspace() for c in str(scratch)):  # options are split at blanks
             # the JVM's temporary directory, which Spark takes for its scratch files without spark.local.dir;
             # setting that makes Spark warn at every start that a cluster manager would override it
             driver_options = f"-Djava.io.tmpdir={scratch} {driver_options}".strip()
-        else:  # a JVM already running (spark-submit started it): Spark's own setting, warning and all
+        elif local_scratch(group.spark.master, group.spark.conf):
+            # a JVM already running (spark-submit started it): Spark's own setting, warning and all
             builder = builder.config("spark.local.dir", str(scratch))
     builder = builder.config("spark.driver.extraJavaOptions", driver_options)
     if fs_jar is not None:  # always, when built: the class-data sharing archive was made with this class path
@@ -118,22 +120,32 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
     return spark
 
 
-#: a local-mode job's private scratch directory for Spark (:func:`scratch_dir`): this, its process id, ``-``, its
-#: host's hash, ``-`` (see :func:`clients.private_dir`)
+#: a job's private scratch directory for Spark (:func:`scratch_dir`): this, its process id, ``-``, its host's hash,
+#: ``-`` (see :func:`clients.private_dir`)
 SPARK_SCRATCH_PREFIX = "mirrorflow-spark-"
 
 
-def scratch_dir(master: str, conf: dict[str, str]) -> Path | None:
-    """On a ``local[...]`` master, where the driver's JVM is the executor too: this process's private directory
-    for Spark's scratch files (block managers, the connector jars' copies, Python workers' files: the JVM's
-    temporary directory when this process starts the JVM, ``spark.local.dir`` when one runs already), removed
-    when this process exits, and at the next job's start when a SIGKILL left it (:func:`clients.private_dir`).
-    Spark removes its own only when its JVM ends normally: each job killed (a forced stop, ``spark-submit``
-    killed by Airflow's ``on_kill``) left some 10 MB in the machine's temporary directory. None on a cluster
-    master, or when ``spark.local.dir`` is set."""
-    if not master.startswith("local") or "spark.local.dir" in conf:
-        return None
-    return _private_scratch()
+def scratch_dir(master: str, conf: dict[str, str], driver_options: str = "",
+                starts_jvm: bool = True) -> Path | None:
+    """This process's private directory for Spark's scratch files, removed when this process exits, and at the
+    next job's start when a SIGKILL left it (:func:`clients.private_dir`). Spark removes its own only when its
+    JVM ends normally: each job killed (a forced stop, ``spark-submit`` killed by Airflow's ``on_kill``) left
+    some 10 MB in the machine's temporary directory.
+
+    When this process starts the driver JVM (any master) it is the JVM's temporary directory, where Spark keeps
+    the driver's block manager, the connector jars' copies, its Python workers' files and its artifact
+    directory; None if the driver's options (``driver_options``) name one of their own. When ``spark-submit``
+    started the JVM it is ``spark.local.dir`` on a ``local[...]`` master (:func:`local_scratch`); None
+    elsewhere."""
+    if starts_jvm:
+        return None if "-Djava.io.tmpdir=" in driver_options else _private_scratch()
+    return _private_scratch() if local_scratch(master, conf) else None
+
+
+def local_scratch(master: str, conf: dict[str, str]) -> bool:
+    """Spark's scratch files go to this process's directory by ``spark.local.dir``: a ``local[...]`` master (the
+    driver's JVM is the executor too; elsewhere a cluster manager overrides it) whose group sets none."""
+    return master.startswith("local") and "spark.local.dir" not in conf
 
 
 @functools.cache

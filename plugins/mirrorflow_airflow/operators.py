@@ -399,6 +399,8 @@ class MirrorStreamOperator(SparkSubmitOperator):
     * Clusters that name Airflow connections are resolved here and handed to the job in a 0600 file
       named by an environment variable: never on the command line.
     * A group stopped by a failover (its stop marker) is skipped, not launched.
+    * spark-submit's JVM keeps its temporary files in a private directory, removed when the task ends
+      (:func:`spark_jobs.jvm_archive.submit_tmpdir`).
     """
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "config_path", "group_name")
@@ -479,7 +481,14 @@ class MirrorStreamOperator(SparkSubmitOperator):
         if reason:
             raise AirflowSkipException(f"not started: {reason}")
         self.prepare_submit(group)
-        with hook.connections_file() as path:
+        from spark_jobs.jvm_archive import submit_tmpdir
+
+        own = self.conf
+        with hook.connections_file() as path, submit_tmpdir(self.conf or {}) as conf:
             if path:
                 self.env_vars = {**(self.env_vars or {}), CONNECTIONS_FILE_ENV: path}
-            super().execute(context)
+            self.conf = conf  # for this submission only: a retry in this process gets a directory of its own
+            try:
+                super().execute(context)
+            finally:
+                self.conf = own

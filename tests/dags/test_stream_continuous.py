@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from mirror_core.config import load_config
 from mirror_core.failover import request_stream_stop
+from spark_jobs.jvm_archive import SUBMIT_TMP_PREFIX
 from tests.dags import support
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
@@ -33,6 +35,11 @@ def driver_pids(group: str) -> set[int]:
         if any(a.endswith("mirror_stream.py") for a in args) and group in args and "python" in args[0]:
             out.add(int(pid))
     return out
+
+
+def submit_tmp() -> list[Path]:
+    """The private temporary directories of this process's spark-submit JVMs (dag.test() runs tasks here)."""
+    return list(Path(tempfile.gettempdir()).glob(f"{SUBMIT_TMP_PREFIX}{os.getpid()}-*"))
 
 
 def mirrored(s: support.Scenario) -> int:
@@ -60,6 +67,7 @@ def test_a_killed_job_is_relaunched_and_catches_up(clusters: Any, unique: Any, t
         try:
             wait_for("the first job to mirror the backlog", lambda: mirrored(s) == 50, 420)
             (first,) = wait_for("the job's driver", lambda: driver_pids(s.name), 60)
+            events["submit_tmp"] = submit_tmp()  # spark-submit's JVM keeps its temporary files there
             support.produce(s, 30)
             os.kill(first, signal.SIGKILL)
             events["killed"] = first
@@ -83,6 +91,7 @@ def test_a_killed_job_is_relaunched_and_catches_up(clusters: Any, unique: Any, t
     dr = dag.test()
     t.join(60)
     assert "error" not in events, events.get("error")
+    assert events["submit_tmp"] and not submit_tmp()  # removed when each try's task ended
     assert events["killed"] not in events["relaunched"]
     assert dr.state == "success", support.task_states(dr)
     from airflow.models.taskinstance import TaskInstance

@@ -299,3 +299,53 @@ def test_a_local_driver_without_a_ui_binds_to_the_loopback_address(monkeypatch):
     assert jvm_archive.driver_env("yarn", {}) == {}
     monkeypatch.setenv("SPARK_LOCAL_IP", "10.0.0.5")
     assert jvm_archive.driver_env("local[2]", {}) == {}
+
+
+_SCRATCH_SCRIPT = r"""
+import sys
+from mirror_core.config import GroupConfig
+from spark_jobs.mirror_stream import build_session
+
+group = GroupConfig.model_validate({"name": "g", "source": "a", "destination": "b", "spark": {
+    "master": "local[1]", "checkpoint_dir": sys.argv[1]}, "mirrors": [{"source_topic": "t"}]})
+spark = build_session(group, app_name="mirrorflow-scratch")
+jvm = spark.sparkContext._jvm
+manager = getattr(getattr(jvm.org.apache.spark.sql.artifact, "ArtifactManager$"), "MODULE$")
+print("tmpdir", jvm.java.lang.System.getProperty("java.io.tmpdir"))
+print("artifacts", manager.artifactRootDirectory().toString())
+print("local.dir", spark.conf.get("spark.local.dir", "-"))
+spark.stop()
+"""
+
+
+def test_a_job_that_starts_the_driver_jvm_keeps_sparks_files_in_its_private_directory(tmp_path):
+    """The JVM's temporary directory is the job's private one, removed when the job exits: Spark keeps its
+    scratch files and its artifact directory there, which a killed JVM used to leave in the machine's /tmp
+    (an empty ``artifacts-<uuid>`` a kill). Set as a JVM option, not ``spark.local.dir`` (Spark warns about that
+    at every start)."""
+    from spark_jobs.mirror_stream import SPARK_SCRATCH_PREFIX
+
+    (tmp_path / "tmp").mkdir()
+    out = _own_jvm(_SCRATCH_SCRIPT, str(tmp_path / "ck"), TMPDIR=str(tmp_path / "tmp")).stdout
+    got = dict(line.split(" ", 1) for line in out.splitlines() if line.split(" ", 1)[0] in
+               ("tmpdir", "artifacts", "local.dir"))
+    private = Path(got["tmpdir"])
+    assert private.parent == tmp_path / "tmp" and private.name.startswith(SPARK_SCRATCH_PREFIX), got
+    assert Path(got["artifacts"]).parent == private, got
+    assert got["local.dir"] == "-", got
+    assert not private.exists()  # removed on the job's way out
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_where_a_job_keeps_sparks_scratch_files(monkeypatch):
+    """Its own JVM, any master: the JVM's temporary directory, unless the driver's options name one;
+    spark-submit's JVM: ``spark.local.dir`` on a local master whose group sets none, else Spark's choice."""
+    from spark_jobs import mirror_stream
+
+    monkeypatch.setattr(mirror_stream, "_private_scratch", lambda: Path("/tmp/mine"))
+    for master in ("local[2]", "spark://h:7077"):
+        assert mirror_stream.scratch_dir(master, {}, "-Dx=1", starts_jvm=True) == Path("/tmp/mine")
+        assert mirror_stream.scratch_dir(master, {}, "-Djava.io.tmpdir=/big -Dx=1", starts_jvm=True) is None
+    assert mirror_stream.scratch_dir("local[2]", {}, "", starts_jvm=False) == Path("/tmp/mine")
+    assert mirror_stream.scratch_dir("local[2]", {"spark.local.dir": "/big"}, "", starts_jvm=False) is None
+    assert mirror_stream.scratch_dir("spark://h:7077", {}, "", starts_jvm=False) is None

@@ -21,6 +21,7 @@ from test_mirror_e2e import _dst_count, create_topic, group_yaml, read_all, run_
 
 from mirror_core import artifacts, process
 from mirror_core.clients import SECRETS_DIR_PREFIX
+from spark_jobs.jvm_archive import submit_tmpdir
 from spark_jobs.mirror_stream import SPARK_SCRATCH_PREFIX
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
@@ -263,7 +264,9 @@ def test_sigterm_to_the_jobs_whole_process_group_is_one_clean_stop(clusters, uni
 
 
 def test_the_job_ends_when_spark_submit_is_killed(clusters, unique, tmp_path):
-    """Airflow's SparkSubmitOperator.on_kill SIGKILLs spark-submit; its Python driver must not outlive it."""
+    """Airflow's SparkSubmitOperator.on_kill SIGKILLs spark-submit; its Python driver must not outlive it, and
+    what the JVM would have removed on a normal end is in the private temporary directory the stream DAG's
+    operator gives it (:func:`submit_tmpdir`), not the machine's /tmp."""
     topic = unique("orphan")
     create_topic(clusters.src_bootstrap, topic, 3)
     path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes",
@@ -274,28 +277,36 @@ def test_the_job_ends_when_spark_submit_is_killed(clusters, unique, tmp_path):
     env = private_tmp(tmp_path) | {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
                         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "plugins"), os.environ.get("PYTHONPATH", "")])}
     jars = ",".join(artifacts.spark_kafka_jars(artifacts.cache_dir()))  # the driver's classpath: given at launch
-    submit = subprocess.Popen([str(spark_submit), "--master", "local[2]", "--jars", jars,
-                               str(ROOT / "spark_jobs" / "mirror_stream.py"),
-                               str(path), "--group", gname], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        wait_until("records mirrored", lambda: mirrored(clusters.dst_bootstrap, f"{topic}.mirror"),
-                   proc=submit)
-        procs = job_tree(submit.pid, workers=False)
-        driver = [p for p in procs if "mirror_stream.py" in command(p) and p.pid != submit.pid]
-        assert driver, [command(p)[:80] for p in procs]
-        assert spark_scratch(tmp_path), "Spark keeps its scratch files elsewhere"
-        t0 = time.monotonic()
-        submit.kill()  # what on_kill does
-        submit.wait(10)
-        took = ended_within(procs, STOP_TIMEOUT + 5) + (time.monotonic() - t0)
-        print(f"after spark-submit was killed, {len(procs)} processes ended in {took:.1f}s")
-        assert took <= STOP_TIMEOUT, took
-        # the killed JVM never ran Spark's own clean-up; the driver removed its scratch files on its way out
-        assert not scratch_dirs(tmp_path)
-    finally:
-        process.kill_all(process.tree(submit.pid))
-        total = producer.stop()
+    with submit_tmpdir({}) as conf:
+        options = conf["spark.driver.extraJavaOptions"]
+        jvm_tmp = Path(options.removeprefix("-Djava.io.tmpdir="))
+        submit = subprocess.Popen([str(spark_submit), "--master", "local[2]", "--jars", jars,
+                                   "--conf", f"spark.driver.extraJavaOptions={options}",
+                                   str(ROOT / "spark_jobs" / "mirror_stream.py"),
+                                   str(path), "--group", gname], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            wait_until("records mirrored", lambda: mirrored(clusters.dst_bootstrap, f"{topic}.mirror"),
+                       proc=submit)
+            procs = job_tree(submit.pid, workers=False)
+            driver = [p for p in procs if "mirror_stream.py" in command(p) and p.pid != submit.pid]
+            assert driver, [command(p)[:80] for p in procs]
+            assert spark_scratch(tmp_path), "Spark keeps its scratch files elsewhere"
+            # what only a JVM that ends normally removes: spark-submit's fetch directory, Spark's artifacts'
+            assert {p.name.split("-")[0] for p in jvm_tmp.iterdir()} == {"spark", "artifacts"}, \
+                list(jvm_tmp.iterdir())
+            t0 = time.monotonic()
+            submit.kill()  # what on_kill does
+            submit.wait(10)
+            took = ended_within(procs, STOP_TIMEOUT + 5) + (time.monotonic() - t0)
+            print(f"after spark-submit was killed, {len(procs)} processes ended in {took:.1f}s")
+            assert took <= STOP_TIMEOUT, took
+            # the killed JVM never ran Spark's own clean-up; the driver removed its scratch files on its way out
+            assert not scratch_dirs(tmp_path)
+        finally:
+            process.kill_all(process.tree(submit.pid))
+            total = producer.stop()
+    assert not jvm_tmp.exists()  # removed by the operator's task, with what the killed JVM left in it
     run_once(path, gname, timeout=600)
     assert_exactly_once(clusters.dst_bootstrap, f"{topic}.mirror", total)
 
