@@ -52,7 +52,9 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Throughput over rounds (``--rounds``): per value size and contender, the mean records/s (see
     :func:`rate`) of its runs that succeeded, their spread, and the ratio of the means to MM2's (as shipped
-    and tuned) and the raw pipe's, with the ratio of each round. Empty when every row is from one round."""
+    and tuned) and the raw pipe's, with the ratio of each round. A run during which the machine stood still
+    (``machine_paused``: a VM paused or snapshotted) is left out of the means and counted in ``paused``. Empty
+    when every row is from one round."""
     thr = [r for r in rows if r["phase"] == "throughput"]
     if not any((r.get("round") or 1) > 1 for r in thr):
         return []
@@ -62,12 +64,13 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for r in thr:
             if r["size"] == size:
                 runs.setdefault(r["contender"], []).append(r)
-        means = {c: _mean([rate(r) for r in rs if r.get("status") == "ok"]) for c, rs in runs.items()}
+        means = {c: _mean([rate(r) for r in _counted(rs)]) for c, rs in runs.items()}
         for c, rs in runs.items():
             mean = means[c]
-            ok = [r for r in rs if r.get("status") == "ok"]
+            ok = _counted(rs)
             rates = [v for v in (rate(r) for r in ok) if v is not None]
             s: dict[str, Any] = {"size": size, "contender": c, "rounds": len(rs), "ok": len(ok),
+                                 "paused": sum(1 for r in rs if r.get("status") == "ok" and r.get("machine_paused")),
                                  "mean": None if mean is None else round(mean),
                                  "min": min(rates, default=None), "max": max(rates, default=None),
                                  "positions": [r.get("position") for r in rs]}
@@ -76,6 +79,11 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 s[f"x_{ref}_by_round"] = [r.get(f"x_{ref}") for r in rs]
             out.append(s)
     return out
+
+
+def _counted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs a mean counts: those that succeeded on a machine that did not stand still."""
+    return [r for r in rows if r.get("status") == "ok" and not r.get("machine_paused")]
 
 
 def summarize_latency(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -133,7 +141,8 @@ def summary_table(summary: list[dict[str, Any]]) -> Table:
         t.add_column(col, justify="left" if col in ("contender",) or "by round" in col else "right",
                      no_wrap=col == "contender", min_width=20 if col == "contender" else None)
     for s in summary:
-        t.add_row(str(s["size"]), s["contender"], f"{s['ok']}/{s['rounds']}",
+        t.add_row(str(s["size"]), s["contender"],
+                  f"{s['ok']}/{s['rounds']}" + (f" ({s['paused']} paused)" if s.get("paused") else ""),
                   ",".join(str(p) for p in s["positions"]), _f(s["mean"]), _f(s["min"]), _f(s["max"]),
                   _f(s[f"x_{MM2_TUNED}"], "{:.2f}"), " ".join(_f(x, "{:.2f}") for x in s[f"x_{MM2_TUNED}_by_round"]),
                   _f(s[f"x_{RAW}"], "{:.2f}"), " ".join(_f(x, "{:.2f}") for x in s[f"x_{RAW}_by_round"]))

@@ -757,6 +757,7 @@ class Bench:
                       **(self.machine_cpu.kinds if self.machine_cpu else {})}
             for name, cores in cores_between(others, seen.at_10, seen.at_90).items():
                 row["cpu_window"][f"{name}_cores"] = cores
+            row["cpu_window"]["other_cores"] = other_cores(row["cpu_window"])
 
     # ------------------------------------------------------------------ phase 2: latency
 
@@ -921,6 +922,22 @@ def _mem_gb() -> float | None:
         return None
 
 
+#: a drain's window in which something the bench did not start took this many cores or more is named in its line
+OTHER_CORES_SAID = 0.2
+
+
+def other_cores(cpu: dict[str, Any]) -> float | None:
+    """The cores busy in a drain's window with what the bench did not start (``busy_cores`` less the contender,
+    the servers, the harness and kswapd): another process on the machine, kernel threads. On 6 December (11:05)
+    the invocation's first drain had 0.68 cores of it, while its developer ran tests beside it, and ran at 0.6x
+    its round-2 rate; every other drain of that run had -0.03 to 0.08. None when a part has no figure."""
+    parts = [cpu.get(k) for k in ("busy_cores", "mirror_cores", "servers_cores", "harness_cores", "kswapd_cores")]
+    if any(v is None for v in parts):
+        return None
+    busy, *known = parts
+    return round(busy - sum(known), 2)
+
+
 def _row_line(r: dict[str, Any]) -> str:
     if r.get("status") != "ok":
         return f"[red]{r['phase']} {r['contender']}: {r.get('status')} - {r.get('error')}"
@@ -928,6 +945,9 @@ def _row_line(r: dict[str, Any]) -> str:
         reclaim = r.get("reclaim") or {}
         stalls = (f", {reclaim['allocstall']:,} reclaim stalls ({reclaim['pgscan_direct']:,} pages scanned)"
                   if reclaim.get("allocstall") else "")
+        other = (r.get("cpu_window") or {}).get("other_cores")
+        if other is not None and other >= OTHER_CORES_SAID:
+            stalls += f", [yellow]{other} cores busy with processes the bench did not start[/yellow]"
         return (f"{r['contender']} s{r['size']}: {r['records_per_s']:,} rec/s steady, wall {r['wall_s']}s "
                 f"(startup {r['startup_s']}s), peak RSS {r['memory']['peak_rss_mb']} MB{stalls}")
     return (f"{r['contender']} latency: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms "

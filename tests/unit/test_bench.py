@@ -38,7 +38,7 @@ from bench.observe import (
     unwritten_mb,
 )
 from bench.report import add_ratios, summarize, summarize_latency
-from bench.run import CONTENDERS, QUICK_CONTENDERS, round_order
+from bench.run import CONTENDERS, QUICK_CONTENDERS, other_cores, round_order
 from bench.workload import PARSED, RateProducer, make_value, measured_key, parse_measured_key
 from mirror_core.config import SparkConfig, parse_config
 
@@ -331,6 +331,10 @@ def test_ratios_compare_within_a_round_and_the_summary_takes_the_means_over_roun
     assert eos["x_mm2-tuned"] == 1.33  # 200 / mean(200, 100, 150)
     assert eos["x_mm2-tuned_by_round"] == [1.2, 1.6, None]
     assert eos["x_raw-python"] == 1.0
+    # a run during which the machine stood still (a VM snapshot) says little: out of the means, and counted
+    rows.append(row("mirrorflow-eos", 4, 10) | {"machine_paused": {"clock_jump_s": 49.0, "vm_snapshots": 1}})
+    eos = {s["contender"]: s for s in summarize(rows)}["mirrorflow-eos"]
+    assert (eos["rounds"], eos["ok"], eos["paused"], eos["mean"], eos["min"]) == (4, 2, 1, 200, 160)
 
 
 def test_one_round_has_no_summary():
@@ -784,3 +788,10 @@ def test_a_measurement_during_which_the_machine_stood_still_is_marked(monkeypatc
     monkeypatch.setattr(observe, "vm_forks", lambda: None)
     assert drain(3.0, 3.0).get("machine_paused") is None
     assert drain(3.0, 9.0)["machine_paused"] == {"clock_jump_s": 6.0, "vm_snapshots": None}
+
+
+def test_what_else_took_the_cores_is_what_the_machine_was_busy_with_beyond_the_parts_the_bench_follows():
+    cpu = {"busy_cores": 1.96, "mirror_cores": 0.9, "servers_cores": 0.32, "harness_cores": 0.06, "kswapd_cores": 0.0}
+    assert other_cores(cpu) == 0.68  # tests run beside the bench (6 December, 11:05)
+    assert other_cores(cpu | {"mirror_cores": 1.58}) == 0.0
+    assert other_cores(cpu | {"kswapd_cores": None}) is None  # a part without a figure: no guess
