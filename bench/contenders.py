@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.observe import TreeMemory
+from bench.observe import SummedCpu, TreeMemory
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
@@ -249,10 +249,12 @@ def parse_batches(log_text: str) -> list[BatchLine]:
 
 class Running:
     """A launched contender: its own session, its log (opening with the command and the environment it was
-    given beyond the bench's own, ``env_extra``), its memory sampler."""
+    given beyond the bench's own, ``env_extra``), its memory and CPU sampler; and, for a mirror on a Spark
+    cluster, a sampler of the cluster's sessions (``cluster``: the master, the workers, and the executors and
+    their Python workers the workers start for the job), whose CPU is the mirror's too."""
 
     def __init__(self, name: str, cmd: list[str], log: Path, cwd: Path | None = None,
-                 env_extra: dict[str, str] | None = None):
+                 env_extra: dict[str, str] | None = None, cluster_sessions: tuple[int, ...] = ()):
         self.name = name
         self.cmd = cmd
         self.log = log
@@ -269,6 +271,10 @@ class Running:
             self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          cwd=cwd or ROOT, env=env, start_new_session=True)
         self.mem = TreeMemory(self.proc.pid).start()
+        self.cluster = TreeMemory(cluster_sessions[0], also=cluster_sessions[1:]).start() \
+            if cluster_sessions else None
+        #: the contender's CPU: its own processes', and on a cluster the cluster's (where its tasks run)
+        self.cpu = self.mem.cpu if self.cluster is None else SummedCpu(self.mem.cpu, self.cluster.cpu)
         self.exited_at: float | None = None
 
     def alive(self) -> bool | None:
@@ -294,6 +300,8 @@ class Running:
         if self.exited_at is None:
             self.exited_at = time.time()
         self.mem.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
         return self.proc.returncode
 
     def _signal(self, sig: int) -> None:
@@ -324,6 +332,7 @@ class NoProcess:
         self.log = Path(os.devnull)
         self.env_extra: dict[str, str] = {}
         self.mem = _NoMemory()
+        self.cluster = None
 
     def alive(self) -> bool:
         return True

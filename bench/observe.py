@@ -280,8 +280,8 @@ class DrainCounter(DstWatcher):
         return n
 
 
-def session_members(sid: int) -> list[int]:
-    """Pids whose session id is ``sid`` (read from /proc/<pid>/stat)."""
+def session_members(*sids: int) -> list[int]:
+    """Pids whose session id is one of ``sids`` (read from /proc/<pid>/stat)."""
     out = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -292,7 +292,7 @@ def session_members(sid: int) -> list[int]:
             continue
         fields = stat.rsplit(")", 1)[1].split()
         # after the command: state ppid pgrp session ...
-        if int(fields[3]) == sid:
+        if int(fields[3]) in sids:
             out.append(int(entry.name))
     return out
 
@@ -348,7 +348,19 @@ class CpuTimeline:
         return None if a is None or b is None else b - a
 
 
-def cores_between(timelines: dict[str, CpuTimeline | None], t0: float, t1: float) -> dict[str, float | None]:
+class SummedCpu:
+    """Several :class:`CpuTimeline` read as one (what :func:`cores_between` asks of a timeline)."""
+
+    def __init__(self, *parts: CpuTimeline):
+        self.parts = parts
+
+    def between(self, t0: float, t1: float) -> float | None:
+        got = [p.between(t0, t1) for p in self.parts]
+        return None if any(g is None for g in got) else sum(g for g in got if g is not None)
+
+
+def cores_between(timelines: dict[str, CpuTimeline | SummedCpu | None], t0: float,
+                  t1: float) -> dict[str, float | None]:
     """Each timeline's CPU over wall times ``t0``..``t1`` in cores (CPU seconds per second; None where a
     timeline has no samples around both ends, or is None)."""
     out: dict[str, float | None] = {}
@@ -617,10 +629,12 @@ def status_kb(pid: int, key: str) -> int | None:
 
 
 class TreeMemory:
-    """Samples a session's processes: per-pid VmHWM (kept after they exit) and the peak summed VmRSS."""
+    """Samples a session's processes (``sid``, and the sessions ``also``): per-pid VmHWM (kept after they exit),
+    the peak summed VmRSS, and their CPU (``cpu``)."""
 
-    def __init__(self, sid: int, interval: float = 0.25):
+    def __init__(self, sid: int, interval: float = 0.25, also: tuple[int, ...] = ()):
         self.sid = sid
+        self.sids = (sid, *also)
         self.interval = interval
         self.hwm_kb: dict[int, int] = {}
         self.names: dict[int, str] = {}
@@ -635,7 +649,7 @@ class TreeMemory:
 
     def sample(self) -> None:
         rss = 0
-        members = session_members(self.sid)
+        members = session_members(*self.sids)
         self.cpu.add(members)
         for pid in members:
             hwm = status_kb(pid, "VmHWM")

@@ -345,6 +345,8 @@ class Bench:
         self.kcat = shutil.which("kcat") or shutil.which("kafkacat")
         #: the Spark master mirrorflow runs on (a standalone cluster with --spark-workers)
         self.master = "local[2]"
+        #: that cluster's sessions (its master's and each worker's, with the executors a worker starts)
+        self.cluster_sessions: tuple[int, ...] = ()
         #: the destination brokers' transaction verification is off (a ``-noverify`` contender runs)
         self.verification_off = False
         self.doc: dict[str, Any] = {
@@ -406,6 +408,7 @@ class Bench:
             cluster = local_spark.up(self.env, workers=self.args.spark_workers, cores_per_worker=1,
                                      memory_per_worker="1g")
             self.master = cluster.master_url
+            self.cluster_sessions = (cluster.master_pid, *cluster.worker_pids)  # each started in a session of its own
             self.doc["spark_master"] = {"url": cluster.master_url, "workers": self.args.spark_workers}
 
     def warm_brokers(self) -> None:
@@ -533,7 +536,8 @@ class Bench:
             cmd = kcat_cmd(self.kcat, self.ep, source, dest, exit_at_end=drain)
         else:
             raise ValueError(contender)
-        run = Running(contender, cmd, logs / f"{contender}-{tag}.log", env_extra=env)
+        run = Running(contender, cmd, logs / f"{contender}-{tag}.log", env_extra=env,
+                      cluster_sessions=self.cluster_sessions if contender.startswith("mirrorflow-") else ())
         self.current = run
         return run, dest
 
@@ -700,6 +704,10 @@ class Bench:
                 pass
             run.alive()
         row["memory"] = self.finish(run)
+        if run.cluster is not None:
+            # the Spark cluster's processes: the executors and their Python workers started for this job, and the
+            # master's and workers' daemons, which outlive it (their figures span the whole run)
+            row["cluster_memory"] = run.cluster.summary()
         read_after = disk_read_mb()
         # what the machine read from disk while the contender ran (its source records, if the cache lost them)
         row["disk_read_mb"] = None if read_before is None or read_after is None else round(read_after - read_before, 1)
@@ -733,7 +741,8 @@ class Bench:
             row["largest_step_share"] = round(seen.largest_step / records, 3)
             if row["largest_step_share"] >= COARSE_STEP_SHARE:
                 row["window_coarse"] = True
-            mirror_cpu = run.mem.cpu.between(seen.at_10, seen.at_90)
+            mirror_cpu = run.cpu.between(seen.at_10, seen.at_90)  # on a cluster, the cluster's processes too
+            cluster_cpu = run.cluster.cpu.between(seen.at_10, seen.at_90) if run.cluster is not None else None
             by_role = {role: t.cpu.between(seen.at_10, seen.at_90) for role, t in self.role_cpu.items()}
             # all the servers: the sum of the roles (None when a role has no figure for the window)
             known = [v for v in by_role.values() if v is not None]
@@ -744,6 +753,10 @@ class Bench:
                 "servers_cores": None if servers_cpu is None else round(servers_cpu / window, 2),
                 "mirror_us_per_record": None if mirror_cpu is None else round(mirror_cpu / in_window * 1e6, 2),
                 "servers_us_per_record": None if servers_cpu is None else round(servers_cpu / in_window * 1e6, 2)}
+            if run.cluster is not None:  # the Spark cluster's part of the mirror's figures
+                row["cpu_window"]["cluster_cores"] = None if cluster_cpu is None else round(cluster_cpu / window, 2)
+                row["cpu_window"]["cluster_us_per_record"] = (None if cluster_cpu is None
+                                                              else round(cluster_cpu / in_window * 1e6, 2))
             for role, used in by_role.items():
                 row["cpu_window"][f"{role}_us_per_record"] = None if used is None else round(used / in_window * 1e6, 2)
                 # the kernel's part: on a VM, memory the brokers' page cache takes anew costs far more of it
@@ -840,6 +853,10 @@ class Bench:
             producer.stop()
             watcher.close()
             row["memory"] = self.finish(run)
+        if run.cluster is not None:
+            # the Spark cluster's processes: the executors and their Python workers started for this job, and the
+            # master's and workers' daemons, which outlive it (their figures span the whole run)
+            row["cluster_memory"] = run.cluster.summary()
         lats = list(watcher.seen.measured.values())
         row.update(sent=producer.sent, received=len(lats), duplicates=watcher.seen.duplicates,
                    p50_ms=_r(percentile(lats, 50)), p90_ms=_r(percentile(lats, 90)),
@@ -852,8 +869,10 @@ class Bench:
         # where the cores went while the measured rate ran (its first seconds left out, as for the p99 above):
         # the contender's processes, each side's brokers, the registries, the harness itself; and the same over
         # those first seconds (``cores_step``), the step from the warm-up's trickle to the rate
-        timelines = {"mirror": getattr(run.mem, "cpu", None), **{r: t.cpu for r, t in self.role_cpu.items()},
+        timelines = {"mirror": getattr(run, "cpu", None), **{r: t.cpu for r, t in self.role_cpu.items()},
                      "harness": self.harness_cpu.cpu if self.harness_cpu else None}
+        if run.cluster is not None:  # on a Spark cluster, its part of the mirror's cores apart
+            timelines["cluster"] = run.cluster.cpu
         row["cores"] = cores_between(timelines, produced_from + LATENCY_SETTLE_S, produced_from + self.args.seconds)
         row["cores_step"] = cores_between(timelines, produced_from, produced_from + LATENCY_SETTLE_S)
         row["windows"] = latency_windows(watcher.seen.measured, self.args.rate, LATENCY_WINDOW_S)

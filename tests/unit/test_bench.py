@@ -795,3 +795,40 @@ def test_what_else_took_the_cores_is_what_the_machine_was_busy_with_beyond_the_p
     assert other_cores(cpu) == 0.68  # tests run beside the bench (6 December, 11:05)
     assert other_cores(cpu | {"mirror_cores": 1.58}) == 0.0
     assert other_cores(cpu | {"kswapd_cores": None}) is None  # a part without a figure: no guess
+
+
+def test_a_mirror_on_a_spark_cluster_counts_the_clusters_processes_as_its_own(tmp_path):
+    """On a standalone cluster the job's tasks run in executors the workers start in their own sessions: the
+    contender's CPU is its session's and the cluster's (``Running.cpu``), with the cluster's part apart."""
+    import subprocess
+    import sys
+
+    from bench.contenders import Running
+    from bench.observe import CpuTimeline, SummedCpu, cores_between, session_members
+
+    def timeline(*samples: tuple[float, float]) -> CpuTimeline:
+        t = CpuTimeline()
+        t.series = list(samples)
+        return t
+
+    job, cluster = timeline((0.0, 1.0), (10.0, 6.0)), timeline((0.0, 0.0), (10.0, 10.0))
+    assert cores_between({"mirror": SummedCpu(job, cluster)}, 0.0, 10.0) == {"mirror": 1.5}
+    assert SummedCpu(job, timeline((5.0, 0.0), (10.0, 1.0))).between(0.0, 10.0) is None  # a part unknown
+
+    # a process in a session of its own, as local_spark starts a worker: found with the contender's session
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    run = Running("mirrorflow-x", [sys.executable, "-c", "import time; time.sleep(30)"], tmp_path / "x.log",
+                  cluster_sessions=(worker.pid,))
+    try:
+        assert worker.pid in session_members(run.proc.pid, worker.pid)
+        assert worker.pid not in session_members(run.proc.pid)
+        run.cluster.sample()
+        assert worker.pid in run.cluster.hwm_kb and run.proc.pid not in run.cluster.hwm_kb
+        assert isinstance(run.cpu, SummedCpu)
+    finally:
+        run.stop(5)
+        worker.kill()
+        worker.wait()
+    alone = Running("raw-python", [sys.executable, "-c", "pass"], tmp_path / "y.log")
+    alone.stop(5)
+    assert alone.cluster is None and alone.cpu is alone.mem.cpu
