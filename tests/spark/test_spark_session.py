@@ -321,8 +321,8 @@ spark.stop()
 def test_a_job_that_starts_the_driver_jvm_keeps_sparks_files_in_its_private_directory(tmp_path):
     """The JVM's temporary directory is the job's private one, removed when the job exits: Spark keeps its
     scratch files and its artifact directory there, which a killed JVM used to leave in the machine's /tmp
-    (an empty ``artifacts-<uuid>`` a kill). Set as a JVM option, not ``spark.local.dir`` (Spark warns about that
-    at every start)."""
+    (an empty ``artifacts-<uuid>`` for each kill). Set as a JVM option, not ``spark.local.dir`` (Spark warns
+    about that at every start)."""
     from spark_jobs.mirror_stream import SPARK_SCRATCH_PREFIX
 
     (tmp_path / "tmp").mkdir()
