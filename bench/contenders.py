@@ -271,8 +271,7 @@ class Running:
             self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          cwd=cwd or ROOT, env=env, start_new_session=True)
         self.mem = TreeMemory(self.proc.pid).start()
-        self.cluster = TreeMemory(cluster_sessions[0], also=cluster_sessions[1:]).start() \
-            if cluster_sessions else None
+        self.cluster = TreeMemory(*cluster_sessions).start() if cluster_sessions else None
         #: the contender's CPU: its own processes', and on a cluster the cluster's (where its tasks run)
         self.cpu = self.mem.cpu if self.cluster is None else SummedCpu(self.mem.cpu, self.cluster.cpu)
         self.exited_at: float | None = None

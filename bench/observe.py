@@ -629,19 +629,18 @@ def status_kb(pid: int, key: str) -> int | None:
 
 
 class TreeMemory:
-    """Samples a session's processes (``sid``, and the sessions ``also``): per-pid VmHWM (kept after they exit),
-    the peak summed VmRSS, and their CPU (``cpu``)."""
+    """Samples the processes of one or more sessions (``sids``): per-pid VmHWM (kept after they exit), the peak
+    summed VmRSS, and their CPU (``cpu``)."""
 
-    def __init__(self, sid: int, interval: float = 0.25, also: tuple[int, ...] = ()):
-        self.sid = sid
-        self.sids = (sid, *also)
+    def __init__(self, *sids: int, interval: float = 0.25):
+        self.sids = sids
         self.interval = interval
         self.hwm_kb: dict[int, int] = {}
         self.names: dict[int, str] = {}
         self.peak_rss_kb = 0
         self.cpu = CpuTimeline()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"rss-{sid}", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"rss-{sids[0]}", daemon=True)
 
     def start(self) -> TreeMemory:
         self._thread.start()

@@ -138,6 +138,18 @@ def submit_conf(cache: Path, master: str, checkpoint_dir: str, user_conf: dict[s
     return conf
 
 
+#: the JVM option that names its temporary directory (``java.io.tmpdir``)
+TMPDIR_OPTION = "-Djava.io.tmpdir="
+
+
+def with_tmpdir(options: str, path: Path) -> str | None:
+    """The JVM ``options`` with its temporary directory set to ``path``; None when they name one of their own,
+    or when ``path`` holds a blank (the options are split at blanks)."""
+    if TMPDIR_OPTION in options or any(c.isspace() for c in str(path)):
+        return None
+    return f"{TMPDIR_OPTION}{path} {options}".strip()
+
+
 #: the private temporary directory of a ``spark-submit`` JVM (:func:`submit_tmpdir`): this, the id of the process
 #: that starts it (the stream DAG's task), ``-``, its host's hash, ``-`` (see :func:`mirror_core.clients.private_dir`)
 SUBMIT_TMP_PREFIX = "mirrorflow-submit-"
@@ -154,15 +166,13 @@ def submit_tmpdir(conf: dict[str, str]) -> Iterator[dict[str, str]]:
     driver options name a temporary directory, or when the directory's path holds a blank (the options are
     split at blanks)."""
     options = conf.get("spark.driver.extraJavaOptions", "")
-    if "-Djava.io.tmpdir=" in options:
+    if TMPDIR_OPTION in options:
         yield conf
         return
     path = clients.private_dir(SUBMIT_TMP_PREFIX)
     try:
-        if any(c.isspace() for c in str(path)):
-            yield conf
-        else:
-            yield {**conf, "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={path} {options}".strip()}
+        given = with_tmpdir(options, path)
+        yield conf if given is None else {**conf, "spark.driver.extraJavaOptions": given}
     finally:
         shutil.rmtree(path, ignore_errors=True)
 

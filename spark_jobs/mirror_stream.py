@@ -87,10 +87,11 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
     starts_jvm = local_fs.starts_jvm()
     scratch = scratch_dir(group.spark.master, group.spark.conf, driver_options, starts_jvm)
     if scratch is not None:
-        if starts_jvm and not any(c.isspace() for c in str(scratch)):  # options are split at blanks
-            # the JVM's temporary directory, which Spark takes for its scratch files without spark.local.dir;
-            # setting that makes Spark warn at every start that a cluster manager would override it
-            driver_options = f"-Djava.io.tmpdir={scratch} {driver_options}".strip()
+        # the JVM's temporary directory, which Spark takes for its scratch files without spark.local.dir;
+        # setting that makes Spark warn at every start that a cluster manager would override it
+        given = jvm_archive.with_tmpdir(driver_options, scratch) if starts_jvm else None
+        if given is not None:
+            driver_options = given
         elif local_scratch(group.spark.master, group.spark.conf):
             # a JVM already running (spark-submit started it): Spark's own setting, warning and all
             builder = builder.config("spark.local.dir", str(scratch))
@@ -138,7 +139,7 @@ def scratch_dir(master: str, conf: dict[str, str], driver_options: str = "",
     started the JVM it is ``spark.local.dir`` on a ``local[...]`` master (:func:`local_scratch`); None
     elsewhere."""
     if starts_jvm:
-        return None if "-Djava.io.tmpdir=" in driver_options else _private_scratch()
+        return None if jvm_archive.TMPDIR_OPTION in driver_options else _private_scratch()
     return _private_scratch() if local_scratch(master, conf) else None
 
 

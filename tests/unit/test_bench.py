@@ -25,6 +25,7 @@ from bench.contenders import (
     parse_batches,
 )
 from bench.observe import (
+    CpuTimeline,
     MachineCpu,
     cpu_seconds,
     disk_read_mb,
@@ -542,22 +543,24 @@ def test_a_contender_runs_with_the_environment_it_is_given_and_its_log_and_row_s
     assert NoProcess("floor").env_extra == {}
 
 
+def _timeline(*samples: tuple[float, float]) -> CpuTimeline:
+    """A CPU timeline of these (time, CPU seconds) samples."""
+    t = CpuTimeline()
+    t.series = list(samples)
+    return t
+
+
 def test_a_latency_rows_cores_are_each_timelines_cpu_over_the_window_and_shown_in_its_table():
     """``cores_between``: CPU seconds over a wall-time window per second of it, per timeline (interpolated
     between samples), None for a timeline without samples around both ends or none at all; the latency
     table shows the contender's, the source brokers' and the destination brokers' ("-" where unknown)."""
     from rich.console import Console
 
-    from bench.observe import CpuTimeline, cores_between
+    from bench.observe import cores_between
     from bench.report import latency_table
 
-    def timeline(*samples: tuple[float, float]) -> CpuTimeline:
-        t = CpuTimeline()
-        t.series = list(samples)
-        return t
-
-    busy = timeline((100.0, 10.0), (102.0, 12.0), (110.0, 14.0))  # a core, then a quarter of one
-    late = timeline((104.0, 0.0), (110.0, 3.0))
+    busy = _timeline((100.0, 10.0), (102.0, 12.0), (110.0, 14.0))  # a core, then a quarter of one
+    late = _timeline((104.0, 0.0), (110.0, 3.0))
     got = cores_between({"mirror": busy, "src_brokers": late, "harness": None}, 101.0, 106.0)
     assert got == {"mirror": round((12.0 + 1.0 - 11.0) / 5, 2), "src_brokers": None, "harness": None}
     assert cores_between({"mirror": busy}, 106.0, 106.0) == {"mirror": None}
@@ -804,16 +807,11 @@ def test_a_mirror_on_a_spark_cluster_counts_the_clusters_processes_as_its_own(tm
     import sys
 
     from bench.contenders import Running
-    from bench.observe import CpuTimeline, SummedCpu, cores_between, session_members
+    from bench.observe import SummedCpu, cores_between, session_members
 
-    def timeline(*samples: tuple[float, float]) -> CpuTimeline:
-        t = CpuTimeline()
-        t.series = list(samples)
-        return t
-
-    job, cluster = timeline((0.0, 1.0), (10.0, 6.0)), timeline((0.0, 0.0), (10.0, 10.0))
+    job, cluster = _timeline((0.0, 1.0), (10.0, 6.0)), _timeline((0.0, 0.0), (10.0, 10.0))
     assert cores_between({"mirror": SummedCpu(job, cluster)}, 0.0, 10.0) == {"mirror": 1.5}
-    assert SummedCpu(job, timeline((5.0, 0.0), (10.0, 1.0))).between(0.0, 10.0) is None  # a part unknown
+    assert SummedCpu(job, _timeline((5.0, 0.0), (10.0, 1.0))).between(0.0, 10.0) is None  # a part unknown
 
     # a process in a session of its own, as local_spark starts a worker: found with the contender's session
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
