@@ -86,6 +86,8 @@ RESULTS = ROOT / "bench" / "results"
 # read_path: direct and spark.transactions: per_writer (one transaction per writer process and batch, on two
 # producers by turns; at_least_once: one idempotent producer per writer process; what the defaults resolve to on a
 # local master);
+# *-tasks* with spark.read_path: executors (Spark plans; a large batch's ranges are read with mirrorflow's reader
+# and written by Spark's tasks, a transaction per partition: for a Spark cluster, --spark-workers);
 # *-writer-1* with one producer per writer process (spark.writer_producers: 1), as before the turns.
 # *-py* variants run with MIRRORFLOW_NATIVE=0: every record through the Python produce loop, none through
 # the C loop (mirror_core.native), for an A/B of the two in one invocation; *-pyread* variants with
@@ -161,7 +163,8 @@ MORE_CONTENDERS = ("mirrorflow-eos-writer-heap", "mirrorflow-eos-writer-heap-byt
                    "mirrorflow-eos-direct-chunk-bytes", "mirrorflow-alo-direct-chunk",
                    "mirrorflow-alo-direct-chunk-bytes", "mirrorflow-eos-chunk", "mirrorflow-eos-chunk-bytes",
                    "mirrorflow-eos-direct-tuned", "mirrorflow-eos-direct-tuned-bytes", "mirrorflow-alo-direct-tuned",
-                   "mirrorflow-alo-direct-tuned-bytes")
+                   "mirrorflow-alo-direct-tuned-bytes", "mirrorflow-eos-tasks", "mirrorflow-alo-tasks",
+                   "mirrorflow-eos-tasks-bytes", "mirrorflow-alo-tasks-bytes")
 #: the ``-tuned`` variants' destination producer settings: the tuned MirrorMaker 2's (``mm2-tuned``)
 TUNED_PRODUCER = {"linger.ms": "20", "batch.size": "262144"}
 #: ``--quick``'s drain contenders
@@ -480,7 +483,8 @@ class Bench:
                 self.ep, group=group, source_topic=source, destination_topic=dest, delivery=delivery,
                 value_serde=serde, trigger=self.args.trigger, checkpoint_dir=self.out / "checkpoints",
                 driver_batch_max_records=self.args.driver_max, master=self.master,
-                read_path="direct" if "direct" in parts or "writer" in parts else "spark",
+                read_path="direct" if "direct" in parts or "writer" in parts
+                else "executors" if "tasks" in parts else "spark",
                 transactions="per_writer" if "writer" in parts else "per_partition",
                 writer_producers=1 if "1" in parts else None,
                 overlap_writes=True if "overlap" in parts else None,

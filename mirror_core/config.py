@@ -422,8 +422,11 @@ class SparkConfig(_Frozen):
     #: partition's range [start, end) from that log with a librdkafka consumer and writes it) or ``auto``
     #: (``direct`` on a ``local[...]`` master, where the driver's writer processes share the one host with
     #: whatever would read, or when an option below that only ``direct`` has is set; ``spark`` on a cluster
-    #: master, whose executors read). See :attr:`reads_directly`
-    read_path: Literal["auto", "spark", "direct"] = "auto"
+    #: master, whose executors read), or ``executors`` (Spark only plans the batch, as with ``direct``; a large
+    #: batch's ranges are read and written by Spark tasks on the executors, each with a librdkafka consumer of
+    #: its Python worker's, a small one by the driver as with ``direct``). See :attr:`reads_directly` and
+    #: :attr:`reads_in_tasks`
+    read_path: Literal["auto", "spark", "direct", "executors"] = "auto"
     #: with ``read_path: direct``: how many writer processes read and write the batches, each owning a share of
     #: the partitions (one Python process is bound by its GIL at about one core); 0 = one per CPU core of the
     #: driver's host, at most 4; 1 = the driver itself
@@ -511,6 +514,19 @@ class SparkConfig(_Frozen):
                 or self.overlap_writes)
 
     @property
+    def reads_in_tasks(self) -> bool:
+        """Whether Spark's tasks read a large batch's ranges with mirrorflow's reader (``read_path: executors``):
+        the micro-batch DataFrame is never evaluated, each task reads and writes a share of the batch's
+        partitions (a small batch, up to ``driver_batch_max_records``, is read and written by the driver)."""
+        return self.read_path == "executors"
+
+    @property
+    def plans_only(self) -> bool:
+        """Whether Spark's driver JVM only plans micro-batches and never reads a record (``direct`` and
+        ``executors``): mirrorflow's readers take each batch's ranges from Spark's offset log."""
+        return self.reads_directly or self.reads_in_tasks
+
+    @property
     def writes_per_writer(self) -> bool:
         """Whether each writer process commits one transaction per micro-batch for all its partitions
         (``transactions: per_writer``, or ``auto`` on the direct read path with at most :data:`WRITER_SLOTS`
@@ -525,19 +541,19 @@ class SparkConfig(_Frozen):
     @model_validator(mode="after")
     def _per_writer(self) -> SparkConfig:
         if self.keep_writing_for:
-            if self.read_path == "spark":
-                raise ValueError("keep_writing_for needs read_path: direct or auto (on Spark's read path Spark's "
-                                 "tasks read the records)")
+            if self.read_path in ("spark", "executors"):
+                raise ValueError(f"keep_writing_for needs read_path: direct or auto (with {self.read_path}, "
+                                 "Spark's tasks read the records)")
             if self.overlap_writes:
                 raise ValueError("keep_writing_for and overlap_writes cannot both be on (a batch that keeps "
                                  "writing is the one write in flight)")
-        if self.overlap_writes and self.read_path == "spark":
-            raise ValueError("overlap_writes needs read_path: direct or auto (on Spark's read path each batch is "
-                             "written by the time Spark goes on)")
+        if self.overlap_writes and self.read_path in ("spark", "executors"):
+            raise ValueError(f"overlap_writes needs read_path: direct or auto (with {self.read_path}, each batch "
+                             "is written by the time Spark goes on)")
         if self.transactions == "per_writer":
-            if self.read_path == "spark":
-                raise ValueError("transactions: per_writer needs read_path: direct or auto (Spark's tasks write a "
-                                 "transaction per partition)")
+            if self.read_path in ("spark", "executors"):
+                raise ValueError(f"transactions: per_writer needs read_path: direct or auto (with "
+                                 f"{self.read_path}, Spark's tasks write a transaction per partition)")
             if self.direct_processes > WRITER_SLOTS:
                 raise ValueError(f"transactions: per_writer allows at most {WRITER_SLOTS} direct_processes "
                                  f"(each has a transactional id of its own, and a start fences all {WRITER_SLOTS})")

@@ -766,6 +766,49 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     return bw.rows(read_s * 1000)
 
 
+def task_shares(ranges: list[Range], tasks: int) -> list[list[Range]]:
+    """``read_path: executors``: a micro-batch's ranges as the shares of at most ``tasks`` Spark tasks, each read
+    by one consumer: every ``tasks``-th range of the batch's order (topic, partition), so a share's partitions
+    are the same from one batch to the next. Pure."""
+    n = max(1, min(tasks, len(ranges)))
+    return [share for share in (ranges[i::n] for i in range(n)) if share]
+
+
+#: ``read_path: executors``: each Python worker's reader, kept between the tasks it runs (Spark reuses its Python
+#: workers, ``spark.python.worker.reuse``): its consumer's connections stay up, and a partition whose next range
+#: comes to the same worker continues where it stood. A range that does not continue seeks (DirectReader).
+_TASK_READERS: dict[tuple[str, str | None], DirectReader] = {}
+
+
+def task_reader(cluster: ClusterConfig, group: str, consumer_group: str | None) -> DirectReader:
+    """This Python worker's reader of ``group``'s source (a new one when the source's settings changed)."""
+    key = (group, consumer_group)
+    reader = _TASK_READERS.get(key)
+    if reader is not None and reader.cluster != cluster:
+        reader.close()
+        reader = None
+    if reader is None:
+        reader = _TASK_READERS[key] = DirectReader(cluster, group, consumer_group=consumer_group)
+    return reader
+
+
+def task_writer(plan: Any, cluster: ClusterConfig, group: str, consumer_group: str | None = None
+                ) -> Callable[[Iterable[list[Range]]], Iterable[dict[str, Any]]]:
+    """``read_path: executors``: the function a Spark task runs on its share of a micro-batch's ranges
+    (:func:`task_shares`): read them from the source with this Python worker's reader and write them, a
+    transaction per partition, as the driver's :func:`write_ranges` does. Yields the writer's result rows.
+    A task that fails is run again by Spark; its exactly_once writers skip what is already on the destination
+    (their committed positions), as Spark's read path's tasks do."""
+
+    def run(shares: Iterable[list[Range]]) -> Iterable[dict[str, Any]]:
+        quiet_gc()
+        reader = task_reader(cluster, group, consumer_group)
+        for ranges in shares:
+            yield from write_ranges(plan, ranges, reader)
+
+    return run
+
+
 @dataclass
 class Kept:
     """What :func:`keep_on` wrote after a batch's own ranges: its rows (one per partition written, merged over

@@ -538,7 +538,7 @@ class MirrorRuntime:
         so without this the re-created topic's first records would never be mirrored; the writer, finding
         its committed position beyond the source's end, takes them as new. On the direct read path they are
         ranges of the batch instead (:meth:`write_direct`), written by the process that owns the partition."""
-        if not plan.rewound or self.group.spark.reads_directly:
+        if not plan.rewound or self.group.spark.plans_only:
             return []
         bw = BatchWriter(plan)
         for (t, p), (_before, end) in sorted(plan.rewound.items()):
@@ -559,9 +559,16 @@ class MirrorRuntime:
         """``spark.read_path: direct``: read micro-batch ``batch_id``'s ranges from the source (the ones in
         Spark's offset log, so a replayed batch reads exactly the same) and write them from the driver. The
         micro-batch DataFrame is never evaluated. Call after :meth:`writer_plan` for the same batch."""
+        carried = self.end_keep(batch_id)  # the batch before's writer processes, if they wrote on
+        rows = self._write_ranges(plan, self.direct_ranges(plan, batch_id))
+        return after_carried(carried, rows) if carried else rows
+
+    def direct_ranges(self, plan: WriterPlan, batch_id: int) -> list[Any]:
+        """Micro-batch ``batch_id``'s ranges for mirrorflow's readers (``read_path: direct`` or ``executors``):
+        each partition's [start, end) from Spark's offset log, partitions whose end moved back from their first
+        offset. Call after :meth:`writer_plan` for the same batch."""
         from mirror_core.direct import Range, batch_ranges
 
-        carried = self.end_keep(batch_id)  # the batch before's writer processes, if they wrote on
         starts, ends = self._starts.get(batch_id) or (self.batch_starts(batch_id), self.batch_ends(batch_id))
         if self._first_direct:
             starts = self.replay_starts(starts, keep=set(plan.rewound))
@@ -574,8 +581,25 @@ class MirrorRuntime:
         # partitions whose end moved back (topic re-created, log truncated) have no range from Spark: they are
         # read from their first offset, as a new partition is, and their writer takes the records as new
         ranges += [Range(t, p, None, end) for (t, p), (_start, end) in sorted(plan.rewound.items()) if end > 0]
-        rows = self._write_ranges(plan, ranges)
-        return after_carried(carried, rows) if carried else rows
+        return ranges
+
+    def write_in_tasks(self, plan: WriterPlan, batch_id: int, tasks: int,
+                       run: Callable[[list[list[Any]], Callable[..., Any]], list[dict[str, Any]]]
+                       ) -> list[dict[str, Any]]:
+        """``spark.read_path: executors``: micro-batch ``batch_id``'s ranges read and written by at most ``tasks``
+        Spark tasks: ``run(shares, fn)`` runs ``fn`` (:func:`~mirror_core.direct.task_writer`) on each share
+        in a task of its own and returns what they yield. The DataFrame is never evaluated, as with
+        :meth:`write_direct`. Call after :meth:`writer_plan` for the same batch."""
+        from mirror_core.direct import task_shares, task_writer
+
+        shares = task_shares(self.direct_ranges(plan, batch_id), tasks)
+        if not shares:
+            return []
+        return run(shares, task_writer(plan, self.src, self.group.name, self._read_group()))
+
+    def _read_group(self) -> str | None:
+        """The ``group.id`` mirrorflow's source readers give (a formality: they never join or commit)."""
+        return min(self.consumer_groups.values(), default=None)
 
     def _write_ranges(self, plan: WriterPlan, ranges: list[Any]) -> list[dict[str, Any]]:
         """Read ``ranges`` from the source and write them: by the writer processes, or by the driver."""
@@ -586,8 +610,7 @@ class MirrorRuntime:
             return pool.write(plan, ranges)
         if self._direct is None:
             quiet_gc()  # the driver reads and writes the records itself
-            self._direct = DirectReader(self.src, self.group.name,
-                                        consumer_group=min(self.consumer_groups.values(), default=None))
+            self._direct = DirectReader(self.src, self.group.name, consumer_group=self._read_group())
         return write_ranges(plan, ranges, self._direct, DRIVER_THREADS)
 
     def keep_writing(self, plan: WriterPlan, batch_id: int, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -765,7 +788,7 @@ class MirrorRuntime:
             from mirror_core.direct import WriterPool
 
             self._pool = WriterPool(self.src, self.group.name, self.direct_processes(), DRIVER_THREADS,
-                                    consumer_group=min(self.consumer_groups.values(), default=None))
+                                    consumer_group=self._read_group())
         return self._pool
 
     def close(self) -> None:
@@ -1196,14 +1219,14 @@ def replay_starts(starts: dict[str, dict[int, int]], written: dict[str, dict[int
 def effective_max_offsets(spark: Any, partitions: int = 0) -> int | None:
     """The records cap per micro-batch: the configured one; unset on a ``local[...]`` master, the driver
     batch size, so a backlog goes through the driver's warm writer in driver-sized batches (the tasks
-    would share the same cores and add a Python-worker hop) -- with ``read_path: direct``, where nothing
-    is collected and the driver always writes, :data:`DIRECT_BATCH_RECORDS` (or
+    would share the same cores and add a Python-worker hop) -- with ``read_path: direct`` (or ``executors``),
+    where nothing is collected, :data:`DIRECT_BATCH_RECORDS` (or
     :data:`DIRECT_BATCH_RECORDS_PER_PARTITION` times the group's ``partitions`` when that is more), so
     Spark's planning and logs between batches (0.1-0.25 s) stay small next to the writing; unset elsewhere,
     none (large batches are written by tasks spread over the executors, or read by the driver in chunks)."""
     if spark.max_offsets_per_trigger:
         return int(spark.max_offsets_per_trigger)
-    if spark.master.startswith("local") and spark.reads_directly:
+    if spark.master.startswith("local") and spark.plans_only:
         from mirror_core.direct import whole_number_env
 
         per = whole_number_env(DIRECT_BATCH_PER_PARTITION_ENV, DIRECT_BATCH_RECORDS_PER_PARTITION, "records")

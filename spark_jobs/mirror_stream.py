@@ -83,7 +83,7 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
     # a group's own options after mirrorflow's, as spark-submit gets them (jvm_archive.submit_conf): theirs
     # win where they overlap
     driver_options = jvm_archive.driver_options(cache, group.spark.conf.get("spark.driver.extraJavaOptions", ""),
-                                                direct=group.spark.reads_directly)
+                                                direct=group.spark.plans_only)
     starts_jvm = local_fs.starts_jvm()
     scratch = scratch_dir(group.spark.master, group.spark.conf, driver_options, starts_jvm)
     if scratch is not None:
@@ -322,9 +322,18 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
         # and positions stay warm. Tasks land on whichever Python worker is free, so a partition that
         # moves costs a new producer, a fence and a position lookup; worth it only for large batches.
         on_driver = direct or rt.on_driver(batch_id)
+        in_tasks = group.spark.reads_in_tasks
         t1 = time.monotonic()
         rows = None
-        if direct:
+        if in_tasks and not on_driver:
+            # Spark planned the batch; its tasks read their shares of the ranges with mirrorflow's reader and
+            # write them (df is never evaluated)
+            rt.stop_warm_up()
+            release_producers()  # the tasks' producers fence the driver's
+            sc = spark.sparkContext
+            rows = rt.write_in_tasks(plan, batch_id, sc.defaultParallelism,
+                                     lambda shares, fn: sc.parallelize(shares, len(shares)).mapPartitions(fn).collect())
+        elif direct or in_tasks:
             # Spark planned the batch (its offset log); the driver reads the ranges itself: df is never
             # evaluated, so Spark fetches nothing. Always the driver: see README, The data path
             rows = rt.write_direct(plan, batch_id)
@@ -344,8 +353,8 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
             release_producers()  # the tasks' producers fence the driver's
             rows = [r.asDict() for r in df.mapInArrow(arrow_writer(plan), RESULT_DDL).collect()]
         rows += rt.write_rewound(plan)  # partitions whose end moved back: Spark dropped their range
-        report(batch_id, rows, t0, t1, "driver" if on_driver else "tasks", "direct" if direct else "spark",
-               plan.transactions)
+        report(batch_id, rows, t0, t1, "driver" if on_driver else "tasks",
+               "direct" if direct or in_tasks else "spark", plan.transactions)
 
     rt.rewind_unwritten_batch()  # a batch whose write a crash cut short runs again, also on a quiet source
     writer = source.writeStream.foreachBatch(for_each_batch).option("checkpointLocation", rt.checkpoint_dir())

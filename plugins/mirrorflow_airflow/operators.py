@@ -461,7 +461,7 @@ class MirrorStreamOperator(SparkSubmitOperator):
         master = self._hook_master()
         group = with_master(group, master)  # the job runs where it is submitted (SUBMITTED_MASTER_ENV below)
         driver = jvm_archive.submit_conf(cache, master, group.spark.checkpoint_dir, group.spark.conf,
-                                         direct=group.spark.reads_directly)
+                                         direct=group.spark.plans_only)
         own = dict(self.conf or {})
         for key, sep in (("spark.driver.extraJavaOptions", " "), ("spark.driver.extraClassPath", os.pathsep)):
             # the task's own driver options come after mirrorflow's instead of replacing them: a class path

@@ -1456,3 +1456,89 @@ def test_the_reader_pauses_partitions_past_their_ranges_once_it_keeps_ahead_byte
     reader._consumer = c
     _read_into(reader, ranges)
     assert c.paused == [] and reader._ahead.bytes == 90
+
+
+def test_a_batchs_ranges_are_shared_among_the_tasks_the_same_way_every_batch():
+    """``read_path: executors``: every n-th range of the batch's order to the same task, at most one task per
+    range, none for an empty batch."""
+    from mirror_core.direct import task_shares
+
+    ranges = [Range("t", p, 10 * p, 10 * p + 5) for p in range(5)]
+    assert task_shares(ranges, 2) == [[ranges[0], ranges[2], ranges[4]], [ranges[1], ranges[3]]]
+    assert task_shares(ranges, 8) == [[r] for r in ranges]
+    assert task_shares(ranges, 0) == [ranges]
+    assert task_shares([], 4) == []
+
+
+def test_the_tasks_read_the_batchs_ranges_from_the_offset_log_with_their_workers_reader(monkeypatch, tmp_path):
+    """``read_path: executors``: the runtime hands Spark one share of the offset log's ranges per task (a
+    partition whose end moved back from its first offset, as on the direct path), and what the tasks yield is
+    the batch's rows; a task reads its share with its Python worker's reader, kept for the worker's next task,
+    and writes it as the driver would. Small batches are the driver's, with a reader of its own (no writer
+    processes)."""
+    from mirror_core import direct
+    from mirror_core.stream import WriterPlan
+
+    monkeypatch.setattr(direct, "_TASK_READERS", {})
+    rt = _runtime("read_path: executors", tmp_path / "ck")
+    assert rt._writer_pool() is None
+    rt._starts[3] = ({"t": {0: 100, 1: 200, 2: 300}}, {"t": {0: 150, 1: 200, 2: 310, 3: 7}})
+    plan = WriterPlan(settings={"t": object()}, id_map={}, end_offsets={"t": {0: 150, 2: 310, 3: 7, 4: 40}},
+                      destination_consumer_config={}, registries=None, rewound={("t", 4): (90, 40)})
+    handed = []
+    written = []
+
+    def write_ranges(p, ranges, reader, threads=8, slot=0, slots_used=1):
+        written.append((p, ranges, reader))
+        return [_row(r.topic, r.partition, r.start or 0, r.end) for r in ranges]
+
+    monkeypatch.setattr(direct, "write_ranges", write_ranges)
+
+    def run(shares, fn):  # what Spark does: each share in a task of its own, the yields collected
+        handed.append(shares)
+        return [row for share in shares for row in fn(iter([share]))]
+
+    rows = rt.write_in_tasks(plan, 3, 2, run)
+    assert handed == [[[Range("t", 0, 100, 150), Range("t", 3, None, 7)],
+                       [Range("t", 2, 300, 310), Range("t", 4, None, 40)]]]
+    assert [(r["partition"], r["upstream_end"]) for r in rows] == [(0, 150), (3, 7), (2, 310), (4, 40)]
+    assert [w[0] for w in written] == [plan, plan] and written[0][2] is written[1][2]  # one reader per worker
+    assert written[0][2].cluster == rt.src and written[0][2].group == "g"
+    rt._starts[4] = ({"t": {0: 150}}, {"t": {0: 150}})  # nothing new
+    quiet = WriterPlan(settings={"t": object()}, id_map={}, end_offsets={"t": {0: 150}},
+                       destination_consumer_config={}, registries=None)
+    assert rt.write_in_tasks(quiet, 4, 2, lambda shares, fn: pytest.fail("tasks for an empty batch")) == []
+
+
+def test_a_workers_reader_is_replaced_when_the_sources_settings_change(monkeypatch):
+    """A Python worker keeps one reader per group between tasks; a task whose source settings differ (the job
+    was restarted with a changed config, on a worker Spark kept) gets a new one and the old one is closed."""
+    from mirror_core import direct
+
+    monkeypatch.setattr(direct, "_TASK_READERS", {})
+    src = _runtime("read_path: executors").src
+    first = direct.task_reader(src, "g", "cg")
+    assert direct.task_reader(src, "g", "cg") is first
+    assert direct.task_reader(src, "h", "cg") is not first  # another group: a reader of its own
+    closed = []
+    monkeypatch.setattr(first, "close", lambda: closed.append(True))
+    moved = src.model_copy(update={"kafka": {**src.kafka, "bootstrap.servers": "127.0.0.1:9"}})
+    second = direct.task_reader(moved, "g", "cg")
+    assert second is not first and second.cluster == moved and closed == [True]
+
+
+def test_read_path_executors_plans_in_spark_and_reads_in_the_tasks():
+    """``read_path: executors``: not the driver's direct read (no writer processes, a transaction per partition
+    under ``transactions: auto``), but Spark only plans (the driver JVM's options of the direct path), and on a
+    ``local[...]`` master its batches get the direct path's cap, so large ones reach the tasks."""
+    from mirror_core.config import SparkConfig
+    from mirror_core.stream import DIRECT_BATCH_RECORDS, effective_max_offsets
+
+    for master in ("local[2]", "spark://h:7077"):
+        s = SparkConfig(read_path="executors", master=master)
+        assert (s.reads_in_tasks, s.reads_directly, s.plans_only, s.writes_per_writer) == (True, False, True, False)
+    assert effective_max_offsets(SparkConfig(read_path="executors", master="local[2]")) == DIRECT_BATCH_RECORDS
+    assert effective_max_offsets(SparkConfig(read_path="executors", master="spark://h:7077")) is None
+    for path in ("auto", "spark", "direct"):
+        assert not SparkConfig(read_path=path).reads_in_tasks
+    assert not SparkConfig(read_path="spark").plans_only and SparkConfig(read_path="direct").plans_only
