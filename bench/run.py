@@ -82,12 +82,13 @@ RESULTS = ROOT / "bench" / "results"
 # that with MM2's exactly-once source support (transactions; opt-in, not in the default set).
 # *-direct* run with spark.read_path: direct (Spark plans, the driver reads the ranges itself; what the default,
 # read_path: auto, does on a local master) and spark.transactions: per_partition (a transaction per partition and
-# batch); the others without it with read_path: spark (Spark's tasks read, as on a cluster master); *-writer* with
+# batch); the others without it with read_path: spark (Spark's tasks read with Spark's Kafka source); *-writer* with
 # read_path: direct and spark.transactions: per_writer (one transaction per writer process and batch, on two
 # producers by turns; at_least_once: one idempotent producer per writer process; what the defaults resolve to on a
 # local master);
 # *-tasks* with spark.read_path: executors (Spark plans; a large batch's ranges are read with mirrorflow's reader
-# and written by Spark's tasks, a transaction per partition: for a Spark cluster, --spark-workers);
+# and written by Spark's tasks, a transaction per partition: what read_path: auto takes on a cluster master; for a
+# Spark cluster, --spark-workers);
 # *-writer-1* with one producer per writer process (spark.writer_producers: 1), as before the turns.
 # *-py* variants run with MIRRORFLOW_NATIVE=0: every record through the Python produce loop, none through
 # the C loop (mirror_core.native), for an A/B of the two in one invocation; *-pyread* variants with
@@ -125,7 +126,7 @@ RESULTS = ROOT / "bench" / "results"
 # made the default, docs/benchmarks.md).
 # The default set: *-writer* in both modes and serdes (what spark.read_path: auto and spark.transactions: auto
 # resolve to on a local[...] master, the defaults), a transaction per partition on the direct path once
-# (transactions: per_partition), Spark's read path once (a cluster master's default), the peers.
+# (transactions: per_partition), Spark's read path once, the peers.
 CONTENDERS = ("mirrorflow-eos-writer", "mirrorflow-alo-writer", "mirrorflow-eos-writer-bytes",
               "mirrorflow-alo-writer-bytes", "mirrorflow-eos-direct", "mirrorflow-eos", "mm2", "mm2-tuned",
               "raw-python", "kcat")

@@ -421,11 +421,10 @@ class SparkConfig(_Frozen):
     #: writer), ``direct`` (Spark only plans the batch and keeps its offset log; the driver reads each
     #: partition's range [start, end) from that log with a librdkafka consumer and writes it) or ``auto``
     #: (``direct`` on a ``local[...]`` master, where the driver's writer processes share the one host with
-    #: whatever would read, or when an option below that only ``direct`` has is set; ``spark`` on a cluster
-    #: master, whose executors read), or ``executors`` (Spark only plans the batch, as with ``direct``; a large
-    #: batch's ranges are read and written by Spark tasks on the executors, each with a librdkafka consumer of
-    #: its Python worker's, a small one by the driver as with ``direct``). See :attr:`reads_directly` and
-    #: :attr:`reads_in_tasks`
+    #: whatever would read, or when an option below that only ``direct`` has is set; ``executors`` on a cluster
+    #: master), or ``executors`` (Spark only plans the batch, as with ``direct``; a large batch's ranges are read
+    #: and written by Spark tasks on the executors, each with a librdkafka consumer of its Python worker's, a
+    #: small one by the driver as with ``direct``). See :attr:`reads_directly` and :attr:`reads_in_tasks`
     read_path: Literal["auto", "spark", "direct", "executors"] = "auto"
     #: with ``read_path: direct``: how many writer processes read and write the batches, each owning a share of
     #: the partitions (one Python process is bound by its GIL at about one core); 0 = one per CPU core of the
@@ -515,10 +514,15 @@ class SparkConfig(_Frozen):
 
     @property
     def reads_in_tasks(self) -> bool:
-        """Whether Spark's tasks read a large batch's ranges with mirrorflow's reader (``read_path: executors``):
-        the micro-batch DataFrame is never evaluated, each task reads and writes a share of the batch's
-        partitions (a small batch, up to ``driver_batch_max_records``, is read and written by the driver)."""
-        return self.read_path == "executors"
+        """Whether Spark's tasks read a large batch's ranges with mirrorflow's reader (``read_path: executors``,
+        or ``auto`` on a cluster master unless an option of the direct path is set): the micro-batch DataFrame
+        is never evaluated, each task reads and writes a share of the batch's partitions (a small batch, up to
+        ``driver_batch_max_records``, is read and written by the driver). On a standalone cluster on the
+        development machine it drained 3.2-12.7 times as fast as Spark's read path from the first batch to the
+        last record, at a tenth to a twentieth of the CPU a record (README, The data path)."""
+        if self.read_path != "auto":
+            return self.read_path == "executors"
+        return not self.reads_directly
 
     @property
     def plans_only(self) -> bool:

@@ -92,17 +92,18 @@ def log_options() -> list[str]:
     return [f"-Dlog4j2.configurationFile={LOG_CONFIG}"]
 
 
-#: the driver JVM's options with ``read_path: direct``, where the writer processes read and write the records and
-#: the JVM only plans micro-batches: its quick compiler alone. With both, at 24 partitions of 1 KB records the JVM
+#: the driver JVM's options with ``read_path: direct`` or ``executors`` (mirrorflow's readers read the records and
+#: the JVM only plans micro-batches): its quick compiler alone. With both, at 24 partitions of 1 KB records the JVM
 #: spent about 8 s of CPU on a mirror of 1,000,000 records, over half of it compiling (C2 3.7 s, C1 1.8 s) beside
 #: the brokers and writers on a 2-core machine; with the quick one alone, about 4 s, the run as long.
 DIRECT_READ_OPTIONS = ("-XX:TieredStopAtLevel=1",)
 
 
 def driver_options(cache: Path, user_options: str = "", direct: bool = False) -> str:
-    """``spark.driver.extraJavaOptions`` for a driver JVM mirrorflow starts: the log options, the archive
-    and, for a group with ``read_path: direct``, :data:`DIRECT_READ_OPTIONS`, then a group's own (which win
-    where they overlap: a JVM takes the last ``-D`` of a name, and the last ``-XX`` of a flag)."""
+    """``spark.driver.extraJavaOptions`` for a driver JVM mirrorflow starts: the log options, the archive and,
+    for a group whose driver JVM only plans (``read_path: direct`` or ``executors``), :data:`DIRECT_READ_OPTIONS`,
+    then a group's own (which win where they overlap: a JVM takes the last ``-D`` of a name, and the last
+    ``-XX`` of a flag)."""
     return " ".join([*log_options(), *java_options(cache), *(DIRECT_READ_OPTIONS if direct else ()),
                      user_options]).strip()
 
@@ -124,7 +125,7 @@ def submit_conf(cache: Path, master: str, checkpoint_dir: str, user_conf: dict[s
                 direct: bool = False) -> dict[str, str]:
     """``--conf`` entries for a driver JVM that ``spark-submit`` starts (Airflow's stream task), where the
     session's own options come too late: what ``build_session`` gives the JVM it starts itself (``direct``:
-    the group has ``read_path: direct``). A group's own ``spark.conf`` options for the driver JVM come after
+    the group's driver JVM only plans, ``read_path: direct`` or ``executors``). A group's own ``spark.conf`` options for the driver JVM come after
     mirrorflow's (so theirs win)."""
     conf = {"spark.driver.extraJavaOptions": driver_options(
         cache, user_conf.get("spark.driver.extraJavaOptions", ""), direct)}

@@ -175,9 +175,9 @@ def test_the_stream_task_builds_the_exact_spark_submit_command(monkeypatch: pyte
 def test_a_stream_job_runs_on_the_spark_connections_master(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A Spark connection to a cluster (host and port, as the provider reads them) is where the job runs, though
     the group says ``local[2]``: spark-submit gets it, and so does the job (``MIRRORFLOW_SPARK_MASTER``), whose
-    session would otherwise set the group's master over spark-submit's. ``read_path: auto`` then reads through
-    Spark's tasks on the executors (no direct-path JVM options), and the driver is not bound to the loopback
-    address."""
+    session would otherwise set the group's master over spark-submit's. ``read_path: auto`` then reads in
+    Spark's tasks on the executors with mirrorflow's reader (the driver JVM only plans: the direct path's JVM
+    options), and the driver is not bound to the loopback address."""
     monkeypatch.setenv("AIRFLOW_CONN_MIRRORFLOW_SPARK",
                        json.dumps({"conn_type": "spark", "host": "spark://spark-master", "port": 7077}))
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
@@ -192,7 +192,7 @@ def test_a_stream_job_runs_on_the_spark_connections_master(monkeypatch: pytest.M
     from spark_jobs import jvm_archive
 
     options = task.conf["spark.driver.extraJavaOptions"].split()
-    assert not set(jvm_archive.DIRECT_READ_OPTIONS) & set(options), options
+    assert set(jvm_archive.DIRECT_READ_OPTIONS) <= set(options), options
     assert "spark.hadoop.fs.file.impl" not in task.conf  # the local file system's class is for local masters
 
 

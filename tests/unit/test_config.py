@@ -882,34 +882,40 @@ groups: [{name: g, source: a, destination: b, mirrors: [{source_topic: t}]}]
         "clusters.b: give either 'schema_registry' or 'schema_registry_connection', not both"]
 
 
-@pytest.mark.parametrize(("spark", "master", "direct", "per_writer"), [
-    ({}, None, True, True),  # the defaults: both auto, on local[2]
-    ({"master": "local[*]"}, None, True, True),
-    ({"master": "spark://spark-master:7077"}, None, False, False),  # executors read, a task per partition writes
-    ({"master": "yarn", "transactions": "per_writer"}, None, True, True),  # options only the direct path has
-    ({"master": "yarn", "keep_writing_for": "5s"}, None, True, True),
-    ({"master": "yarn", "overlap_writes": True}, None, True, True),
-    ({"read_path": "spark"}, None, False, False),
-    ({"read_path": "direct", "master": "yarn"}, None, True, True),
-    ({"transactions": "per_partition"}, None, True, False),  # a transaction per partition, asked for
-    ({"read_path": "direct", "master": "yarn", "transactions": "per_partition"}, None, True, False),
+@pytest.mark.parametrize(("spark", "master", "reads", "per_writer"), [
+    ({}, None, "direct", True),  # the defaults: both auto, on local[2]
+    ({"master": "local[*]"}, None, "direct", True),
+    # Spark plans, the executors' tasks read with mirrorflow's reader, a transaction per partition
+    ({"master": "spark://spark-master:7077"}, None, "executors", False),
+    ({"master": "yarn", "transactions": "per_writer"}, None, "direct", True),  # options only the direct path has
+    ({"master": "yarn", "keep_writing_for": "5s"}, None, "direct", True),
+    ({"master": "yarn", "overlap_writes": True}, None, "direct", True),
+    ({"read_path": "spark"}, None, "spark", False),
+    ({"read_path": "spark", "master": "yarn"}, None, "spark", False),
+    ({"read_path": "executors"}, None, "executors", False),
+    ({"read_path": "direct", "master": "yarn"}, None, "direct", True),
+    ({"transactions": "per_partition"}, None, "direct", False),  # a transaction per partition, asked for
+    ({"read_path": "direct", "master": "yarn", "transactions": "per_partition"}, None, "direct", False),
     # more writer processes than writer slots: a transaction per partition
-    ({"direct_processes": WRITER_SLOTS + 1}, None, True, False),
-    ({"direct_processes": WRITER_SLOTS}, None, True, True),
+    ({"direct_processes": WRITER_SLOTS + 1}, None, "direct", False),
+    ({"direct_processes": WRITER_SLOTS}, None, "direct", True),
     # submitted to another master (Airflow's Spark connection): auto follows where the job runs
-    ({}, "spark://spark-master:7077", False, False),
-    ({"master": "spark://spark-master:7077"}, "local[2]", True, True),
-    ({"read_path": "spark"}, "local[2]", False, False),
+    ({}, "spark://spark-master:7077", "executors", False),
+    ({"master": "spark://spark-master:7077"}, "local[2]", "direct", True),
+    ({"read_path": "spark"}, "local[2]", "spark", False),
 ])
-def test_auto_reads_directly_on_a_local_master_and_through_spark_on_a_cluster(
-        spark: dict[str, Any], master: str | None, direct: bool, per_writer: bool) -> None:
+def test_auto_reads_directly_on_a_local_master_and_in_the_executors_tasks_on_a_cluster(
+        spark: dict[str, Any], master: str | None, reads: str, per_writer: bool) -> None:
     """``read_path: auto`` reads directly on a local master (and where an option of the direct path is set),
-    and ``transactions: auto`` then commits a transaction per writer process; on Spark's read path Spark's
-    tasks write a transaction per partition."""
+    and ``transactions: auto`` then commits a transaction per writer process; on a cluster master the
+    executors' tasks read with mirrorflow's reader, and they, like Spark's read path's tasks, write a
+    transaction per partition. Spark's own read path only when asked for."""
     raw = base_config()
     raw["groups"][0]["spark"] = spark
     group = with_master(parse(raw).groups[0], master)
-    assert group.spark.reads_directly is direct
+    s = group.spark
+    assert (s.reads_directly, s.reads_in_tasks, s.plans_only) == (reads == "direct", reads == "executors",
+                                                                  reads != "spark")
     assert group.spark.writes_per_writer is per_writer
     assert group.spark.master == (master or spark.get("master", "local[2]"))
     assert group.spark.read_path == spark.get("read_path", "auto")  # resolved where it is read, not rewritten
