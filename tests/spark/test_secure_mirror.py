@@ -64,7 +64,7 @@ def config_text(sc, groups: list[tuple[str, str, str, str, int]], tmp: Path) -> 
 
     text = "clusters:" + cluster(sc.src_bootstrap, sc.src_registry, "src") + cluster(
         sc.dst_bootstrap, sc.dst_registry, "dst") + "\ngroups:\n"
-    for name, delivery, topic, app_group, metrics_port in groups:
+    for name, delivery, read_path, topic, app_group, metrics_port in groups:
         text += f"""  - name: {name}
     source: src
     destination: dst
@@ -80,7 +80,8 @@ def config_text(sc, groups: list[tuple[str, str, str, str, int]], tmp: Path) -> 
     spark:
       master: "local[2]"
       checkpoint_dir: "{tmp / 'ckpt'}"
-      read_path: {"spark" if delivery == "exactly_once" else "direct"}
+      read_path: {read_path}
+      driver_batch_max_records: {0 if read_path == "executors" else 50000}
       metrics_port: {metrics_port}
       conf: {{spark.eventLog.enabled: "true", spark.eventLog.compress: "false", spark.eventLog.dir: "file://{tmp / 'events'}"}}
     mirrors:
@@ -162,20 +163,23 @@ def cli(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.Com
 
 def test_secured_mirror_least_privilege_both_modes_no_password_leaks(secure_clusters, unique, tmp_path):
     """Both delivery modes on SASL_SSL clusters with exactly the documented ACLs; the at_least_once group
-    reads with ``spark.read_path: direct`` (the driver's own consumer, the source cluster's librdkafka
-    security settings), the exactly_once one through Spark's source (the Java options)."""
+    reads with ``spark.read_path: direct`` (the writer processes' own consumers, the source cluster's librdkafka
+    security settings), one exactly_once group through Spark's source (the Java options), another with
+    ``read_path: executors`` and ``driver_batch_max_records: 0`` (Spark's tasks read every batch with
+    librdkafka, the source's settings shipped in the task)."""
     sc = secure_clusters
     sec = sc.security
     admin_src = AdminClient(sc.admin_config(sc.src_bootstrap) | {"log_level": 3})
     reg_cfg = SchemaRegistryConfig.model_validate({"url": sc.src_registry, "ssl.ca.location": str(sec.ca_file)})
     with RegistryClient.from_config(reg_cfg) as reg:
         runs = []
-        for delivery in ("exactly_once", "at_least_once"):
+        for delivery, read_path in (("exactly_once", "spark"), ("at_least_once", "direct"),
+                                    ("exactly_once", "executors")):
             topic, name, app_group = unique("sec"), unique("sg").replace("-", "_"), unique("secapp")
             create_topics(admin_src, [NewTopic(topic, PARTITIONS, 1)])
             schema_id = reg.register(f"{topic}-value", json.dumps(SCHEMA))
             produce(sc, topic, schema_id, range(RECORDS))
-            runs.append((name, delivery, topic, app_group, free_port()))
+            runs.append((name, delivery, read_path, topic, app_group, free_port()))
     cfg_path = tmp_path / "secure.yaml"
     cfg_path.write_text(config_text(sc, runs, tmp_path))
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'plugins'}",
@@ -193,16 +197,19 @@ def test_secured_mirror_least_privilege_both_modes_no_password_leaks(secure_clus
 
     outputs: list[str] = []
 
-    def mirror_and_check(name: str, delivery: str, topic: str, app_group: str) -> None:
+    def mirror_and_check(name: str, delivery: str, read_path: str, topic: str, app_group: str) -> None:
         job = subprocess.run([sys.executable, "-m", "spark_jobs.mirror_stream", str(cfg_path), "--group", name,
                               "--once"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
         outputs.extend([job.stdout, job.stderr])
         assert job.returncode == 0, job.stderr[-4000:]
-        read_by = "spark" if delivery == "exactly_once" else "direct"
-        assert f"'read_by': '{read_by}'" in job.stderr + job.stdout
+        # who read and wrote: Spark's source (collected to the driver), the writer processes, or mirrorflow's
+        # reader in Spark's tasks
+        by = {"spark": ("driver", "spark"), "direct": ("driver", "direct"), "executors": ("tasks", "direct")}
+        written_by, read_by = by[read_path]
+        assert f"'written_by': '{written_by}', 'read_by': '{read_by}'" in job.stderr + job.stdout
         ids = read_ids(sc, f"{topic}.mirror")
-        assert len(ids) == RECORDS, f"{delivery}: {len(ids)} mirrored of {RECORDS}"
-        assert sorted(ids) == list(range(RECORDS)), f"{delivery}: lost or duplicated records"
+        assert len(ids) == RECORDS, f"{delivery}, {read_path}: {len(ids)} mirrored of {RECORDS}"
+        assert sorted(ids) == list(range(RECORDS)), f"{delivery}, {read_path}: lost or duplicated records"
 
         # an application's group on the source, checkpointed and written to the destination
         app = Consumer(sc.admin_config(sc.src_bootstrap) | {"group.id": app_group, "log_level": 3})
@@ -223,15 +230,15 @@ def test_secured_mirror_least_privilege_both_modes_no_password_leaks(secure_clus
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         assert all(r["ok"] for r in json.loads(res.stdout))
 
-    with Snapshots([r[4] for r in runs]) as snaps:
+    with Snapshots([r[5] for r in runs]) as snaps:
         for name, *_ in runs:  # one group after the other: both provision the destination's shared topics
             res = cli("provision", str(cfg_path), "--group", name, env=env)
             outputs += [res.stdout, res.stderr]
             assert res.returncode == 0, res.stderr[-3000:]
         # the two groups' jobs (and their checkpoint, lag, verify) side by side; a failed check fails the test
         with ThreadPoolExecutor(len(runs)) as pool:
-            done = [pool.submit(mirror_and_check, name, delivery, topic, app_group)
-                    for name, delivery, topic, app_group, _ in runs]
+            done = [pool.submit(mirror_and_check, name, delivery, read_path, topic, app_group)
+                    for name, delivery, read_path, topic, app_group, _ in runs]
             for fut in done:
                 fut.result()
     # the translated offsets reached the destination group (written by the destination principal)
