@@ -125,8 +125,8 @@ def submit_conf(cache: Path, master: str, checkpoint_dir: str, user_conf: dict[s
                 direct: bool = False) -> dict[str, str]:
     """``--conf`` entries for a driver JVM that ``spark-submit`` starts (Airflow's stream task), where the
     session's own options come too late: what ``build_session`` gives the JVM it starts itself (``direct``:
-    the group's driver JVM only plans, ``read_path: direct`` or ``executors``). A group's own ``spark.conf`` options for the driver JVM come after
-    mirrorflow's (so theirs win)."""
+    the group's driver JVM only plans, ``read_path: direct`` or ``executors``). A group's own ``spark.conf``
+    options for the driver JVM come after mirrorflow's (so theirs win)."""
     conf = {"spark.driver.extraJavaOptions": driver_options(
         cache, user_conf.get("spark.driver.extraJavaOptions", ""), direct)}
     fs_jar = local_fs.existing_jar(cache)

@@ -335,7 +335,8 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
                                      lambda shares, fn: sc.parallelize(shares, len(shares)).mapPartitions(fn).collect())
         elif direct or in_tasks:
             # Spark planned the batch (its offset log); the driver reads the ranges itself: df is never
-            # evaluated, so Spark fetches nothing. Always the driver: see README, The data path
+            # evaluated, so Spark fetches nothing. Always the driver on the direct path (see README, The data
+            # path); with read_path: executors a small batch, as Spark's read path collects one
             rows = rt.write_direct(plan, batch_id)
             if not drains:
                 rows = rt.keep_writing(plan, batch_id, rows)  # spark.keep_writing_for (else as they are)
