@@ -47,8 +47,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def config_text(sc, groups: list[tuple[str, str, str, str, int]], tmp: Path) -> str:
-    """Clusters reached as the two mirror principals; passwords and CA only by ${ENV}."""
+def config_text(sc, groups: list[tuple[str, str, str, str, str, int]], tmp: Path) -> str:
+    """The mirrors YAML: clusters reached as the two mirror principals (passwords and CA only by ${ENV}), one
+    group per ``(name, delivery, read_path, topic, application group, metrics port)``."""
     (tmp / "events").mkdir(exist_ok=True)
     def cluster(bootstrap: str, registry: str, side: str) -> str:
         return f"""
@@ -278,7 +279,7 @@ def test_wrong_password_untrusted_certificate_and_missing_acl_are_one_line_each(
     admin_src = AdminClient(sc.admin_config(sc.src_bootstrap) | {"log_level": 3})
     create_topics(admin_src, [NewTopic(topic, 1, 1)])
     cfg_path = tmp_path / "refused.yaml"
-    cfg_path.write_text(config_text(sc, [(name, "exactly_once", topic, unique("app"), 0)], tmp_path))
+    cfg_path.write_text(config_text(sc, [(name, "exactly_once", "spark", topic, unique("app"), 0)], tmp_path))
     base = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'plugins'}", "MIRRORFLOW_LOCAL_CA": str(sec.ca_file),
             "MIRRORFLOW_SRC_USERNAME": local.SOURCE_USER, "MIRRORFLOW_SRC_PASSWORD": sec.password(local.SOURCE_USER),
             "MIRRORFLOW_DST_USERNAME": local.DESTINATION_USER,
