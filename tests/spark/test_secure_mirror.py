@@ -232,11 +232,11 @@ def test_secured_mirror_least_privilege_both_modes_no_password_leaks(secure_clus
         assert all(r["ok"] for r in json.loads(res.stdout))
 
     with Snapshots([r[5] for r in runs]) as snaps:
-        for name, *_ in runs:  # one group after the other: both provision the destination's shared topics
+        for name, *_ in runs:  # one group after the other: each provisions the destination's shared topics
             res = cli("provision", str(cfg_path), "--group", name, env=env)
             outputs += [res.stdout, res.stderr]
             assert res.returncode == 0, res.stderr[-3000:]
-        # the two groups' jobs (and their checkpoint, lag, verify) side by side; a failed check fails the test
+        # the groups' jobs (and their checkpoint, lag, verify) side by side; a failed check fails the test
         with ThreadPoolExecutor(len(runs)) as pool:
             done = [pool.submit(mirror_and_check, name, delivery, read_path, topic, app_group)
                     for name, delivery, read_path, topic, app_group, _ in runs]
