@@ -544,18 +544,19 @@ class SparkConfig(_Frozen):
 
     @model_validator(mode="after")
     def _per_writer(self) -> SparkConfig:
+        tasks_read = self.read_path in ("spark", "executors")  # Spark's tasks read: no option of the direct path
         if self.keep_writing_for:
-            if self.read_path in ("spark", "executors"):
+            if tasks_read:
                 raise ValueError(f"keep_writing_for needs read_path: direct or auto (with {self.read_path}, "
                                  "Spark's tasks read the records)")
             if self.overlap_writes:
                 raise ValueError("keep_writing_for and overlap_writes cannot both be on (a batch that keeps "
                                  "writing is the one write in flight)")
-        if self.overlap_writes and self.read_path in ("spark", "executors"):
+        if self.overlap_writes and tasks_read:
             raise ValueError(f"overlap_writes needs read_path: direct or auto (with {self.read_path}, each batch "
                              "is written by the time Spark goes on)")
         if self.transactions == "per_writer":
-            if self.read_path in ("spark", "executors"):
+            if tasks_read:
                 raise ValueError(f"transactions: per_writer needs read_path: direct or auto (with "
                                  f"{self.read_path}, Spark's tasks write a transaction per partition)")
             if self.direct_processes > WRITER_SLOTS:

@@ -1476,15 +1476,15 @@ def test_the_tasks_read_the_batchs_ranges_from_the_offset_log_with_their_workers
     the batch's rows; a task reads its share with its Python worker's reader, kept for the worker's next task,
     and writes it as the driver would. Small batches are the driver's, with a reader of its own (no writer
     processes)."""
+    from dataclasses import replace
+
     from mirror_core import direct
-    from mirror_core.stream import WriterPlan
 
     monkeypatch.setattr(direct, "_TASK_READERS", {})
     rt = _runtime("read_path: executors", tmp_path / "ck")
     assert rt._writer_pool() is None
     rt._starts[3] = ({"t": {0: 100, 1: 200, 2: 300}}, {"t": {0: 150, 1: 200, 2: 310, 3: 7}})
-    plan = WriterPlan(settings={"t": object()}, id_map={}, end_offsets={"t": {0: 150, 2: 310, 3: 7, 4: 40}},
-                      destination_consumer_config={}, registries=None, rewound={("t", 4): (90, 40)})
+    plan = replace(_kept_plan({"t": {0: 150, 2: 310, 3: 7, 4: 40}}), rewound={("t", 4): (90, 40)})
     handed = []
     written = []
 
@@ -1505,9 +1505,7 @@ def test_the_tasks_read_the_batchs_ranges_from_the_offset_log_with_their_workers
     assert [w[0] for w in written] == [plan, plan] and written[0][2] is written[1][2]  # one reader per worker
     assert written[0][2].cluster == rt.src and written[0][2].group == "g"
     rt._starts[4] = ({"t": {0: 150}}, {"t": {0: 150}})  # nothing new
-    quiet = WriterPlan(settings={"t": object()}, id_map={}, end_offsets={"t": {0: 150}},
-                       destination_consumer_config={}, registries=None)
-    assert rt.write_in_tasks(quiet, 4, 2, lambda shares, fn: pytest.fail("tasks for an empty batch")) == []
+    assert rt.write_in_tasks(_kept_plan({"t": {0: 150}}), 4, 2, lambda shares, fn: pytest.fail("tasks for an empty batch")) == []
 
 
 def test_a_workers_reader_is_replaced_when_the_sources_settings_change(monkeypatch):
