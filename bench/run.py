@@ -88,7 +88,8 @@ RESULTS = ROOT / "bench" / "results"
 # local master);
 # *-tasks* with spark.read_path: executors (Spark plans; a large batch's ranges are read with mirrorflow's reader
 # and written by Spark's tasks, a transaction per partition: what read_path: auto takes on a cluster master; for a
-# Spark cluster, --spark-workers);
+# Spark cluster, --spark-workers); *-tasks-share* with spark.transactions: per_writer too (a transaction per task
+# share, on the share's writer ids);
 # *-writer-1* with one producer per writer process (spark.writer_producers: 1), as before the turns.
 # *-py* variants run with MIRRORFLOW_NATIVE=0: every record through the Python produce loop, none through
 # the C loop (mirror_core.native), for an A/B of the two in one invocation; *-pyread* variants with
@@ -165,7 +166,8 @@ MORE_CONTENDERS = ("mirrorflow-eos-writer-heap", "mirrorflow-eos-writer-heap-byt
                    "mirrorflow-alo-direct-chunk-bytes", "mirrorflow-eos-chunk", "mirrorflow-eos-chunk-bytes",
                    "mirrorflow-eos-direct-tuned", "mirrorflow-eos-direct-tuned-bytes", "mirrorflow-alo-direct-tuned",
                    "mirrorflow-alo-direct-tuned-bytes", "mirrorflow-eos-tasks", "mirrorflow-alo-tasks",
-                   "mirrorflow-eos-tasks-bytes", "mirrorflow-alo-tasks-bytes")
+                   "mirrorflow-eos-tasks-bytes", "mirrorflow-alo-tasks-bytes", "mirrorflow-eos-tasks-share",
+                   "mirrorflow-alo-tasks-share", "mirrorflow-eos-tasks-share-bytes", "mirrorflow-alo-tasks-share-bytes")
 #: the ``-tuned`` variants' destination producer settings: the tuned MirrorMaker 2's (``mm2-tuned``)
 TUNED_PRODUCER = {"linger.ms": "20", "batch.size": "262144"}
 #: ``--quick``'s drain contenders
@@ -486,7 +488,7 @@ class Bench:
                 driver_batch_max_records=self.args.driver_max, master=self.master,
                 read_path="direct" if "direct" in parts or "writer" in parts
                 else "executors" if "tasks" in parts else "spark",
-                transactions="per_writer" if "writer" in parts else "per_partition",
+                transactions="per_writer" if {"writer", "share"} & set(parts) else "per_partition",
                 writer_producers=1 if "1" in parts else None,
                 overlap_writes=True if "overlap" in parts else None,
                 max_offsets_per_trigger=SMALL_BATCH_RECORDS if "small" in parts else None,

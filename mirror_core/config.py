@@ -396,6 +396,9 @@ StreamMode = Literal["continuous", "available_now"]
 WRITER_SLOTS = 16
 WRITER_PRODUCERS_MAX = 4
 WRITER_PRODUCERS_DEFAULT = 2
+#: ``read_path: executors`` with ``transactions: per_writer``: the driver's writer (small batches) takes the last
+#: slot, the tasks of a large batch the slots from 0 (at most this many tasks share a batch)
+DRIVER_WRITER_SLOT = WRITER_SLOTS - 1
 
 
 class SparkConfig(_Frozen):
@@ -556,9 +559,9 @@ class SparkConfig(_Frozen):
             raise ValueError(f"overlap_writes needs read_path: direct or auto (with {self.read_path}, each batch "
                              "is written by the time Spark goes on)")
         if self.transactions == "per_writer":
-            if tasks_read:
-                raise ValueError(f"transactions: per_writer needs read_path: direct or auto (with "
-                                 f"{self.read_path}, Spark's tasks write a transaction per partition)")
+            if self.read_path == "spark":
+                raise ValueError("transactions: per_writer needs read_path: direct, executors or auto (with spark, "
+                                 "Spark's tasks write a transaction per partition)")
             if self.direct_processes > WRITER_SLOTS:
                 raise ValueError(f"transactions: per_writer allows at most {WRITER_SLOTS} direct_processes "
                                  f"(each has a transactional id of its own, and a start fences all {WRITER_SLOTS})")

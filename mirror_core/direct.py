@@ -582,16 +582,17 @@ def _runs(msgs: list[Any]) -> list[tuple[Any, ...]]:
 
 
 def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: int = 8, slot: int = 0,
-                 slots_used: int = 1) -> list[dict[str, Any]]:
+                 slots_used: int = 1, in_task: bool = False) -> list[dict[str, Any]]:
     """Read a micro-batch's ranges with ``reader`` and write them with one :class:`BatchWriter` (the
     ``plan`` is the batch's :class:`~mirror_core.stream.WriterPlan`): each partition by one thread at a
     time, in offset order, up to ``threads`` partitions at once; the read goes on while they write.
     Returns the writer's result rows; the first writer error is raised once every partition has stopped.
-    With ``transactions: per_writer``, see :func:`write_ranges_per_writer` (``slot``: this writer's)."""
+    With ``transactions: per_writer``, see :func:`write_ranges_per_writer` (``slot``: this writer's; ``in_task``:
+    a Spark task's share, ``read_path: executors``)."""
     from mirror_core.stream import BatchWriter, coalesce_records, coalesced
 
     if plan.transactions == "per_writer":
-        return write_ranges_per_writer(plan, ranges, reader, slot, slots_used)
+        return write_ranges_per_writer(plan, ranges, reader, slot, slots_used, in_task)
 
     bw = BatchWriter(plan)
     failed: list[BaseException] = []
@@ -685,7 +686,7 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
 
 
 def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader, slot: int,
-                            slots_used: int) -> list[dict[str, Any]]:
+                            slots_used: int, in_task: bool = False) -> list[dict[str, Any]]:
     """``transactions: per_writer``: read the ranges and write the exactly-once partitions' records in
     transactions of this writer's producer (``slot``; see :meth:`~mirror_core.stream.BatchWriter.write_shared`),
     each holding every partition's records read since the last one: at the end of the read, or sooner when
@@ -699,15 +700,27 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     goes on fetching). Writing each cut on a thread of its own, one at a time, while the reader took the next
     one was measured and is slower: with 24 partitions of 100-byte records the drain fell from 563,087 to
     431,316 records/s (exactly_once, three rounds) at more CPU a record (2.4-3.1 µs against 2.1), and at 1 KB
-    it was even (the two threads take turns at the interpreter lock)."""
+    it was even (the two threads take turns at the interpreter lock).
+
+    ``in_task`` (``read_path: executors``): a Spark task's share of a large batch, written with the share's
+    writer ids (``slot``: the share's place in the batch). A share goes to whichever Python worker is free, and
+    another worker or the driver may have written its partitions since this worker last did: their positions
+    are read again, after the share's producers are started (which fences a zombie of the share's ids: an
+    attempt of the same task that Spark gave up on). The driver fenced the slots its tasks leave unused."""
     from mirror_core.replicate import Columns, WriterTransaction
     from mirror_core.stream import BatchWriter
 
     bw = BatchWriter(plan)
     txn = WriterTransaction(plan.settings.values(), slot, slots_used, producers=plan.writer_producers)
     alo = WriterTransaction(plan.settings.values(), slot, slots_used, delivery="at_least_once")
-    txn.fence_unused()  # done by the warm-up once; the driver's first batch may run beside it
     by_key = {(r.topic, r.partition): r for r in ranges}
+    if in_task:
+        for writer in (txn, alo):
+            if writer.txid:
+                writer.producer()
+        bw.forget_written_elsewhere(by_key)
+    else:
+        txn.fence_unused()  # done by the warm-up once; the driver's first batch may run beside it
     pieces: dict[tuple[str, int], list[Columns]] = {}
     complete: set[tuple[str, int]] = set()
     held = [0, 0]  # records, bytes
@@ -792,19 +805,20 @@ def task_reader(cluster: ClusterConfig, group: str, consumer_group: str | None) 
     return reader
 
 
-def task_writer(plan: Any, cluster: ClusterConfig, group: str, consumer_group: str | None = None
-                ) -> Callable[[Iterable[list[Range]]], Iterable[dict[str, Any]]]:
-    """``read_path: executors``: the function a Spark task runs on its share of a micro-batch's ranges
-    (:func:`task_shares`): read them from the source with this Python worker's reader and write them, a
-    transaction per partition, as the driver's :func:`write_ranges` does. Yields the writer's result rows.
-    A task that fails is run again by Spark; its exactly_once writers skip what is already on the destination
-    (their committed positions), as Spark's read path's tasks do."""
+def task_writer(plan: Any, cluster: ClusterConfig, group: str, consumer_group: str | None = None,
+                slots_used: int = 1) -> Callable[[Iterable[tuple[int, list[Range]]]], Iterable[dict[str, Any]]]:
+    """``read_path: executors``: the function a Spark task runs on its share of a micro-batch's ranges (``(slot,
+    ranges)``, :func:`task_shares` numbered): read them from the source with this Python worker's reader and
+    write them as the driver's :func:`write_ranges` does: a transaction per partition, or with ``transactions:
+    per_writer`` a transaction per share (the share's writer ids follow its ``slot``, of ``slots_used``).
+    Yields the writer's result rows. A task that fails is run again by Spark; its exactly_once writers skip
+    what is already on the destination (their committed positions), as Spark's read path's tasks do."""
 
-    def run(shares: Iterable[list[Range]]) -> Iterable[dict[str, Any]]:
+    def run(shares: Iterable[tuple[int, list[Range]]]) -> Iterable[dict[str, Any]]:
         quiet_gc()
         reader = task_reader(cluster, group, consumer_group)
-        for ranges in shares:
-            yield from write_ranges(plan, ranges, reader)
+        for slot, ranges in shares:
+            yield from write_ranges(plan, ranges, reader, slot=slot, slots_used=slots_used, in_task=True)
 
     return run
 

@@ -844,16 +844,18 @@ class WriterTransaction:
         """The id (key) of the producer whose turn it is."""
         return self.txids[_TURNS.get(self.txids[0], 0) % len(self.txids)]
 
-    def fence_unused(self) -> None:
-        """Fence the writer ids this job does not use (slots ``slots_used`` and up, and the producers of its
-        own slots beyond this job's count): a writer of an earlier job that ran with more processes or more
-        producers might still hold one (once per process)."""
+    def fence_unused(self, keep: Iterable[int] = ()) -> None:
+        """Fence the writer ids this job does not use (slots ``slots_used`` and up but those in ``keep``, and
+        the producers of its own slots beyond this job's count): a writer of an earlier job that ran with more
+        processes or more producers might still hold one (once per process)."""
         if not self.txids[0] or not self.transactional:
             return
         producers = len(self.txids)
+        kept = set(keep)
         with _FENCE_GUARD:
             todo = [writer_transactional_id(*self._names, slot, turn) for slot in range(WRITER_SLOTS)
-                    for turn in range(WRITER_PRODUCERS_MAX) if slot >= self.slots_used or turn >= producers]
+                    for turn in range(WRITER_PRODUCERS_MAX)
+                    if (slot >= self.slots_used and slot not in kept) or turn >= producers]
             todo = [txid for txid in todo if txid not in _FENCED_PARTITIONS]
         if not todo:
             return
@@ -1452,6 +1454,14 @@ class PartitionWriter:
             return
         with partition_lock(self.s, partition):
             _POSITIONS.pop(self.s.transactional_id_for(partition), None)
+
+    def forget_written_elsewhere(self, partition: int) -> None:
+        """``read_path: executors`` with ``transactions: per_writer``: another process (a task on another Python
+        worker, the driver) may have written the partition since this one last did, so the position kept here
+        may be behind: the next write reads the committed one again (at_least_once: its position moves with
+        the partition's next record, as after a restart)."""
+        with partition_lock(self.s, partition):
+            _POSITIONS.pop(self._shared_key(partition), None)
 
     def resolve_ids(self, cols: Columns) -> None:
         """Resolve the schema ids of ``cols`` not cached yet, before a transaction opens (see

@@ -27,7 +27,9 @@ from typing import Any
 
 from mirror_core import clients
 from mirror_core.config import (
+    DRIVER_WRITER_SLOT,
     WRITER_PRODUCERS_DEFAULT,
+    WRITER_SLOTS,
     GroupConfig,
     MirrorsConfig,
     default_consumer_group,
@@ -281,6 +283,9 @@ class MirrorRuntime:
         #: set to stop the background warm-up (the tasks are taking over)
         self._warm_stop = threading.Event()
         self._warm_thread: threading.Thread | None = None
+        #: ``read_path: executors`` with ``transactions: per_writer``: the writer slots the tasks leave unused
+        #: are fenced (once, before the first batch the tasks write)
+        self._task_slots_fenced = False
         #: source topics already looked at (mirrored or deliberately not); any other topic a batch
         #: brings (a regex flow's new match, a heartbeats topic created later) triggers provisioning
         self.known_topics: set[str] = set()
@@ -584,18 +589,36 @@ class MirrorRuntime:
         return ranges
 
     def write_in_tasks(self, plan: WriterPlan, batch_id: int, tasks: int,
-                       run: Callable[[list[list[Any]], Callable[..., Any]], list[dict[str, Any]]]
+                       run: Callable[[list[Any], Callable[..., Any]], list[dict[str, Any]]]
                        ) -> list[dict[str, Any]]:
         """``spark.read_path: executors``: micro-batch ``batch_id``'s ranges read and written by at most ``tasks``
         Spark tasks: ``run(shares, fn)`` runs ``fn`` (:func:`~mirror_core.direct.task_writer`) on each share
-        in a task of its own and returns what they yield. The DataFrame is never evaluated, as with
+        (numbered: its writer slot with ``transactions: per_writer``) in a task of its own and returns what they
+        yield. The DataFrame is never evaluated, as with
         :meth:`write_direct`. Call after :meth:`writer_plan` for the same batch."""
         from mirror_core.direct import task_shares, task_writer
 
+        per_writer = plan.transactions == "per_writer"
+        if per_writer:
+            tasks = min(tasks, DRIVER_WRITER_SLOT)  # a writer slot each; the last is the driver's
         shares = task_shares(self.direct_ranges(plan, batch_id), tasks)
         if not shares:
             return []
-        return run(shares, task_writer(plan, self.src, self.group.name, self._read_group()))
+        if per_writer and not self._task_slots_fenced:
+            # a task of an earlier job may still hold a slot this job's tasks leave unused (its own slots are
+            # fenced by the tasks' producers as they start)
+            WriterTransaction(plan.settings.values(), DRIVER_WRITER_SLOT, max(1, tasks),
+                              producers=plan.writer_producers).fence_unused(keep=(DRIVER_WRITER_SLOT,))
+            self._task_slots_fenced = True
+        return run(list(enumerate(shares)),
+                   task_writer(plan, self.src, self.group.name, self._read_group(), len(shares)))
+
+    def _driver_slot(self) -> tuple[int, int]:
+        """The driver's writer slot and the slots its job uses (``transactions: per_writer``): with
+        ``read_path: executors`` the last slot, beside its tasks' (it fences only what no one uses)."""
+        if self.group.spark.reads_in_tasks:
+            return DRIVER_WRITER_SLOT, WRITER_SLOTS
+        return 0, 1
 
     def _read_group(self) -> str | None:
         """The ``group.id`` mirrorflow's source readers give (a formality: they never join or commit)."""
@@ -611,7 +634,7 @@ class MirrorRuntime:
         if self._direct is None:
             quiet_gc()  # the driver reads and writes the records itself
             self._direct = DirectReader(self.src, self.group.name, consumer_group=self._read_group())
-        return write_ranges(plan, ranges, self._direct, DRIVER_THREADS)
+        return write_ranges(plan, ranges, self._direct, DRIVER_THREADS, *self._driver_slot())
 
     def keep_writing(self, plan: WriterPlan, batch_id: int, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``spark.keep_writing_for``: once a small batch's own ranges are written (``rows``), go on writing what
@@ -921,7 +944,7 @@ class MirrorRuntime:
             t0 = time.monotonic()
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mirrorflow-warm-up") as pool:
                 committers = pool.submit(self._warm_committers)
-                _warm(bw, items, DRIVER_THREADS, stop=self._warm_stop)
+                _warm(bw, items, DRIVER_THREADS, *self._driver_slot(), stop=self._warm_stop)
                 committers.result()
             log.info("%s: %d partition writers ready in %.1fs", self.group.name, len(items), time.monotonic() - t0)
 
@@ -1486,6 +1509,14 @@ class BatchWriter:
                 time.sleep(0.05)
         txn.drop()
         return txn.producer()
+
+    def forget_written_elsewhere(self, keys: Iterable[tuple[str, int]]) -> None:
+        """The positions this process keeps of ``keys`` may be behind (written by another process since): the
+        next write reads them again (:meth:`~mirror_core.replicate.PartitionWriter.forget_written_elsewhere`)."""
+        for topic, part in keys:
+            s = self.plan.settings.get(topic)
+            if s is not None:
+                self._writer(topic, s).forget_written_elsewhere(part)
 
     def prepare_shared(self, topic: str, part: int) -> None:
         """``transactions: per_writer``: fence the partition's own transactional id and read its position."""

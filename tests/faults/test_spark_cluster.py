@@ -40,11 +40,13 @@ def kafka_and_spark(tmp_path: Path) -> Iterator[tuple[local.ClusterSpec, local_s
         local.down(env)
 
 
-@pytest.mark.parametrize("read_path", ["spark", "executors"])
-def test_backlog_on_a_standalone_cluster_survives_a_worker_kill(kafka_and_spark, tmp_path, unique, read_path):
+@pytest.mark.parametrize(("read_path", "transactions"), [("spark", "auto"), ("executors", "auto"),
+                                                          ("executors", "per_writer")])
+def test_backlog_on_a_standalone_cluster_survives_a_worker_kill(kafka_and_spark, tmp_path, unique, read_path,
+                                                                transactions):
     """Spark's read path (Spark's Kafka source in the tasks) and ``read_path: executors`` (each task reads its
-    share of the batch's ranges with mirrorflow's reader): a worker killed mid-run loses and duplicates
-    nothing."""
+    share of the batch's ranges with mirrorflow's reader; a transaction per partition, or with ``transactions:
+    per_writer`` one per share): a worker killed mid-run loses and duplicates nothing."""
     spec, cluster, cluster_env = kafka_and_spark
     src, dst = spec.sides
     topic = unique("scaleout")
@@ -75,6 +77,7 @@ groups:
       master: "{cluster.master_url}"
       checkpoint_dir: "{tmp_path / 'ckpt'}"
       read_path: {read_path}
+      transactions: {transactions}
       driver_batch_max_records: 0        # every batch written by Spark tasks on the executors
       max_offsets_per_trigger: 8000      # several batches, so the kill lands mid-run
       conf:
@@ -112,13 +115,16 @@ groups:
     assert job.returncode == 0, text[-4000:]
     assert killed_at is not None and killed_at < BACKLOG, "the worker was not killed mid-run"
     mirrored = read_keys(dst.bootstrap, f"{topic}.mirror")
-    fig = figures(f"standalone cluster, one worker killed mid-run (exactly_once, read_path: {read_path})",
+    fig = figures(f"standalone cluster, one worker killed mid-run (exactly_once, read_path: {read_path}, "
+                  f"transactions: {transactions})",
                   list(range(BACKLOG)), mirrored)
     print(f"  worker killed when {killed_at} of {BACKLOG} were mirrored", flush=True)
     assert fig["lost"] == 0 and fig["duplicated"] == 0
     # the writing (and with read_path: executors, the reading with mirrorflow's reader) ran in Spark tasks on the
     # executors
-    assert f"'written_by': 'tasks', 'read_by': '{'direct' if read_path == 'executors' else 'spark'}'" in text
+    per = "per_writer" if transactions == "per_writer" else "per_partition"
+    assert (f"'written_by': 'tasks', 'read_by': '{'direct' if read_path == 'executors' else 'spark'}', "
+            f"'transactions': '{per}'") in text
     # the executors' block managers and fetched files were under the state directory, and go with the cluster:
     # a killed worker's executors never clean theirs up, which used to leave them in the machine's /tmp
     scratch = local_spark.scratch_dir(cluster_env)

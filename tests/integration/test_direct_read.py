@@ -18,7 +18,7 @@ import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from mirror_core import direct, native
+from mirror_core import direct, native, replicate
 from mirror_core.config import parse_config
 from mirror_core.direct import DirectReader, Range
 from mirror_core.errors import KafkaOperationError
@@ -35,7 +35,7 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
 
 
 def one_group(clusters, name: str, topic: str, tmp_path: Path, delivery: str = "exactly_once", processes: int = 0,
-              transactions: str = "per_partition"):
+              transactions: str = "per_partition", read_path: str = "direct"):
     text = clusters.config_yaml(f"""
 groups:
   - name: {name}
@@ -47,7 +47,7 @@ groups:
     dead_letter_topic: "{name}.dlq"
     heartbeats: {{enabled: false}}
     topics_mirroring: {{partition_count: {{type: mirror_source}}, replication_factor: {{type: fix, value: 1}}}}
-    spark: {{checkpoint_dir: "{tmp_path / 'ckpt'}", read_path: direct, direct_processes: {processes},
+    spark: {{checkpoint_dir: "{tmp_path / 'ckpt'}", read_path: {read_path}, direct_processes: {processes},
              transactions: {transactions}}}
     mirrors:
       - {{source_topic: {topic}, destination_topic: {topic}.m}}
@@ -281,6 +281,103 @@ def test_direct_batches_mirror_committed_records_once_and_a_replay_adds_nothing(
             [ends[0], ends[1]]
         c.close()
     finally:
+        rt.close()
+
+
+#: what a Python worker process keeps between the tasks it runs (see _Workers)
+_PROCESS_STATE = (replicate._PRODUCERS, replicate._POSITIONS, replicate._PRODUCER_LIMITS,
+                  replicate._PRODUCER_PARTITIONS, replicate._TURNS, replicate._FENCED_PARTITIONS,
+                  replicate._MARKERS_DUE, replicate._MARKERS_SEEN, replicate._ASK_ALWAYS, direct._TASK_READERS)
+
+
+class _Workers:
+    """Processes of one host, played in this one: each keeps its own producers, positions, fences and readers
+    (``replicate``'s and ``direct``'s process state), swapped in while it runs a task, as Spark's Python workers
+    keep theirs between tasks. ``"driver"`` is the job's own process."""
+
+    def __init__(self) -> None:
+        self.saved: dict[str, list[object]] = {}
+        self.now = "driver"
+
+    def run_as(self, name: str, fn):
+        if name != self.now:
+            self.saved[self.now] = [type(d)(d) for d in _PROCESS_STATE]
+            for d, kept in zip(_PROCESS_STATE, self.saved.get(name) or [type(d)() for d in _PROCESS_STATE],
+                               strict=True):
+                d.clear()
+                d.update(kept)
+            self.now = name
+        return fn()
+
+    def close(self) -> None:
+        for state in [*self.saved.values(), [type(d)(d) for d in _PROCESS_STATE]]:
+            for reader in state[-1].values():
+                reader.close()
+
+
+@pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
+def test_task_shares_moving_between_workers_and_writer_slots_mirror_every_record_once(clusters, unique, tmp_path,
+                                                                                     delivery):
+    """``read_path: executors`` with ``transactions: per_writer`` (a transaction per task share, on the share's
+    writer ids): a share runs on whichever Python worker is free, and a partition changes shares when the
+    number of tasks does. Batch 0 in one task on worker A; batch 1 in two tasks, partition 1's on worker B
+    (its slot's ids do not fence A's); batch 1 again on A (a replay after a crash, in one task): A's own
+    position of partition 1 is from before B wrote it, and only the committed one tells what B wrote. Then a
+    small batch by the driver and its replay in a task on B. exactly_once: every committed record once, in
+    order, the replays write nothing; at_least_once writes replays again (as after any retry) and loses
+    nothing."""
+    topic = unique("dtask")
+    create_topic(clusters.src_bootstrap, topic, 2)
+    committed = produce_mixed(clusters.src_bootstrap, topic, unique("tx"))
+    ends = ends_of(clusters.src_bootstrap, topic, 2)
+    name = unique("dtk").replace("-", "")
+    cfg, g = one_group(clusters, name, topic, tmp_path, delivery, transactions="per_writer", read_path="executors")
+    assert g.spark.reads_in_tasks and g.spark.writes_per_writer
+    rt = MirrorRuntime(cfg, g)
+    rt.prepare()
+    workers = _Workers()
+    placed: list[list[tuple[str, int, list[int]]]] = []
+    try:
+        write_initial_offsets(rt, {topic: {0: 0, 1: 0}})
+        write_offset_log(rt, 0, {topic: {0: 12, 1: 9}})
+        write_offset_log(rt, 1, {topic: {0: 20, 1: 22}})
+        write_offset_log(rt, 2, {topic: ends})
+        summaries = []
+
+        def in_tasks(batch_id: int, where: list[str]) -> None:
+            plan = rt.writer_plan(batch_id)
+
+            def run(shares, fn):  # each share in a task on the worker named for it
+                placed.append([(w, slot, [r.partition for r in ranges])
+                               for w, (slot, ranges) in zip(where, shares, strict=True)])
+                return [row for w, share in zip(where, shares, strict=True)
+                        for row in workers.run_as(w, lambda share=share: list(fn(iter([share]))))]
+
+            rows = rt.write_in_tasks(plan, batch_id, len(where), run)
+            workers.run_as("driver", lambda: None)
+            summaries.append(rt.after_batch(batch_id, rows, 1.0))
+
+        in_tasks(0, ["A"])
+        in_tasks(1, ["A", "B"])
+        in_tasks(1, ["A"])  # the replay
+        plan = rt.writer_plan(2)
+        summaries.append(rt.after_batch(2, rt.write_direct(plan, 2), 1.0))  # a small batch: the driver's
+        in_tasks(2, ["B"])  # its replay
+        assert placed == [[("A", 0, [0, 1])], [("A", 0, [0]), ("B", 1, [1])], [("A", 0, [0, 1])],
+                          [("B", 0, [0, 1])]]
+        want = [[k for _, k in committed[p]] for p in (0, 1)]
+        got = read_dst(clusters.dst_bootstrap, f"{topic}.m", 2)
+        mirrored = [s["mirrored"] for s in summaries]
+        if delivery == "exactly_once":
+            assert [got[0], got[1]] == want
+            assert mirrored[2] == mirrored[4] == 0
+            assert summaries[2]["replayed_skipped"] == mirrored[1] and summaries[4]["replayed_skipped"] == mirrored[3]
+        else:
+            assert [list(dict.fromkeys(got[p])) for p in (0, 1)] == want  # each record in order, some again
+        assert sum(mirrored[i] for i in (0, 1, 3)) == len(want[0]) + len(want[1])
+    finally:
+        workers.run_as("driver", lambda: None)
+        workers.close()
         rt.close()
 
 

@@ -104,7 +104,8 @@ def run_once(config_path, group_name, timeout=300):
     return proc
 
 
-@pytest.mark.parametrize("written_by", ["driver", "tasks", "direct", "executors", "executors-driver"])
+@pytest.mark.parametrize("written_by", ["driver", "tasks", "direct", "executors", "executors-driver",
+                                        "executors-share"])
 def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters, unique, tmp_path, written_by):
     """Both writing paths of Spark's read path (``read_path: spark``, a cluster master's default): small batches
     written by the driver, large ones by one task per partition (forced here with ``driver_batch_max_records:
@@ -112,7 +113,8 @@ def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters
     itself, and each writer process commits one transaction per batch, ``transactions: auto``); and
     ``read_path: executors`` (what ``auto`` takes on a cluster master: Spark plans, its tasks read their shares of
     a large batch's ranges with mirrorflow's reader and write them; a small batch, as a running mirror's, the
-    driver reads and writes). Every copy must be the same byte for byte."""
+    driver reads and writes; with ``transactions: per_writer``, a transaction per task share). Every copy must be
+    the same byte for byte."""
     topic = unique("e2e")
     create_topic(clusters.src_bootstrap, topic, 3)
     src_sr = SchemaRegistryClient({"url": clusters.src_registry})
@@ -154,7 +156,9 @@ def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters
     spark = {"driver": ", read_path: spark", "tasks": ", read_path: spark, driver_batch_max_records: 0",
              "direct": "",  # the direct path is the default (read_path: auto) on a local master
              "executors": ", read_path: executors, driver_batch_max_records: 0",
-             "executors-driver": ", read_path: executors"}[written_by]
+             "executors-driver": ", read_path: executors",
+             "executors-share": ", read_path: executors, driver_batch_max_records: 0, transactions: per_writer"
+             }[written_by]
     path, cfg = group_yaml(clusters, tmp_path, topic, spark=spark)
     proc = run_once(path, cfg.groups[0].name)
     if written_by == "direct":
@@ -162,8 +166,10 @@ def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters
         assert "'written_by': 'driver', 'read_by': 'direct', 'transactions': 'per_writer'" in proc.stderr + proc.stdout
     elif written_by.startswith("executors"):
         # mirrorflow's reader (not Spark's source), in the tasks or the driver, and a transaction per partition
-        by = "tasks" if written_by == "executors" else "driver"
-        assert f"'written_by': '{by}', 'read_by': 'direct', 'transactions': 'per_partition'" in proc.stderr + proc.stdout
+        # (or per task share)
+        by = "driver" if written_by == "executors-driver" else "tasks"
+        per = "per_writer" if written_by == "executors-share" else "per_partition"
+        assert f"'written_by': '{by}', 'read_by': 'direct', 'transactions': '{per}'" in proc.stderr + proc.stdout
     else:
         assert (f"'written_by': '{written_by}', 'read_by': 'spark', 'transactions': 'per_partition'"
                 in proc.stderr + proc.stdout)

@@ -720,13 +720,11 @@ MALFORMED: list[tuple[str, Mutation | str, str, str]] = [
     ("negative-direct-processes", _set(f"{G}.spark", {"direct_processes": -1}), f"{G}.spark.direct_processes",
      "greater than or equal to 0"),
     ("per-writer-on-spark-path", _set(f"{G}.spark", {"transactions": "per_writer", "read_path": "spark"}),
-     f"{G}.spark", "per_writer needs read_path: direct or auto"),
+     f"{G}.spark", "per_writer needs read_path: direct, executors or auto (with spark"),
     ("keep-writing-on-spark-path", _set(f"{G}.spark", {"keep_writing_for": "5s", "read_path": "spark"}),
      f"{G}.spark", "keep_writing_for needs read_path: direct or auto"),
     ("overlap-on-spark-path", _set(f"{G}.spark", {"overlap_writes": True, "read_path": "spark"}),
      f"{G}.spark", "overlap_writes needs read_path: direct or auto"),
-    ("per-writer-in-tasks", _set(f"{G}.spark", {"transactions": "per_writer", "read_path": "executors"}),
-     f"{G}.spark", "per_writer needs read_path: direct or auto (with executors"),
     ("keep-writing-in-tasks", _set(f"{G}.spark", {"keep_writing_for": "5s", "read_path": "executors"}),
      f"{G}.spark", "keep_writing_for needs read_path: direct or auto (with executors"),
     ("overlap-in-tasks", _set(f"{G}.spark", {"overlap_writes": True, "read_path": "executors"}),
@@ -893,6 +891,8 @@ groups: [{name: g, source: a, destination: b, mirrors: [{source_topic: t}]}]
     ({"read_path": "spark"}, None, "spark", False),
     ({"read_path": "spark", "master": "yarn"}, None, "spark", False),
     ({"read_path": "executors"}, None, "executors", False),
+    # a transaction per task share (asked for: auto takes a transaction per partition in the tasks)
+    ({"read_path": "executors", "transactions": "per_writer"}, None, "executors", True),
     ({"read_path": "direct", "master": "yarn"}, None, "direct", True),
     ({"transactions": "per_partition"}, None, "direct", False),  # a transaction per partition, asked for
     ({"read_path": "direct", "master": "yarn", "transactions": "per_partition"}, None, "direct", False),

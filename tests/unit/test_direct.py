@@ -1488,8 +1488,8 @@ def test_the_tasks_read_the_batchs_ranges_from_the_offset_log_with_their_workers
     handed = []
     written = []
 
-    def write_ranges(p, ranges, reader, threads=8, slot=0, slots_used=1):
-        written.append((p, ranges, reader))
+    def write_ranges(p, ranges, reader, threads=8, slot=0, slots_used=1, in_task=False):
+        written.append((p, ranges, reader, slot, slots_used, in_task))
         return [_row(r.topic, r.partition, r.start or 0, r.end) for r in ranges]
 
     monkeypatch.setattr(direct, "write_ranges", write_ranges)
@@ -1499,10 +1499,11 @@ def test_the_tasks_read_the_batchs_ranges_from_the_offset_log_with_their_workers
         return [row for share in shares for row in fn(iter([share]))]
 
     rows = rt.write_in_tasks(plan, 3, 2, run)
-    assert handed == [[[Range("t", 0, 100, 150), Range("t", 3, None, 7)],
-                       [Range("t", 2, 300, 310), Range("t", 4, None, 40)]]]
+    assert handed == [[(0, [Range("t", 0, 100, 150), Range("t", 3, None, 7)]),
+                       (1, [Range("t", 2, 300, 310), Range("t", 4, None, 40)])]]
     assert [(r["partition"], r["upstream_end"]) for r in rows] == [(0, 150), (3, 7), (2, 310), (4, 40)]
     assert [w[0] for w in written] == [plan, plan] and written[0][2] is written[1][2]  # one reader per worker
+    assert [w[3:] for w in written] == [(0, 2, True), (1, 2, True)]  # each share's slot, of the batch's two
     assert written[0][2].cluster == rt.src and written[0][2].group == "g"
     rt._starts[4] = ({"t": {0: 150}}, {"t": {0: 150}})  # nothing new
     assert rt.write_in_tasks(_kept_plan({"t": {0: 150}}), 4, 2, lambda shares, fn: pytest.fail("tasks for an empty batch")) == []
