@@ -718,7 +718,7 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
         for writer in (txn, alo):
             if writer.txid:
                 writer.producer()
-        bw.forget_written_elsewhere(by_key)
+        bw.read_positions_again(by_key)
     else:
         txn.fence_unused()  # done by the warm-up once; the driver's first batch may run beside it
     pieces: dict[tuple[str, int], list[Columns]] = {}

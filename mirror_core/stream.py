@@ -283,9 +283,10 @@ class MirrorRuntime:
         #: set to stop the background warm-up (the tasks are taking over)
         self._warm_stop = threading.Event()
         self._warm_thread: threading.Thread | None = None
-        #: ``read_path: executors`` with ``transactions: per_writer``: the writer slots the tasks leave unused
-        #: are fenced (once, before the first batch the tasks write)
+        #: ``read_path: executors`` with ``transactions: per_writer``: the tasks' writer slots are fenced once,
+        #: before the first batch the tasks write (in the background from the warm-up: ``_task_fence``)
         self._task_slots_fenced = False
+        self._task_fence: Future[None] | None = None
         #: source topics already looked at (mirrored or deliberately not); any other topic a batch
         #: brings (a regex flow's new match, a heartbeats topic created later) triggers provisioning
         self.known_topics: set[str] = set()
@@ -605,13 +606,24 @@ class MirrorRuntime:
         if not shares:
             return []
         if per_writer and not self._task_slots_fenced:
-            # a task of an earlier job may still hold a slot this job's tasks leave unused (its own slots are
-            # fenced by the tasks' producers as they start)
-            WriterTransaction(plan.settings.values(), DRIVER_WRITER_SLOT, max(1, tasks),
-                              producers=plan.writer_producers).fence_unused(keep=(DRIVER_WRITER_SLOT,))
+            fence, self._task_fence = self._task_fence, None
+            try:
+                if fence is None:
+                    raise LookupError("no warm-up")
+                fence.result()
+            except Exception as exc:  # noqa: BLE001 - done here, where a failure fails the batch
+                log.debug("%s: the task slots were not fenced ahead (%s); fencing them now", self.group.name, exc)
+                self._fence_task_slots(plan)
             self._task_slots_fenced = True
         return run(list(enumerate(shares)),
                    task_writer(plan, self.src, self.group.name, self._read_group(), len(shares)))
+
+    def _fence_task_slots(self, plan: WriterPlan) -> None:
+        """``read_path: executors`` with ``transactions: per_writer``: fence every writer id but the driver's,
+        before the tasks first write: a task of an earlier job may still hold one (this job's tasks start their
+        slots' producers after this, which fences them again, harmlessly). Once a job."""
+        WriterTransaction(plan.settings.values(), DRIVER_WRITER_SLOT, 0,
+                          producers=plan.writer_producers).fence_unused(keep=(DRIVER_WRITER_SLOT,))
 
     def _driver_slot(self) -> tuple[int, int]:
         """The driver's writer slot and the slots its job uses (``transactions: per_writer``): with
@@ -925,6 +937,11 @@ class MirrorRuntime:
             self._dst_admin = self._dst_admin_factory()  # check_destinations
         if self.group.spark.keep_writing_for and self._src_admin is None:
             self._src_admin = clients.admin(self.src)  # _stable_ends
+        if self.group.spark.reads_in_tasks and self.group.spark.writes_per_writer and self._task_fence is None:
+            # some 60 ids, 1-2 s: while Spark starts and plans the first batch (write_in_tasks waits for it)
+            one = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mirrorflow-fence")
+            self._task_fence = one.submit(self._fence_task_slots, self.writer_plan(-1))
+            one.shutdown(wait=False)
         if not self.group.spark.driver_batch_max_records and not self.group.spark.reads_directly:
             return None  # the tasks write: their producers live in the Python workers
         plan = self.writer_plan(-1)
@@ -1510,13 +1527,22 @@ class BatchWriter:
         txn.drop()
         return txn.producer()
 
-    def forget_written_elsewhere(self, keys: Iterable[tuple[str, int]]) -> None:
-        """The positions this process keeps of ``keys`` may be behind (written by another process since): the
-        next write reads them again (:meth:`~mirror_core.replicate.PartitionWriter.forget_written_elsewhere`)."""
+    def read_positions_again(self, keys: Iterable[tuple[str, int]]) -> None:
+        """``transactions: per_writer`` in a Spark task: the positions this process keeps of ``keys`` may be behind
+        (another process wrote them since, see
+        :meth:`~mirror_core.replicate.PartitionWriter.forget_written_elsewhere`): forget them, and read the
+        exactly-once ones again at once (each partition's own id fenced first, once in this process; a lookup a
+        topic). Read as each transaction first took a partition, a task of 24 partitions read them in five
+        rounds of 0.6 s."""
+        unknown = []
         for topic, part in keys:
             s = self.plan.settings.get(topic)
             if s is not None:
-                self._writer(topic, s).forget_written_elsewhere(part)
+                w = self._writer(topic, s)
+                w.forget_written_elsewhere(part)
+                if s.delivery == "exactly_once":
+                    unknown.append((w, part))
+        self._read_positions(unknown)
 
     def prepare_shared(self, topic: str, part: int) -> None:
         """``transactions: per_writer``: fence the partition's own transactional id and read its position."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -1507,6 +1508,54 @@ def test_the_tasks_read_the_batchs_ranges_from_the_offset_log_with_their_workers
     assert written[0][2].cluster == rt.src and written[0][2].group == "g"
     rt._starts[4] = ({"t": {0: 150}}, {"t": {0: 150}})  # nothing new
     assert rt.write_in_tasks(_kept_plan({"t": {0: 150}}), 4, 2, lambda shares, fn: pytest.fail("tasks for an empty batch")) == []
+
+
+def test_the_tasks_writer_ids_are_fenced_once_before_the_tasks_first_write(monkeypatch, tmp_path):
+    """``read_path: executors`` with ``transactions: per_writer``: every writer id but the driver's slot is fenced
+    before the tasks first write (a task of an earlier job may hold one): in the background from the job's
+    warm-up, which the first batch waits for, or by that batch itself when no warm-up ran. Once a job."""
+    from dataclasses import replace
+
+    from mirror_core import direct, stream
+    from mirror_core.config import DRIVER_WRITER_SLOT
+
+    fenced = []
+
+    class Txn:
+        def __init__(self, settings, slot, slots_used, producers=2, delivery="exactly_once"):
+            self.args = (slot, slots_used, producers)
+
+        def fence_unused(self, keep=()):
+            time.sleep(0.3)  # the fence's round trips
+            fenced.append((self.args, tuple(keep), threading.current_thread().name.split("_")[0]))
+
+    def write_ranges(p, ranges, *args, **kwargs):
+        assert fenced, "a task wrote before the writer ids were fenced"
+        return [_row(r.topic, r.partition, r.start or 0, r.end) for r in ranges]
+
+    monkeypatch.setattr(stream, "WriterTransaction", Txn)
+    monkeypatch.setattr(direct, "write_ranges", write_ranges)
+    monkeypatch.setattr(direct, "_TASK_READERS", {})
+
+    def run(shares, fn):
+        return [row for share in shares for row in fn(iter([share]))]
+
+    for warm in (True, False):
+        fenced.clear()
+        rt = _runtime("read_path: executors, transactions: per_writer, driver_batch_max_records: 0",
+                      tmp_path / f"ck-{warm}")
+        plan = replace(_kept_plan({"t": {0: 150}}), transactions="per_writer", writer_producers=3)
+        monkeypatch.setattr(rt, "writer_plan", lambda batch_id, plan=plan: plan)
+        if warm:
+            rt.warm_up()
+        rt._starts[3] = ({"t": {0: 100}}, {"t": {0: 150}})
+        assert len(rt.write_in_tasks(plan, 3, 2, run)) == 1
+        # all slots from 0 (slots_used 0) but the driver's, and every slot's producers beyond the job's three
+        assert fenced == [((DRIVER_WRITER_SLOT, 0, 3), (DRIVER_WRITER_SLOT,),
+                           "mirrorflow-fence" if warm else "MainThread")]
+        rt._starts[4] = ({"t": {0: 150}}, {"t": {0: 170}})
+        assert len(rt.write_in_tasks(plan, 4, 2, run)) == 1
+        assert len(fenced) == 1
 
 
 def test_a_workers_reader_is_replaced_when_the_sources_settings_change(monkeypatch):
