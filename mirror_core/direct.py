@@ -706,7 +706,8 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     writer ids (``slot``: the share's place in the batch). A share goes to whichever Python worker is free, and
     another worker or the driver may have written its partitions since this worker last did: their positions
     are read again, after the share's producers are started (which fences a zombie of the share's ids: an
-    attempt of the same task that Spark gave up on). The driver fenced the slots its tasks leave unused."""
+    attempt of the same task that Spark gave up on), on a thread of its own while the reader starts; the first
+    cut waits for it (:func:`_prepare_share`). The driver fenced the writer ids before its tasks first wrote."""
     from mirror_core.replicate import Columns, WriterTransaction
     from mirror_core.stream import BatchWriter
 
@@ -714,11 +715,12 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     txn = WriterTransaction(plan.settings.values(), slot, slots_used, producers=plan.writer_producers)
     alo = WriterTransaction(plan.settings.values(), slot, slots_used, delivery="at_least_once")
     by_key = {(r.topic, r.partition): r for r in ranges}
+    ready: Future[None] | None = None
     if in_task:
-        for writer in (txn, alo):
-            if writer.txid:
-                writer.producer()
-        bw.read_positions_again(by_key)
+        # while the reader starts: the first cut waits for it (a task's first records need not)
+        prep = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mirrorflow-share")
+        ready = prep.submit(_prepare_share, bw, (txn, alo), list(by_key))
+        prep.shutdown(wait=False)
     else:
         txn.fence_unused()  # done by the warm-up once; the driver's first batch may run beside it
     pieces: dict[tuple[str, int], list[Columns]] = {}
@@ -727,6 +729,8 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     most, most_bytes = writer_txn_records(len(ranges)), writer_txn_bytes(len(ranges))
 
     def cut(advance: dict[tuple[str, int], tuple[Columns, int]] | None = None) -> None:
+        if ready is not None:
+            ready.result()  # the share's producers and positions (its error is the task's)
         shared: dict[str, dict[tuple[str, int], tuple[Columns, int]]] = {"exactly_once": {}, "at_least_once": {}}
         for key, entry in (advance or {}).items():
             shared[plan.settings[key[0]].delivery][key] = entry
@@ -761,7 +765,11 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
         held[0] += len(cols)
         held[1] += _size(cols) if size is None else size
 
-    read_s = reader.read(ranges, deliver)
+    try:
+        read_s = reader.read(ranges, deliver)
+    finally:
+        if ready is not None:
+            ready.exception()  # never left running past the task's write
     # the last transaction also moves the position of partitions whose records went out in an earlier one
     # and whose range ended after them (trailing transaction markers)
     advance: dict[tuple[str, int], tuple[Columns, int]] = {}
@@ -777,6 +785,16 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
         # what was written partition by partition: past its trailing markers
         bw.finish(topic, part, by_key[(topic, part)].start)
     return bw.rows(read_s * 1000)
+
+
+def _prepare_share(bw: Any, writers: tuple[Any, ...], keys: list[tuple[str, int]]) -> None:
+    """A task's share (``transactions: per_writer``): start the share's producers (which fences a zombie of its
+    ids: an attempt of the same task that Spark gave up on), then read the partitions' positions again, all at
+    once (another worker or the driver may have written them since this worker last did)."""
+    for writer in writers:
+        if writer.txid:
+            writer.start()
+    bw.read_positions_again(keys)
 
 
 def task_shares(ranges: list[Range], tasks: int) -> list[list[Range]]:

@@ -877,6 +877,17 @@ class WriterTransaction:
                 self._start(key)
             return _PRODUCERS[self.txid]
 
+    def start(self) -> None:
+        """Start every turn's producer at once, each on a thread of its own (an ``init_transactions`` is a round
+        trip or several: one after the other they held up a Spark task's share of a batch; see
+        :meth:`producer`)."""
+        with _WRITER_GUARD:
+            todo = [key for key in self.txids if key not in _PRODUCERS]
+        if len(todo) > 1:
+            with ThreadPoolExecutor(len(todo), thread_name_prefix="mirrorflow-writer-start") as pool:
+                list(pool.map(self._start, todo))
+        self.producer()
+
     def took_turn(self, partitions: Iterable[tuple[str, int]] = ()) -> None:
         """The transaction committed: the next one goes out on the next producer. ``partitions``: the
         destination partitions it held (whose commit markers the broker is writing now)."""
