@@ -615,9 +615,7 @@ def _producer(s: WriterSettings, partition: int, gapless: bool = False) -> tuple
         if txid not in _PRODUCERS:
             p = Producer(s.producer_config | base | {"transactional.id": txid, "transaction.timeout.ms": 60000,
                                                      "logger": _TXN_LOG})
-            # metadata first: librdkafka's coordinator lookup otherwise often races the swap of the
-            # bootstrap connection for the broker's own and waits out a 500 ms retry timer
-            p.list_topics(s.destination_topic, timeout=30)
+            ready_for_transactions(p, s.destination_topic)
             p.init_transactions(60)  # fences any zombie with the same transactional.id
             _PRODUCERS[txid] = p
             _PRODUCER_LIMITS[txid] = s.destination_max_message_bytes
@@ -718,7 +716,7 @@ def fence_legacy_writer(s: WriterSettings, partition: int) -> None:
     txid = s.legacy_transactional_id_for(partition)
     if txid in _FENCED_LEGACY:
         return
-    fence_transactional_id(dict(s.producer_config), txid)
+    fence_transactional_id(dict(s.producer_config), txid, s.destination_topic)
     _FENCED_LEGACY.add(txid)
     log.info("%s: fenced the earlier release's transactional id of partition %d", s.mirror, partition)
 
@@ -755,12 +753,22 @@ def position_syncs(topic: str, partition: int, first_upstream: int, upstream_end
             OffsetSync(topic, partition, upstream_end, downstream)]
 
 
-def fence_transactional_id(producer_config: dict[str, Any], txid: str) -> None:
+def fence_transactional_id(producer_config: dict[str, Any], txid: str, topic: str | None = None) -> None:
     """``init_transactions`` with ``txid`` on a producer used for nothing else: a transaction open under that
-    id is aborted, and a writer still holding it can no longer commit."""
+    id is aborted, and a writer still holding it can no longer commit. ``topic``: one that exists, whose
+    metadata the producer asks for first (see :func:`ready_for_transactions`)."""
     p = Producer(producer_config | {"transactional.id": txid, "transaction.timeout.ms": 60000, "log_level": 3,
                                     "logger": LIBRDKAFKA_LOG})
+    ready_for_transactions(p, topic)
     p.init_transactions(60)
+
+
+def ready_for_transactions(p: Producer, topic: str | None) -> None:
+    """Ask a new transactional producer for ``topic``'s metadata (all topics' when None) before its
+    ``init_transactions``: its coordinator lookup otherwise often races the swap of the bootstrap connection for
+    the broker's own and waits out a 500 ms retry timer. Fencing a new id took 0.51 s in 10 of 16 tries on this
+    machine, 0.06 s in all 16 after the metadata (6 December)."""
+    p.list_topics(topic, timeout=30)
 
 
 #: ``transactions: per_writer``: the writer ids a job does not use are fenced this many at a time when a writer
@@ -826,6 +834,8 @@ class WriterTransaction:
         elif first is not None:
             self.txids = (writer_transactional_id(*self._names, slot) + ":alo",)
         self.producer_config = {} if first is None else dict(first.producer_config)
+        #: the offset-sync topic, whose metadata a new producer asks for first (ready_for_transactions)
+        self.topic = None if first is None else first.offset_syncs_topic
         limits = [s.destination_max_message_bytes for s in mine if s.destination_max_message_bytes is not None]
         self.limit = min(limits) if limits else None
         self.partitions = sum(s.destination_partitions for s in mine)
@@ -862,7 +872,7 @@ class WriterTransaction:
 
         def fence(txid: str) -> None:
             # marked only once done: a caller racing this one fences again (harmless), never goes on before
-            fence_transactional_id(self.producer_config, txid)
+            fence_transactional_id(self.producer_config, txid, self.topic)
             with _FENCE_GUARD:
                 _FENCED_PARTITIONS.add(txid)
 
@@ -948,6 +958,7 @@ class WriterTransaction:
             else:
                 p = Producer(self.producer_config | _base_config(self.limit, self.producer_config)
                              | {"transactional.id": key, "transaction.timeout.ms": 60000, "logger": _TXN_LOG})
+                ready_for_transactions(p, self.topic)
                 p.init_transactions(60)
                 if len(self.txids) > 1 and self.producer_config.get("bootstrap.servers"):
                     markers_admin(self.producer_config)  # ready before the first commit asks it (late_markers)
@@ -1333,7 +1344,7 @@ class PartitionWriter:
                 fenced = key in _FENCED_PARTITIONS
             if not fenced:
                 if key not in _PRODUCERS:  # a producer of this process holding the id fenced it already
-                    fence_transactional_id(dict(self.s.producer_config), key)
+                    fence_transactional_id(dict(self.s.producer_config), key, self.s.destination_topic)
                     _POSITIONS.pop(key, None)  # a zombie may have committed before the fence: read again
                 with _FENCE_GUARD:
                     _FENCED_PARTITIONS.add(key)

@@ -977,6 +977,9 @@ def _per_writer_fakes(monkeypatch, commit_error: Exception | None = None
         def init_transactions(self, timeout: float) -> None:
             pass
 
+        def list_topics(self, *_a: object, **_k: object) -> None:
+            pass
+
         def commit_transaction(self, timeout: float) -> None:
             super().commit_transaction(timeout)
             commits.append([t for t, _k, _v in self._txn])
@@ -989,7 +992,7 @@ def _per_writer_fakes(monkeypatch, commit_error: Exception | None = None
 
     per_partition = _FakeProducer()
     monkeypatch.setattr(replicate, "Producer", WriterProducer)
-    monkeypatch.setattr(replicate, "fence_transactional_id", lambda config, txid: None)
+    monkeypatch.setattr(replicate, "fence_transactional_id", lambda config, txid, topic=None: None)
     monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (per_partition, _s.transactional_id_for(p)))
     for name, empty in (("_POSITIONS", replicate._PositionTable()), ("_PRODUCERS", {}), ("_PRODUCER_LIMITS", {}),
                         ("_PRODUCER_PARTITIONS", {}), ("_FENCED_PARTITIONS", set())):
@@ -1230,7 +1233,7 @@ def test_per_writer_fences_every_writer_id_its_job_does_not_use(monkeypatch) -> 
 
     _per_writer_fakes(monkeypatch)
     fenced: list[str] = []
-    monkeypatch.setattr(replicate, "fence_transactional_id", lambda config, txid: fenced.append(txid))
+    monkeypatch.setattr(replicate, "fence_transactional_id", lambda config, txid, topic=None: fenced.append(txid))
     WriterTransaction([settings(value_serde="bytes")], 1, 2, producers=2).fence_unused()
     stem = "mirrorflow.g:src::writer-"
     ours = {stem + "0", stem + "0.1", stem + "1", stem + "1.1"}
@@ -1511,6 +1514,9 @@ def test_per_writer_the_admin_that_asks_about_late_markers_is_made_when_the_prod
     class Quiet:
         def __init__(self, config: dict) -> None:
             self.config = config
+
+        def list_topics(self, *_a: object, **_k: object) -> None:
+            pass
 
         def init_transactions(self, timeout: float) -> None:
             pass
