@@ -448,11 +448,12 @@ class SparkConfig(_Frozen):
     keep_writing_for: float = Field(default=0.0, ge=0)
     #: how the writers commit: ``per_partition`` (each partition's records commit in a transaction of their
     #: own, with a producer per partition; at_least_once mirrors: an idempotent producer per partition),
-    #: ``per_writer`` (direct read path only: each writer process commits one transaction per micro-batch
-    #: holding all its partitions, on producers taking turns, as a MirrorMaker 2 task shares one producer;
-    #: its at_least_once mirrors share one idempotent producer per writer process) or ``auto`` (``per_writer``
-    #: whenever the records are read directly, see :attr:`reads_directly`, ``per_partition`` on Spark's read
-    #: path, whose tasks write a partition each). See :attr:`writes_per_writer`
+    #: ``per_writer`` (each writer process of the direct read path, or with ``read_path: executors`` each Spark
+    #: task's share of a large batch, at most :data:`DRIVER_WRITER_SLOT` tasks, commits one transaction per
+    #: micro-batch holding all its partitions, on producers taking turns, as a MirrorMaker 2 task shares one
+    #: producer; its at_least_once mirrors share one idempotent producer) or ``auto`` (``per_writer`` whenever
+    #: the records are read directly, see :attr:`reads_directly`, ``per_partition`` in Spark's tasks). See
+    #: :attr:`writes_per_writer`
     transactions: Literal["auto", "per_partition", "per_writer"] = "auto"
     #: with ``transactions: per_writer``: the transactional producers each writer process takes turns with, a
     #: transaction each, so the next transaction need not wait while the broker writes the last one's commit

@@ -85,6 +85,10 @@ FETCH_MIN_BYTES_ENV = "MIRRORFLOW_DIRECT_FETCH_MIN_BYTES"
 QUEUED_BYTES_PER_PARTITION = 16 * 1024 * 1024
 QUEUED_CHUNKS_PER_PARTITION = 3
 QUEUED_BYTES_PER_PARTITION_MAX = 64 * 1024 * 1024
+#: ``read_path: executors`` with ``transactions: per_writer``: while a task's share is made ready (its producers
+#: started, its positions read: :func:`_prepare_share`), its reader goes on up to this many times a transaction's
+#: records and bytes before it waits (the first transaction then holds that much)
+PREPARING_HOLD = 2
 #: ``transactions: per_writer``: a writer transaction holds at most about this many records (and
 #: ``replicate.CHUNK_BYTES`` of keys and values) ...
 WRITER_TXN_RECORDS = 100000
@@ -759,7 +763,9 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
             return
         # what is held goes out before more is taken (not as soon as it is over the bounds): a range's last
         # records and its end, which the reader hands over one after the other, then share a transaction
-        if held[0] >= most or held[1] >= most_bytes:
+        if (held[0] >= most or held[1] >= most_bytes) and (
+                ready is None or ready.done()
+                or held[0] >= most * PREPARING_HOLD or held[1] >= most_bytes * PREPARING_HOLD):
             cut()
         pieces.setdefault(key, []).append(cols)
         held[0] += len(cols)

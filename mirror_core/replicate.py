@@ -1349,6 +1349,12 @@ class PartitionWriter:
                 with _FENCE_GUARD:
                     _FENCED_PARTITIONS.add(key)
 
+    def fenced_by_the_driver(self, partition: int) -> None:
+        """``read_path: executors`` with ``transactions: per_writer``: the job's driver fenced the partition's own
+        id before its tasks first wrote (:meth:`fence_shared` need not, in this Spark task's process)."""
+        with _FENCE_GUARD:
+            _FENCED_PARTITIONS.add(self.s.transactional_id_for(partition))
+
     def read_positions(self, partitions: list[int]) -> int:
         """``transactions: per_writer``: read the committed positions of those of ``partitions`` that are
         fenced (:meth:`fence_shared`) and not known yet, in one lookup, and keep them; returns how many it

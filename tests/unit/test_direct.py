@@ -1511,15 +1511,19 @@ def test_the_tasks_read_the_batchs_ranges_from_the_offset_log_with_their_workers
 
 
 def test_the_tasks_writer_ids_are_fenced_once_before_the_tasks_first_write(monkeypatch, tmp_path):
-    """``read_path: executors`` with ``transactions: per_writer``: every writer id but the driver's slot is fenced
-    before the tasks first write (a task of an earlier job may hold one): in the background from the job's
-    warm-up, which the first batch waits for, or by that batch itself when no warm-up ran. Once a job."""
+    """``read_path: executors`` with ``transactions: per_writer``: every writer id but the driver's slot, and each
+    exactly-once partition's own id, is fenced before the tasks first write (a task of an earlier job may hold
+    one): in the background from the job's warm-up, which the first batch waits for, or by that batch itself
+    when no warm-up ran. Once a job. The tasks learn which partitions' own ids are fenced (they need not fence
+    them again)."""
     from dataclasses import replace
+    from types import SimpleNamespace
 
     from mirror_core import direct, stream
     from mirror_core.config import DRIVER_WRITER_SLOT
 
     fenced = []
+    own = []
 
     class Txn:
         def __init__(self, settings, slot, slots_used, producers=2, delivery="exactly_once"):
@@ -1529,11 +1533,20 @@ def test_the_tasks_writer_ids_are_fenced_once_before_the_tasks_first_write(monke
             time.sleep(0.3)  # the fence's round trips
             fenced.append((self.args, tuple(keep), threading.current_thread().name.split("_")[0]))
 
+    class Writers:
+        def __init__(self, plan):
+            pass
+
+        def _writer(self, topic, s):
+            return SimpleNamespace(fence_shared=lambda part: own.append((topic, part)))
+
     def write_ranges(p, ranges, *args, **kwargs):
-        assert fenced, "a task wrote before the writer ids were fenced"
+        assert fenced and sorted(own) == [("t", 0), ("t", 1)], "a task wrote before the writer ids were fenced"
+        assert p.fenced == {"t": 2}
         return [_row(r.topic, r.partition, r.start or 0, r.end) for r in ranges]
 
     monkeypatch.setattr(stream, "WriterTransaction", Txn)
+    monkeypatch.setattr(stream, "BatchWriter", Writers)
     monkeypatch.setattr(direct, "write_ranges", write_ranges)
     monkeypatch.setattr(direct, "_TASK_READERS", {})
 
@@ -1542,9 +1555,11 @@ def test_the_tasks_writer_ids_are_fenced_once_before_the_tasks_first_write(monke
 
     for warm in (True, False):
         fenced.clear()
+        own.clear()
         rt = _runtime("read_path: executors, transactions: per_writer, driver_batch_max_records: 0",
                       tmp_path / f"ck-{warm}")
-        plan = replace(_kept_plan({"t": {0: 150}}), transactions="per_writer", writer_producers=3)
+        s = SimpleNamespace(source_topic="t", source_partitions=2, delivery="exactly_once")
+        plan = replace(_kept_plan({"t": {0: 150}}), settings={"t": s}, transactions="per_writer", writer_producers=3)
         monkeypatch.setattr(rt, "writer_plan", lambda batch_id, plan=plan: plan)
         if warm:
             rt.warm_up()
@@ -1555,7 +1570,7 @@ def test_the_tasks_writer_ids_are_fenced_once_before_the_tasks_first_write(monke
                            "mirrorflow-fence" if warm else "MainThread")]
         rt._starts[4] = ({"t": {0: 150}}, {"t": {0: 170}})
         assert len(rt.write_in_tasks(plan, 4, 2, run)) == 1
-        assert len(fenced) == 1
+        assert len(fenced) == 1 and len(own) == 2
 
 
 def test_a_workers_reader_is_replaced_when_the_sources_settings_change(monkeypatch):
