@@ -766,8 +766,8 @@ def fence_transactional_id(producer_config: dict[str, Any], txid: str, topic: st
 def ready_for_transactions(p: Producer, topic: str | None) -> None:
     """Ask a new transactional producer for ``topic``'s metadata (all topics' when None) before its
     ``init_transactions``: its coordinator lookup otherwise often races the swap of the bootstrap connection for
-    the broker's own and waits out a 500 ms retry timer. Fencing a new id took 0.51 s in 10 of 16 tries on this
-    machine, 0.06 s in all 16 after the metadata (6 December)."""
+    the broker's own and waits out a 500 ms retry timer. Fencing a new id took 0.51 s or more in 10 of 16 tries
+    on this machine, 0.06-0.08 s in 103 of 106 after the metadata (6 December; docs/benchmarks.md)."""
     p.list_topics(topic, timeout=30)
 
 
