@@ -610,17 +610,8 @@ class MirrorRuntime:
         shares = task_shares(self.direct_ranges(plan, batch_id), tasks)
         if not shares:
             return []
-        if per_writer and self._task_fenced is None:
-            fence, self._task_fence = self._task_fence, None
-            try:
-                if fence is None:
-                    raise LookupError("no warm-up")
-                self._task_fenced = fence.result()
-            except Exception as exc:  # noqa: BLE001 - done here, where a failure fails the batch
-                log.debug("%s: the task slots were not fenced ahead (%s); fencing them now", self.group.name, exc)
-                self._task_fenced = self._fence_task_slots(plan)
         if per_writer:
-            plan = replace(plan, fenced=self._task_fenced or {})
+            plan = replace(plan, fenced=self._fenced_for_tasks(plan))
         return run(list(enumerate(shares)),
                    task_writer(plan, self.src, self.group.name, self._read_group(), len(shares)))
 
@@ -633,14 +624,29 @@ class MirrorRuntime:
         by about 0.6 s."""
         WriterTransaction(plan.settings.values(), DRIVER_WRITER_SLOT, 0,
                           producers=plan.writer_producers).fence_unused(keep=(DRIVER_WRITER_SLOT,))
-        bw = BatchWriter(plan)
-        own = [(s, p) for s in plan.settings.values() if s.delivery == "exactly_once"
-               for p in range(s.source_partitions)]
-        if own:
-            with ThreadPoolExecutor(max_workers=min(FENCE_THREADS, len(own)),
+        fenced = {s.source_topic: s.source_partitions for s in plan.settings.values() if s.delivery == "exactly_once"}
+        keys = [(topic, p) for topic, count in fenced.items() for p in range(count)]
+        if keys:
+            with ThreadPoolExecutor(max_workers=min(FENCE_THREADS, len(keys)),
                                     thread_name_prefix="mirrorflow-fence") as pool:
-                list(pool.map(lambda item: bw._writer(item[0].source_topic, item[0]).fence_shared(item[1]), own))
-        return {s.source_topic: s.source_partitions for s in plan.settings.values() if s.delivery == "exactly_once"}
+                failed = BatchWriter(plan).prepare_shared_many(keys, pool, read_positions=False)
+            if failed:
+                raise failed[0][1]
+        return fenced
+
+    def _fenced_for_tasks(self, plan: WriterPlan) -> dict[str, int]:
+        """What :meth:`_fence_task_slots` fenced for this job: its background run from the warm-up, waited for,
+        or (none, or it failed) a run now, whose failure fails the batch."""
+        if self._task_fenced is None:
+            fence, self._task_fence = self._task_fence, None
+            try:
+                if fence is None:
+                    raise LookupError("no warm-up")
+                self._task_fenced = fence.result()
+            except Exception as exc:  # noqa: BLE001 - done again here, where a failure fails the batch
+                log.debug("%s: the task slots were not fenced ahead (%s); fencing them now", self.group.name, exc)
+                self._task_fenced = self._fence_task_slots(plan)
+        return self._task_fenced
 
     def _driver_slot(self) -> tuple[int, int]:
         """The driver's writer slot and the slots its job uses (``transactions: per_writer``): with
@@ -954,14 +960,17 @@ class MirrorRuntime:
             self._dst_admin = self._dst_admin_factory()  # check_destinations
         if self.group.spark.keep_writing_for and self._src_admin is None:
             self._src_admin = clients.admin(self.src)  # _stable_ends
+        plan: WriterPlan | None = None
         if self.group.spark.reads_in_tasks and self.group.spark.writes_per_writer and self._task_fence is None:
             # some 60 ids, 1-2 s: while Spark starts and plans the first batch (write_in_tasks waits for it)
+            plan = self.writer_plan(-1)
             one = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mirrorflow-fence")
-            self._task_fence = one.submit(self._fence_task_slots, self.writer_plan(-1))
+            self._task_fence = one.submit(self._fence_task_slots, plan)
             one.shutdown(wait=False)
         if not self.group.spark.driver_batch_max_records and not self.group.spark.reads_directly:
             return None  # the tasks write: their producers live in the Python workers
-        plan = self.writer_plan(-1)
+        if plan is None:
+            plan = self.writer_plan(-1)
         pool = self._writer_pool()
         if pool is not None:
             pool.warm(plan)  # the writer processes start their partitions; the driver warms its committers
@@ -1570,11 +1579,13 @@ class BatchWriter:
             self._writer(topic, s).prepare_shared(part)
 
     def prepare_shared_many(self, keys: list[tuple[str, int]], pool: ThreadPoolExecutor,
-                            stop: threading.Event | None = None) -> list[tuple[tuple[str, int], BaseException]]:
+                            stop: threading.Event | None = None, read_positions: bool = True
+                            ) -> list[tuple[tuple[str, int], BaseException]]:
         """:meth:`prepare_shared` of many partitions: fence each (on ``pool``'s threads: a fence is a producer
-        of its own), then read the positions of each topic's fenced partitions in one lookup. Returns the
-        partitions that failed, with their errors; their first write tries again. One lookup per partition
-        read the sync topic's tail once for each: at 1,000 partitions that was most of a writer's start."""
+        of its own), then read the positions of each topic's fenced partitions in one lookup (not with
+        ``read_positions`` False: only the fences). Returns the partitions that failed, with their errors;
+        their first write tries again. One lookup per partition read the sync topic's tail once for each: at
+        1,000 partitions that was most of a writer's start."""
         failed: list[tuple[tuple[str, int], BaseException]] = []
         writers: dict[str, tuple[PartitionWriter, list[int]]] = {}
         for topic, part in keys:
@@ -1603,7 +1614,8 @@ class BatchWriter:
                               if (w.s.source_topic, part) not in unfenced)
 
         list(pool.map(fence, [(w, part) for w, parts in writers.values() for part in parts]))
-        list(pool.map(read, writers.values()))  # a partition not fenced is left to its first write
+        if read_positions:
+            list(pool.map(read, writers.values()))  # a partition not fenced is left to its first write
         return failed
 
     def write_shared(self, txn: WriterTransaction, parts: dict[tuple[str, int], tuple[Columns, int]]

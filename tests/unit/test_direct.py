@@ -1537,8 +1537,10 @@ def test_the_tasks_writer_ids_are_fenced_once_before_the_tasks_first_write(monke
         def __init__(self, plan):
             pass
 
-        def _writer(self, topic, s):
-            return SimpleNamespace(fence_shared=lambda part: own.append((topic, part)))
+        def prepare_shared_many(self, keys, pool, stop=None, read_positions=True):
+            assert not read_positions  # only the fences: the driver reads no position for the tasks
+            own.extend(keys)
+            return []
 
     def write_ranges(p, ranges, *args, **kwargs):
         assert fenced and sorted(own) == [("t", 0), ("t", 1)], "a task wrote before the writer ids were fenced"
