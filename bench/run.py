@@ -124,9 +124,7 @@ RESULTS = ROOT / "bench" / "results"
 # the destination cluster the tuned MirrorMaker 2's producer settings (linger.ms 20, batch.size 262144; the writers'
 # own default is linger.ms 5, batch.size 1,000,000); *-heap* variants start the whole job with glibc set to keep the
 # heap it frees (GLIBC_TUNABLES=HEAP_TUNABLES, which its writer processes inherit; measured on 6 December and not
-# made the default, docs/benchmarks.md); *-cold* variants (with *-tasks*) run without the executors' warm-up at the
-# job's start (MIRRORFLOW_EXECUTORS_WARM_UP=0: the first batch's tasks start their Python workers, readers and
-# writers, as before 6 December 21:00; an A/B of spark_jobs.mirror_stream.warm_executors).
+# made the default, docs/benchmarks.md).
 # The default set: *-writer* in both modes and serdes (what spark.read_path: auto and spark.transactions: auto
 # resolve to on a local[...] master, the defaults), a transaction per partition on the direct path once
 # (transactions: per_partition), Spark's read path once, the peers.
@@ -169,10 +167,7 @@ MORE_CONTENDERS = ("mirrorflow-eos-writer-heap", "mirrorflow-eos-writer-heap-byt
                    "mirrorflow-eos-direct-tuned", "mirrorflow-eos-direct-tuned-bytes", "mirrorflow-alo-direct-tuned",
                    "mirrorflow-alo-direct-tuned-bytes", "mirrorflow-eos-tasks", "mirrorflow-alo-tasks",
                    "mirrorflow-eos-tasks-bytes", "mirrorflow-alo-tasks-bytes", "mirrorflow-eos-tasks-share",
-                   "mirrorflow-alo-tasks-share", "mirrorflow-eos-tasks-share-bytes", "mirrorflow-alo-tasks-share-bytes",
-                   "mirrorflow-eos-tasks-cold", "mirrorflow-alo-tasks-cold", "mirrorflow-eos-tasks-cold-bytes",
-                   "mirrorflow-alo-tasks-cold-bytes", "mirrorflow-eos-tasks-share-cold",
-                   "mirrorflow-eos-tasks-share-cold-bytes")
+                   "mirrorflow-alo-tasks-share", "mirrorflow-eos-tasks-share-bytes", "mirrorflow-alo-tasks-share-bytes")
 #: the ``-tuned`` variants' destination producer settings: the tuned MirrorMaker 2's (``mm2-tuned``)
 TUNED_PRODUCER = {"linger.ms": "20", "batch.size": "262144"}
 #: ``--quick``'s drain contenders
@@ -519,8 +514,6 @@ class Bench:
                 env["MIRRORFLOW_COALESCE_RECORDS"] = "0"
             if "heap" in parts:
                 env["GLIBC_TUNABLES"] = HEAP_TUNABLES
-            if "cold" in parts:
-                env["MIRRORFLOW_EXECUTORS_WARM_UP"] = "0"
             if "nowait" in parts:
                 env["MIRRORFLOW_LATE_MARKERS_WAIT"] = "0"
             if "aheadall" in parts:

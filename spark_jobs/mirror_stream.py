@@ -261,17 +261,12 @@ def prepare(rt: MirrorRuntime) -> None:
     rt.warm_up()
 
 
-#: set to 0: no executors' warm-up at the job's start (:func:`warm_executors`), for an A/B
-EXECUTORS_WARM_UP_ENV = "MIRRORFLOW_EXECUTORS_WARM_UP"
-
-
 def warm_executors(spark: SparkSession, rt: MirrorRuntime) -> threading.Thread | None:
     """``read_path: executors``: in the background, a Spark job of a task per executor core that starts each
     core's Python worker, reader and (see :meth:`MirrorRuntime.executor_warm_up`) writers while Spark starts the
     stream and plans its first batch, whose tasks would otherwise start them. A failure only loses the head
-    start (logged at debug). Not with ``MIRRORFLOW_EXECUTORS_WARM_UP=0`` (for an A/B: the bench's ``-cold``
-    variants)."""
-    if not rt.group.spark.reads_in_tasks or os.environ.get(EXECUTORS_WARM_UP_ENV) == "0":
+    start (logged at debug)."""
+    if not rt.group.spark.reads_in_tasks:
         return None
     sc = spark.sparkContext
 
