@@ -114,8 +114,6 @@ WRITER_TXN_BYTES_PER_PARTITION_ENV = "MIRRORFLOW_WRITER_TXN_BYTES_PER_PARTITION"
 #: ``transactions: per_writer``: threads that fence the partitions' own transactional ids and read their
 #: positions when a writer starts
 WARM_THREADS_PER_WRITER = 64
-#: partitions a write (:func:`write_ranges`, a transaction per partition) writes at once, each on a thread
-WRITE_THREADS = 8
 #: ``spark.keep_writing_for``: how long a batch that keeps writing waits before it asks the source again when
 #: nothing new had arrived (a record's latency grows by up to this; each ask is one request per source broker).
 #: A writer process does not ask the source: it waits up to this long for its consumer's next fetch
@@ -205,11 +203,6 @@ class DirectReader:
             self._paused.clear()
             self._eof.clear()
         return self._consumer
-
-    def start(self, partitions: int) -> None:
-        """Make the consumer ahead of the first range (as for ``partitions`` partitions), so its connection to
-        the source opens before then (``read_path: executors``: a worker's warm-up, :func:`task_warm_up`)."""
-        self._client(partitions)
 
     def close(self) -> None:
         """Close the consumer; the next batch starts a new one (and seeks every partition)."""
@@ -592,7 +585,7 @@ def _runs(msgs: list[Any]) -> list[tuple[Any, ...]]:
     return out
 
 
-def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: int = WRITE_THREADS, slot: int = 0,
+def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: int = 8, slot: int = 0,
                  slots_used: int = 1, in_task: bool = False) -> list[dict[str, Any]]:
     """Read a micro-batch's ranges with ``reader`` and write them with one :class:`BatchWriter` (the
     ``plan`` is the batch's :class:`~mirror_core.stream.WriterPlan`): each partition by one thread at a
@@ -850,57 +843,6 @@ def task_writer(plan: Any, cluster: ClusterConfig, group: str, consumer_group: s
         reader = task_reader(cluster, group, consumer_group)
         for slot, ranges in shares:
             yield from write_ranges(plan, ranges, reader, slot=slot, slots_used=slots_used, in_task=True)
-
-    return run
-
-
-#: ``read_path: executors``: how long a warm-up task may go on starting its share's writers before it leaves the
-#: rest to the first batch (which waits for it: an executor core runs its tasks one after the other)
-TASK_WARM_UP_SECONDS = 15.0
-
-
-def task_warm_up(plan: Any, cluster: ClusterConfig, group: str, consumer_group: str | None, shares: int,
-                 writers: bool) -> Callable[[Iterable[int]], Iterable[dict[str, Any]]]:
-    """``read_path: executors``: what each task of the job's warm-up (a Spark job of ``shares`` tasks, run at the
-    job's start while Spark starts the stream and plans its first batch) does on its share's number ``n``, so
-    that the first batch's task finds its Python worker started, mirrorflow's modules imported and this
-    worker's reader made: the worker's start and imports took 2.9 s of the first task on the development
-    machine, before any record. With ``writers``, also the share's writers: the producers of writer slot ``n``
-    (``transactions: per_writer``; their positions are read again by the batch's task) or, a transaction per
-    partition, each of the share's partitions' producers and positions (``ranges[n::shares]`` of the source's
-    partitions in the batches' order, :func:`task_shares`), for at most :data:`TASK_WARM_UP_SECONDS`. A share
-    whose batch task lands on another worker is started there as without a warm-up (fencing these): nothing
-    here is needed for correctness. Yields one row: the process, the shares warmed and the seconds taken."""
-    keys = sorted((s.source_topic, p) for s in plan.settings.values() for p in range(s.source_partitions))
-
-    def run(numbers: Iterable[int]) -> Iterable[dict[str, Any]]:
-        from mirror_core.replicate import WriterTransaction
-        from mirror_core.stream import BatchWriter
-
-        quiet_gc()
-        t0 = time.monotonic()
-        done: list[int] = []
-        stop = threading.Event()
-        timer = threading.Timer(TASK_WARM_UP_SECONDS, stop.set)
-        timer.daemon = True
-        timer.start()
-        try:
-            for n in numbers:
-                share = keys[n::max(1, shares)]
-                if not share or stop.is_set():
-                    continue
-                task_reader(cluster, group, consumer_group).start(len(share))
-                if writers and plan.transactions == "per_writer":
-                    for w in (WriterTransaction(plan.settings.values(), n, shares, producers=plan.writer_producers),
-                              WriterTransaction(plan.settings.values(), n, shares, delivery="at_least_once")):
-                        if w.txid:
-                            w.start()
-                elif writers:
-                    _warm(BatchWriter(plan), share, WRITE_THREADS, stop=stop)
-                done.append(n)
-        finally:
-            timer.cancel()
-        yield {"pid": os.getpid(), "shares": done, "seconds": round(time.monotonic() - t0, 3)}
 
     return run
 

@@ -292,9 +292,6 @@ class MirrorRuntime:
         #: ``_task_fence``); what was fenced (:attr:`WriterPlan.fenced`)
         self._task_fenced: dict[str, int] | None = None
         self._task_fence: Future[dict[str, int]] | None = None
-        self._task_fence_lock = threading.Lock()  # the executors' warm-up and the first batch may both wait for it
-        #: the writer plan the warm-up built for the job's start (batch -1), for the executors' warm-up
-        self._start_plan: WriterPlan | None = None
         #: source topics already looked at (mirrored or deliberately not); any other topic a batch
         #: brings (a regex flow's new match, a heartbeats topic created later) triggers provisioning
         self.known_topics: set[str] = set()
@@ -640,40 +637,16 @@ class MirrorRuntime:
     def _fenced_for_tasks(self, plan: WriterPlan) -> dict[str, int]:
         """What :meth:`_fence_task_slots` fenced for this job: its background run from the warm-up, waited for,
         or (none, or it failed) a run now, whose failure fails the batch."""
-        with self._task_fence_lock:
-            if self._task_fenced is None:
-                fence, self._task_fence = self._task_fence, None
-                try:
-                    if fence is None:
-                        raise LookupError("no warm-up")
-                    self._task_fenced = fence.result()
-                except Exception as exc:  # noqa: BLE001 - done again here, where a failure fails the batch
-                    log.debug("%s: the task slots were not fenced ahead (%s); fencing them now", self.group.name,
-                              exc)
-                    self._task_fenced = self._fence_task_slots(plan)
-            return self._task_fenced
-
-    def executor_warm_up(self, tasks: int) -> tuple[list[int], Callable[[Iterable[int]], Iterable[dict[str, Any]]]
-                                                    ] | None:
-        """``read_path: executors``: the shares and the function of a Spark job of ``tasks`` tasks (at most the
-        batches' writer slots) to run at the job's start (:func:`~mirror_core.direct.task_warm_up`), or None on
-        another read path or before :meth:`warm_up`. Each starts its Python worker and reader; the writers too
-        with ``transactions: per_writer`` (once the driver fenced the slots, which this waits for: its fence
-        would fence them again), or when the driver writes no batch itself (``driver_batch_max_records: 0``):
-        its warm writers hold the partitions' own ids, and a task that started them would fence the driver's
-        first small batch."""
-        plan = self._start_plan
-        if not self.group.spark.reads_in_tasks or plan is None:
-            return None
-        from mirror_core.direct import task_warm_up
-
-        per_writer = plan.transactions == "per_writer"
-        if per_writer:
-            tasks = min(tasks, DRIVER_WRITER_SLOT)
-            self._fenced_for_tasks(plan)
-        writers = per_writer or not self.group.spark.driver_batch_max_records
-        tasks = max(1, tasks)
-        return list(range(tasks)), task_warm_up(plan, self.src, self.group.name, self._read_group(), tasks, writers)
+        if self._task_fenced is None:
+            fence, self._task_fence = self._task_fence, None
+            try:
+                if fence is None:
+                    raise LookupError("no warm-up")
+                self._task_fenced = fence.result()
+            except Exception as exc:  # noqa: BLE001 - done again here, where a failure fails the batch
+                log.debug("%s: the task slots were not fenced ahead (%s); fencing them now", self.group.name, exc)
+                self._task_fenced = self._fence_task_slots(plan)
+        return self._task_fenced
 
     def _driver_slot(self) -> tuple[int, int]:
         """The driver's writer slot and the slots its job uses (``transactions: per_writer``): with
@@ -988,10 +961,9 @@ class MirrorRuntime:
         if self.group.spark.keep_writing_for and self._src_admin is None:
             self._src_admin = clients.admin(self.src)  # _stable_ends
         plan: WriterPlan | None = None
-        if self.group.spark.reads_in_tasks:
-            plan = self._start_plan = self.writer_plan(-1)  # also for the executors' warm-up
-        if plan is not None and self.group.spark.writes_per_writer and self._task_fence is None:
+        if self.group.spark.reads_in_tasks and self.group.spark.writes_per_writer and self._task_fence is None:
             # some 60 ids, 1-2 s: while Spark starts and plans the first batch (write_in_tasks waits for it)
+            plan = self.writer_plan(-1)
             one = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mirrorflow-fence")
             self._task_fence = one.submit(self._fence_task_slots, plan)
             one.shutdown(wait=False)

@@ -261,35 +261,6 @@ def prepare(rt: MirrorRuntime) -> None:
     rt.warm_up()
 
 
-def warm_executors(spark: SparkSession, rt: MirrorRuntime) -> threading.Thread | None:
-    """``read_path: executors``: in the background, a Spark job of a task per executor core that starts each
-    core's Python worker, reader and (see :meth:`MirrorRuntime.executor_warm_up`) writers while Spark starts the
-    stream and plans its first batch, whose tasks would otherwise start them. A failure only loses the head
-    start (logged at debug)."""
-    if not rt.group.spark.reads_in_tasks:
-        return None
-    sc = spark.sparkContext
-
-    def run() -> None:
-        t0 = time.monotonic()
-        try:
-            job = rt.executor_warm_up(sc.defaultParallelism)
-            if job is None:
-                return
-            shares, fn = job
-            sc.setJobGroup(f"mirrorflow-{rt.group.name}-warm-up", "mirrorflow: start the executors' Python workers")
-            rows = sc.parallelize(shares, len(shares)).mapPartitions(fn).collect()
-        except Exception as exc:  # noqa: BLE001 - only a head start: the first batch's tasks start what is missing
-            log.debug("%s: the executors' warm-up failed: %s", rt.group.name, failure_reason(str(exc)))
-            return
-        log.info("%s: %d Python workers of the executors ready in %.1fs", rt.group.name,
-                 len({r["pid"] for r in rows}), time.monotonic() - t0)
-
-    t = threading.Thread(target=run, name="mirrorflow-executors-warm-up", daemon=True)
-    t.start()
-    return t
-
-
 def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, once: bool = False,
                 runtime: MirrorRuntime | None = None, on_batch: Any = None, prepared: bool = False) -> StreamingQuery:
     """Provision the group (unless ``prepared``), then start its streaming query (``once``: drain what is
@@ -302,7 +273,6 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
         rt.checkpoint_files = HadoopCheckpointFiles(spark)
     if not prepared:
         prepare(rt)
-    warm_executors(spark, rt)
     reader = spark.readStream.format("kafka")
     for k, v in rt.source_options(once).items():
         reader = reader.option(k, v)

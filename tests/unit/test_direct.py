@@ -1575,67 +1575,6 @@ def test_the_tasks_writer_ids_are_fenced_once_before_the_tasks_first_write(monke
         assert len(fenced) == 1 and len(own) == 2
 
 
-def test_the_executors_warm_up_starts_each_tasks_share_as_the_first_batch_will_hand_it(monkeypatch, tmp_path):
-    """``read_path: executors``: the job's warm-up is a Spark job of a task per core, each starting its Python
-    worker's reader (its consumer made for as many partitions as its share) and, when the driver writes no
-    batch itself, its share's partition writers: the partitions the first batch's task of that number will
-    get (every n-th of the batch's order). With ``driver_batch_max_records`` above 0 the driver's warm writers
-    hold the partitions' ids, so only the reader is started; with ``transactions: per_writer`` the share's
-    writer slot is started once the driver's fence is done (it would fence them again). Nothing on the other
-    read paths."""
-    from dataclasses import replace
-    from types import SimpleNamespace
-
-    from mirror_core import direct, replicate
-    from mirror_core.direct import Range, task_shares
-
-    s = SimpleNamespace(source_topic="t", source_partitions=5, delivery="exactly_once")
-    started, warmed, slots, events = [], [], [], []
-    monkeypatch.setattr(direct, "_TASK_READERS", {})
-    monkeypatch.setattr(direct.DirectReader, "start", lambda self, partitions: started.append((id(self), partitions)))
-    monkeypatch.setattr(direct, "_warm", lambda bw, keys, threads, stop=None: warmed.append(list(keys)))
-
-    class Txn:
-        def __init__(self, settings, slot, slots_used, producers=2, delivery="exactly_once"):
-            self.slot, self.txid = slot, "" if delivery == "at_least_once" else f"w{slot}"
-
-        def start(self):
-            slots.append(self.slot)
-            events.append("slot")
-
-    monkeypatch.setattr(replicate, "WriterTransaction", Txn)
-
-    def run(job):  # what Spark does with it: a task per share, on one worker here
-        shares, fn = job
-        return [row for n in shares for row in fn(iter([n]))]
-
-    batch = [Range("t", p, 0, 10) for p in range(5)]
-    for spark, writers in (("driver_batch_max_records: 0", True), ("driver_batch_max_records: 50000", False)):
-        started.clear()
-        warmed.clear()
-        rt = _runtime(f"read_path: executors, {spark}", tmp_path / f"ck-{writers}")
-        assert rt.executor_warm_up(2) is None  # before warm_up: no plan of the job's start
-        rt._start_plan = replace(_kept_plan({}), settings={"t": s})
-        rows = run(rt.executor_warm_up(2))
-        assert [r["shares"] for r in rows] == [[0], [1]]
-        assert [p for _, p in started] == [3, 2] and len({i for i, _ in started}) == 1  # one reader a worker
-        shares = [[(r.topic, r.partition) for r in share] for share in task_shares(batch, 2)]
-        assert warmed == (shares if writers else [])
-
-    rt = _runtime("read_path: executors, transactions: per_writer, driver_batch_max_records: 0", tmp_path / "ck-w")
-    rt._start_plan = replace(_kept_plan({}), settings={"t": s}, transactions="per_writer")
-    monkeypatch.setattr(rt, "_fenced_for_tasks", lambda plan: events.append("fence") or {"t": 5})
-    warmed.clear()
-    job = rt.executor_warm_up(20)
-    assert events == ["fence"] and job[0] == list(range(15))  # at most the tasks' writer slots, fenced first
-    run(job)
-    assert slots == list(range(5)) and warmed == []  # five partitions: five shares; no partition's own producer
-    for other in ("read_path: direct", "read_path: spark"):
-        rt = _runtime(other, tmp_path / "ck-o")
-        rt._start_plan = _kept_plan({})
-        assert rt.executor_warm_up(2) is None
-
-
 def test_a_workers_reader_is_replaced_when_the_sources_settings_change(monkeypatch):
     """A Python worker keeps one reader per group between tasks; a task whose source settings differ (the job
     was restarted with a changed config, on a worker Spark kept) gets a new one and the old one is closed."""
