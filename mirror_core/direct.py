@@ -599,6 +599,13 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
         return write_ranges_per_writer(plan, ranges, reader, slot, slots_used, in_task)
 
     bw = BatchWriter(plan)
+    ready: Future[None] | None = None
+    if in_task:
+        # the share's producers, then its positions in one lookup a topic, while the reader starts; each
+        # partition's writer waits for it before its first write (counted as that partition's setup)
+        prep = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mirrorflow-share")
+        ready = prep.submit(_prepare_partitions, bw, sorted({(r.topic, r.partition) for r in ranges}), threads)
+        prep.shutdown(wait=False)
     failed: list[BaseException] = []
     queues: dict[tuple[str, int], queue.SimpleQueue[tuple[Columns, int] | None]] = {}
     runs: dict[tuple[str, int], Future[None]] = {}
@@ -618,6 +625,11 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
 
     def run(r: Range, q: queue.SimpleQueue[tuple[Columns, int] | None]) -> None:
         key = (r.topic, r.partition)
+        prepared_ms = 0.0
+        if ready is not None:
+            t0 = time.monotonic()
+            ready.result()
+            prepared_ms = (time.monotonic() - t0) * 1000
         # what the reader queued while the last write went on goes with the next one (see COALESCE_RECORDS)
         for taken in coalesced(q, lambda it: (len(it[0]), it[1]), most, CHUNK_BYTES):
             size = sum(it[1] for it in taken)
@@ -641,6 +653,8 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
             except BaseException as exc:
                 failed.append(exc)
                 stop.set()
+        if prepared_ms:
+            bw.add_setup(r.topic, r.partition, prepared_ms)
 
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(ranges))),
                             thread_name_prefix="mirrorflow-direct") as pool:
@@ -791,6 +805,25 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
         # what was written partition by partition: past its trailing markers
         bw.finish(topic, part, by_key[(topic, part)].start)
     return bw.rows(read_s * 1000)
+
+
+def _prepare_partitions(bw: Any, keys: list[tuple[str, int]], threads: int) -> None:
+    """A Spark task's share with a transaction per partition: start its partitions' producers, ``threads`` at
+    once, then read the exactly-once ones' positions in one lookup a topic
+    (:meth:`~mirror_core.stream.BatchWriter.prepare_many`). A failure is only a lost head start: that
+    partition's first write starts it again and says what is wrong."""
+    t0 = time.monotonic()
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(threads, len(keys))), thread_name_prefix="mirrorflow-share") \
+                as pool:
+            failed = bw.prepare_many(keys, pool)
+    except Exception as exc:  # noqa: BLE001 - see above
+        log.debug("%s: the share's partitions were not started ahead: %s", bw.plan.group, exc)
+        return
+    for (topic, part), why in failed:
+        log.debug("%s: %s[%d] not started ahead: %s", bw.plan.group, topic, part, why)
+    log.debug("%s: %d partitions' producers and positions ready in %.2fs", bw.plan.group, len(keys),
+              time.monotonic() - t0)
 
 
 def _prepare_share(bw: Any, writers: tuple[Any, ...], keys: list[tuple[str, int]]) -> None:

@@ -1355,16 +1355,24 @@ class PartitionWriter:
         with _FENCE_GUARD:
             _FENCED_PARTITIONS.add(self.s.transactional_id_for(partition))
 
-    def read_positions(self, partitions: list[int]) -> int:
+    def start(self, partition: int) -> None:
+        """A transaction per partition: start the partition's producer alone (its start fences a zombie of its
+        id), so that :meth:`read_positions` with ``started`` reads its position together with others'
+        (:meth:`stream.BatchWriter.prepare_many`)."""
+        with partition_lock(self.s, partition):
+            _producer(self.s, partition, gapless=self._gapless())
+
+    def read_positions(self, partitions: list[int], started: bool = False) -> int:
         """``transactions: per_writer``: read the committed positions of those of ``partitions`` that are
-        fenced (:meth:`fence_shared`) and not known yet, in one lookup, and keep them; returns how many it
+        fenced (:meth:`fence_shared`; with ``started``, a transaction per partition: those whose producer this
+        process holds, :meth:`start`) and not known yet, in one lookup, and keep them; returns how many it
         kept. A partition whose newest sync an earlier release wrote is left to its own lookup. Nothing is
         kept if this process forgot a position while the lookup ran (it may stand for a commit the lookup
-        missed): each partition's next write reads its own again (:meth:`prepare_shared`)."""
+        missed): each partition's next write reads its own again (:meth:`prepare_shared`, :meth:`prepare`)."""
         with _FENCE_GUARD:
             fenced = set(_FENCED_PARTITIONS)
         keys = {p: self.s.transactional_id_for(p) for p in partitions}
-        todo = [p for p, k in keys.items() if k in fenced and k not in _POSITIONS]
+        todo = [p for p, k in keys.items() if (k in fenced or (started and k in _PRODUCERS)) and k not in _POSITIONS]
         if not todo:
             return 0
         forgotten = _POSITIONS.forgotten

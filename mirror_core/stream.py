@@ -1572,6 +1572,48 @@ class BatchWriter:
                     unknown.append((w, part))
         self._read_positions(unknown)
 
+    def add_setup(self, topic: str, part: int, ms: float) -> None:
+        """Count ``ms`` more of the partition's setup (time its writer waited for its producer and position to
+        be made ready elsewhere, :func:`~mirror_core.direct.write_ranges` in a Spark task), once it has a
+        result (a range of no records has none: its row stays as it was)."""
+        with self._lock:
+            r = self.results.get((topic, part))
+            if r is not None:
+                r.setup_ms += ms
+
+    def prepare_many(self, keys: list[tuple[str, int]], pool: ThreadPoolExecutor
+                     ) -> list[tuple[tuple[str, int], BaseException]]:
+        """A transaction per partition (a Spark task's share, ``read_path: executors``): start each partition's
+        producer (on ``pool``'s threads; an exactly-once producer's start fences a zombie of its id), then read
+        the exactly-once partitions' positions not known yet in one lookup a topic, as
+        :meth:`prepare_shared_many` does for ``per_writer``. Returns the partitions that failed, with their
+        errors; their first write tries again. Each partition's first write read its own position alone: a
+        lookup reads the offset-sync topic's tail, some 0.5 s of a task's writer threads a partition."""
+        failed: list[tuple[tuple[str, int], BaseException]] = []
+        writers: dict[str, tuple[PartitionWriter, list[int]]] = {}
+        for topic, part in keys:
+            s = self.plan.settings.get(topic)
+            if s is not None:
+                writers.setdefault(topic, (self._writer(topic, s), []))[1].append(part)
+
+        def start(item: tuple[PartitionWriter, int]) -> None:
+            w, part = item
+            try:
+                w.start(part)
+            except Exception as exc:  # noqa: BLE001 - the first write tries again
+                failed.append(((w.s.source_topic, part), exc))
+
+        def read(item: tuple[PartitionWriter, list[int]]) -> None:
+            w, parts = item
+            try:
+                w.read_positions(parts, started=True)
+            except Exception as exc:  # noqa: BLE001 - each partition's first write reads its own
+                failed.extend(((w.s.source_topic, part), exc) for part in parts)
+
+        list(pool.map(start, [(w, part) for w, parts in writers.values() for part in parts]))
+        list(pool.map(read, [(w, parts) for w, parts in writers.values() if w.s.delivery == "exactly_once"]))
+        return failed
+
     def prepare_shared(self, topic: str, part: int) -> None:
         """``transactions: per_writer``: fence the partition's own transactional id and read its position."""
         s = self.plan.settings.get(topic)

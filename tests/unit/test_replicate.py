@@ -1847,3 +1847,52 @@ def test_the_destinations_producer_tuning_reaches_the_writers_producers_and_its_
     assert own["enable.idempotence"] is True and own["acks"] == "all"
     assert str(capped["linger.ms"]) == "20" and capped["batch.size"] == 100_000 - 100
     assert plain["linger.ms"] == replicate.WRITER_LINGER_MS == 5 and "batch.size" not in plain
+
+
+def test_a_tasks_partitions_start_their_producers_then_read_their_positions_in_one_lookup(monkeypatch) -> None:
+    """A transaction per partition in a Spark task (``read_path: executors``): the share's partitions are made
+    ready at once, each partition's producer started first (its start fences a zombie of its id) and then the
+    exactly-once partitions' positions read in one lookup a topic, not one lookup each as their first writes
+    did. A partition whose producer did not start gets no position (it was not fenced): its first write starts
+    it and reads its own. At-least-once partitions only start their producers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mirror_core.stream import BatchWriter, WriterPlan
+
+    eos = settings(value_serde="bytes", source_partitions=4, destination_partitions=4)
+    alo = settings(value_serde="bytes", source_topic="u", destination_topic="u", delivery="at_least_once")
+    events: list = []
+    for name, empty in (("_POSITIONS", replicate._PositionTable()), ("_PRODUCERS", {}), ("_PRODUCER_LIMITS", {}),
+                        ("_PRODUCER_PARTITIONS", {}), ("_FENCED_PARTITIONS", set())):
+        monkeypatch.setattr(replicate, name, empty)
+
+    def producer(s: WriterSettings, partition: int, gapless: bool = False) -> tuple[object, str]:
+        if (s.source_topic, partition) == ("t", 2):
+            raise RuntimeError("destination unreachable")
+        key = s.transactional_id_for(partition) if s.delivery == "exactly_once" else f"alo-{partition}"
+        replicate._PRODUCERS[key] = object()
+        events.append(("start", s.source_topic, partition))
+        return replicate._PRODUCERS[key], key
+
+    monkeypatch.setattr(replicate, "_producer", producer)
+    writers = {}
+    for s in (eos, alo):
+        w = replicate.PartitionWriter(s, ids({}), lambda t, p: pytest.fail("a lookup of one partition"),
+                                      downstream_end=lambda t, p: 0, destination_high=lambda t, p: 99)
+        w.positions_lookup = lambda t, ps: events.append(("lookup", t, sorted(ps))) or {
+            p: OffsetSync(t, p, 10 + p, 5) for p in ps}
+        w.destination_highs = lambda t, ps: dict.fromkeys(ps, 99)
+        writers[s.source_topic] = w
+    monkeypatch.setattr(BatchWriter, "_writer", lambda self, topic, _s: writers[topic])
+    plan = WriterPlan(settings={"t": eos, "u": alo}, id_map={}, end_offsets={}, destination_consumer_config={},
+                      registries=None)
+    bw = BatchWriter(plan)
+    with ThreadPoolExecutor(4) as pool:
+        failed = bw.prepare_many([("t", p) for p in range(4)] + [("u", 0), ("u", 1)], pool)
+    assert [(key, str(exc)) for key, exc in failed] == [(("t", 2), "destination unreachable")]
+    starts = [e for e in events if e[0] == "start"]
+    assert sorted(starts) == [("start", "t", 0), ("start", "t", 1), ("start", "t", 3), ("start", "u", 0),
+                              ("start", "u", 1)]
+    assert events[len(starts):] == [("lookup", "t", [0, 1, 3])]  # after every start, once, without partition 2
+    assert [writers["t"].position_known(p) for p in range(4)] == [True, True, False, True]
+    assert replicate._POSITIONS[eos.transactional_id_for(3)] == replicate.Position(13, 5)
