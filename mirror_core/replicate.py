@@ -1197,16 +1197,39 @@ class PartitionWriter:
         at-least-once position moves with the partition's next record."""
         with partition_lock(self.s, partition):  # reentrant: prepare takes it too
             if self.s.delivery == "exactly_once":
-                self.prepare(partition)  # the producer first (it fences any zombie), then the committed position
-                position = _POSITIONS.get(self.s.transactional_id_for(partition))
-            else:
-                position = _POSITIONS.get(_alo_key(self.s, partition))
-                if start is None or (position is not None and position.upstream < start):
-                    return None
+                return self._advance_idle_exactly(partition, upstream_end)
+            position = _POSITIONS.get(_alo_key(self.s, partition))
+            if start is None or (position is not None and position.upstream < start):
+                return None
             if position is None or position.downstream is None or position.upstream >= upstream_end:
                 return None
             self._advance(partition, upstream_end, position.downstream - 1)
             return position.downstream - 1
+
+    def _advance_idle_exactly(self, partition: int, upstream_end: int) -> int | None:
+        """:meth:`advance_idle` of an exactly-once partition, from the committed position. A producer this
+        process kept may have been fenced since its last write (the partition went to another Python worker or
+        to the driver, which wrote it): its commit fails; the position is then moved once more on a new
+        producer, from the position read after it (which may already be past ``upstream_end``)."""
+        key = self.s.transactional_id_for(partition)
+        for attempt in range(2):
+            self.prepare(partition)  # the producer first (it fences any zombie), then the committed position
+            position = _POSITIONS.get(key)
+            if position is None or position.downstream is None or position.upstream >= upstream_end:
+                return None
+            try:
+                self._advance(partition, upstream_end, position.downstream - 1)
+            except KafkaException as exc:
+                err = exc.args[0]
+                _drop_producer(key)  # and the position read with it
+                if attempt or not (err.fatal() or err.code() in (*_FENCES, KafkaError._FATAL)
+                                   or err.txn_requires_abort()):
+                    raise
+                log.info("%s[%d]: moving the position past markers again on a new producer; the one before "
+                         "stopped (%s)", self.s.source_topic, partition, err.str())
+                continue
+            return position.downstream - 1
+        return None  # not reached: the second attempt returns or raises
 
     def _advance(self, partition: int, upstream_end: int, last_downstream: int) -> None:
         sync = OffsetSync(self.s.source_topic, partition, upstream_end, last_downstream + 1)

@@ -315,24 +315,26 @@ class _Workers:
                 reader.close()
 
 
+@pytest.mark.parametrize("transactions", ["per_writer", "per_partition"])
 @pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
 def test_task_shares_moving_between_workers_and_writer_slots_mirror_every_record_once(clusters, unique, tmp_path,
-                                                                                     delivery):
-    """``read_path: executors`` with ``transactions: per_writer`` (a transaction per task share, on the share's
-    writer ids): a share runs on whichever Python worker is free, and a partition changes shares when the
-    number of tasks does. Batch 0 in one task on worker A; batch 1 in two tasks, partition 1's on worker B
-    (its slot's ids do not fence A's); batch 1 again on A (a replay after a crash, in one task): A's own
-    position of partition 1 is from before B wrote it, and only the committed one tells what B wrote. Then a
-    small batch by the driver and its replay in a task on B. exactly_once: every committed record once, in
-    order, the replays write nothing; at_least_once writes replays again (as after any retry) and loses
-    nothing."""
+                                                                                     delivery, transactions):
+    """``read_path: executors``: a share runs on whichever Python worker is free, and a partition changes shares
+    when the number of tasks does. Batch 0 in one task on worker A; batch 1 in two tasks, partition 1's on
+    worker B; batch 1 again on A (a replay after a crash, in one task): A's own position of partition 1 is from
+    before B wrote it, and only the committed one tells what B wrote. Then a small batch by the driver and its
+    replay in a task on B. With ``transactions: per_writer`` (a transaction per task share, on the share's
+    writer ids; B's slot's ids do not fence A's) a task reads its positions again; with a transaction per
+    partition a task starts its share's producers and reads their positions together ahead of its writes, and
+    the partition's producer on B fenced A's. exactly_once: every committed record once, in order, the replays
+    write nothing; at_least_once writes replays again (as after any retry) and loses nothing."""
     topic = unique("dtask")
     create_topic(clusters.src_bootstrap, topic, 2)
     committed = produce_mixed(clusters.src_bootstrap, topic, unique("tx"))
     ends = ends_of(clusters.src_bootstrap, topic, 2)
     name = unique("dtk").replace("-", "")
-    cfg, g = one_group(clusters, name, topic, tmp_path, delivery, transactions="per_writer", read_path="executors")
-    assert g.spark.reads_in_tasks and g.spark.writes_per_writer
+    cfg, g = one_group(clusters, name, topic, tmp_path, delivery, transactions=transactions, read_path="executors")
+    assert g.spark.reads_in_tasks and g.spark.writes_per_writer == (transactions == "per_writer")
     rt = MirrorRuntime(cfg, g)
     rt.prepare()
     workers = _Workers()
