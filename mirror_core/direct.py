@@ -604,7 +604,8 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
         # the share's producers, then its positions in one lookup a topic, while the reader starts; each
         # partition's writer waits for it before its first write (counted as that partition's setup)
         prep = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mirrorflow-share")
-        ready = prep.submit(_prepare_partitions, bw, sorted({(r.topic, r.partition) for r in ranges}), threads)
+        ready = prep.submit(_prepare_partitions, bw, sorted({(r.topic, r.partition) for r in ranges}),
+                            WARM_THREADS_PER_WRITER)
         prep.shutdown(wait=False)
     failed: list[BaseException] = []
     queues: dict[tuple[str, int], queue.SimpleQueue[tuple[Columns, int] | None]] = {}
@@ -808,8 +809,9 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
 
 
 def _prepare_partitions(bw: Any, keys: list[tuple[str, int]], threads: int) -> None:
-    """A Spark task's share with a transaction per partition: start its partitions' producers, ``threads`` at
-    once, then read the exactly-once ones' positions in one lookup a topic
+    """A Spark task's share with a transaction per partition: start its partitions' producers, up to ``threads``
+    at once (a start is round trips: waiting, not work), then read the exactly-once ones' positions in one
+    lookup a topic
     (:meth:`~mirror_core.stream.BatchWriter.prepare_many`). A failure is only a lost head start: that
     partition's first write starts it again and says what is wrong."""
     t0 = time.monotonic()
