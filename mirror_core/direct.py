@@ -629,7 +629,11 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
         prepared_ms = 0.0
         if ready is not None:
             t0 = time.monotonic()
-            ready.result()
+            try:
+                ready.result()  # a failure to prepare is only logged there: this is not expected to raise
+            except BaseException as exc:
+                failed.append(exc)  # but if it does, the write fails (and this partition's queue is drained)
+                stop.set()
             prepared_ms = (time.monotonic() - t0) * 1000
         # what the reader queued while the last write went on goes with the next one (see COALESCE_RECORDS)
         for taken in coalesced(q, lambda it: (len(it[0]), it[1]), most, CHUNK_BYTES):
