@@ -1896,3 +1896,73 @@ def test_a_tasks_partitions_start_their_producers_then_read_their_positions_in_o
     assert events[len(starts):] == [("lookup", "t", [0, 1, 3])]  # after every start, once, without partition 2
     assert [writers["t"].position_known(p) for p in range(4)] == [True, True, False, True]
     assert replicate._POSITIONS[eos.transactional_id_for(3)] == replicate.Position(13, 5)
+
+
+class _FencedProducer(_FakeProducer):
+    """A transactional producer fenced since its last use: its next commit fails with ``code`` (the fence, by
+    default)."""
+
+    def __init__(self, code: int | None = None, fatal: bool = True) -> None:
+        super().__init__()
+        from confluent_kafka import KafkaError
+
+        self.code = KafkaError._FENCED if code is None else code
+        self.fatal = fatal
+
+    def commit_transaction(self, timeout: float) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        raise KafkaException(KafkaError(self.code, "failed", fatal=self.fatal, retriable=not self.fatal))
+
+
+def test_a_position_moved_past_markers_on_a_fenced_producer_is_moved_again_on_a_new_one(monkeypatch) -> None:
+    """exactly_once: a range of only transaction markers (or aborted records) moves the partition's position past
+    them (``advance_idle``). The producer this process kept for the partition was fenced since its last write
+    (the partition went to another Python worker, or to the driver, which wrote it): its commit fails, and the
+    position is moved again on a new producer, from the committed position read after that producer's start
+    (the other writer's), or not at all when that is already past the range. An error that is not the
+    producer's end (a timeout) is raised, and so is a second failure."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    s = settings(value_serde="bytes")
+    key = s.transactional_id_for(0)
+    committed = [OffsetSync("t", 0, 5, 3)]  # what the destination's sync topic holds for partition 0
+    made: list[_FakeProducer] = []
+
+    def run(queue: list[_FakeProducer], after_fence: OffsetSync) -> int | None:
+        made.clear()
+        for name, empty in (("_POSITIONS", replicate._PositionTable()), ("_PRODUCERS", {}),
+                            ("_PRODUCER_LIMITS", {}), ("_PRODUCER_PARTITIONS", {})):
+            monkeypatch.setattr(replicate, name, empty)
+        committed[:] = [OffsetSync("t", 0, 5, 3)]
+
+        def producer(_s: WriterSettings, partition: int, gapless: bool = False) -> tuple[object, str]:
+            if key not in replicate._PRODUCERS:
+                replicate._PRODUCERS[key] = queue[len(made)]
+                made.append(queue[len(made)])
+                if len(made) > 1:
+                    committed[:] = [after_fence]  # the other writer's commit, seen after the new start
+            return replicate._PRODUCERS[key], key
+
+        monkeypatch.setattr(replicate, "_producer", producer)
+        w = replicate.PartitionWriter(s, ids({}), lambda t, p: committed[0], downstream_end=lambda t, p: 0,
+                                      destination_high=lambda t, p: 999)
+        # the process's own position of partition 0 is from before the other writer wrote it
+        replicate._POSITIONS[key] = replicate.Position(5, 3)
+        return w.advance_idle(0, 9, start=5)
+
+    good = _FakeProducer()
+    assert run([_FencedProducer(), good], OffsetSync("t", 0, 7, 4)) == 3
+    assert len(made) == 2 and len(good.committed) == 1  # the sync, on the new producer
+    assert replicate._POSITIONS[key] == replicate.Position(9, 4)
+
+    good = _FakeProducer()
+    assert run([_FencedProducer(), good], OffsetSync("t", 0, 12, 6)) is None  # the other writer went past it
+    assert len(made) == 2 and good.committed == []
+
+    with pytest.raises(KafkaException, match="failed"):
+        run([_FencedProducer(KafkaError._TIMED_OUT, fatal=False), _FakeProducer()], OffsetSync("t", 0, 7, 4))
+    assert len(made) == 1  # not the producer's end: not tried again here
+    with pytest.raises(KafkaException, match="failed"):
+        run([_FencedProducer(), _FencedProducer()], OffsetSync("t", 0, 7, 4))
+    assert len(made) == 2
