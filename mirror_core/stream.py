@@ -1589,30 +1589,7 @@ class BatchWriter:
         :meth:`prepare_shared_many` does for ``per_writer``. Returns the partitions that failed, with their
         errors; their first write tries again. Each partition's first write read its own position alone: a
         lookup reads the offset-sync topic's tail, some 0.5 s of a task's writer threads a partition."""
-        failed: list[tuple[tuple[str, int], BaseException]] = []
-        writers: dict[str, tuple[PartitionWriter, list[int]]] = {}
-        for topic, part in keys:
-            s = self.plan.settings.get(topic)
-            if s is not None:
-                writers.setdefault(topic, (self._writer(topic, s), []))[1].append(part)
-
-        def start(item: tuple[PartitionWriter, int]) -> None:
-            w, part = item
-            try:
-                w.start(part)
-            except Exception as exc:  # noqa: BLE001 - the first write tries again
-                failed.append(((w.s.source_topic, part), exc))
-
-        def read(item: tuple[PartitionWriter, list[int]]) -> None:
-            w, parts = item
-            try:
-                w.read_positions(parts, started=True)
-            except Exception as exc:  # noqa: BLE001 - each partition's first write reads its own
-                failed.extend(((w.s.source_topic, part), exc) for part in parts)
-
-        list(pool.map(start, [(w, part) for w, parts in writers.values() for part in parts]))
-        list(pool.map(read, [(w, parts) for w, parts in writers.values() if w.s.delivery == "exactly_once"]))
-        return failed
+        return self._prepare_many(keys, pool, started=True)
 
     def prepare_shared(self, topic: str, part: int) -> None:
         """``transactions: per_writer``: fence the partition's own transactional id and read its position."""
@@ -1628,19 +1605,29 @@ class BatchWriter:
         ``read_positions`` False: only the fences). Returns the partitions that failed, with their errors;
         their first write tries again. One lookup per partition read the sync topic's tail once for each: at
         1,000 partitions that was most of a writer's start."""
+        return self._prepare_many(keys, pool, started=False, stop=stop, read_positions=read_positions)
+
+    def _prepare_many(self, keys: list[tuple[str, int]], pool: ThreadPoolExecutor, started: bool,
+                      stop: threading.Event | None = None, read_positions: bool = True
+                      ) -> list[tuple[tuple[str, int], BaseException]]:
+        """:meth:`prepare_many` (``started``: every partition's producer started) and :meth:`prepare_shared_many`
+        (the exactly-once partitions' own ids fenced), then the exactly-once positions read a lookup a topic."""
         failed: list[tuple[tuple[str, int], BaseException]] = []
         writers: dict[str, tuple[PartitionWriter, list[int]]] = {}
         for topic, part in keys:
             s = self.plan.settings.get(topic)
-            if s is not None and s.delivery == "exactly_once":
+            if s is not None and (started or s.delivery == "exactly_once"):
                 writers.setdefault(topic, (self._writer(topic, s), []))[1].append(part)
 
-        def fence(item: tuple[PartitionWriter, int]) -> None:
+        def first(item: tuple[PartitionWriter, int]) -> None:
             w, part = item
             if stop is not None and stop.is_set():
                 return
             try:
-                w.fence_shared(part)
+                if started:
+                    w.start(part)
+                else:
+                    w.fence_shared(part)
             except Exception as exc:  # noqa: BLE001 - the first write tries again
                 failed.append(((w.s.source_topic, part), exc))
 
@@ -1649,15 +1636,15 @@ class BatchWriter:
             if stop is not None and stop.is_set():
                 return
             try:
-                w.read_positions(parts)
+                w.read_positions(parts, started=started)
             except Exception as exc:  # noqa: BLE001 - the first write tries again
                 unfenced = {key for key, _exc in failed}
                 failed.extend(((w.s.source_topic, part), exc) for part in parts
                               if (w.s.source_topic, part) not in unfenced)
 
-        list(pool.map(fence, [(w, part) for w, parts in writers.values() for part in parts]))
-        if read_positions:
-            list(pool.map(read, writers.values()))  # a partition not fenced is left to its first write
+        list(pool.map(first, [(w, part) for w, parts in writers.values() for part in parts]))
+        if read_positions:  # a partition not fenced is left to its first write
+            list(pool.map(read, [(w, parts) for w, parts in writers.values() if w.s.delivery == "exactly_once"]))
         return failed
 
     def write_shared(self, txn: WriterTransaction, parts: dict[tuple[str, int], tuple[Columns, int]]
