@@ -16,6 +16,7 @@ import os
 import shutil
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -92,9 +93,13 @@ def up(env: local.LocalEnv, workers: int = 2, cores_per_worker: int = 1, memory_
         return proc.pid
 
     master_url = f"spark://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
     try:
         master = spawn(_daemon_cmd(java, home, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                                    "--port", str(port), "--webui-port", str(ui)), logs / "spark-master.log")
+        # the workers start once the master leads: a worker's registration that reaches it before then gets no
+        # answer, and the worker asks again only 8-13 s later (seen on 7 December, one start in two)
+        wait_master(f"http://127.0.0.1:{ui}", master, deadline - time.monotonic(), str(logs))
         worker_pids, worker_uis = [], []
         for i in range(workers):
             wui = local._free_port()
@@ -106,7 +111,7 @@ def up(env: local.LocalEnv, workers: int = 2, cores_per_worker: int = 1, memory_
         cluster = SparkCluster(master_url, f"http://127.0.0.1:{ui}", master, tuple(worker_pids), tuple(worker_uis),
                                str(logs))
         _write(state_file, cluster)
-        wait_workers(cluster, workers, timeout)
+        wait_workers(cluster, workers, deadline - time.monotonic())
     except BaseException:
         local._stop_records([{"role": "spark", "pid": p, "address": "127.0.0.1:0"} for p in pids])
         state_file.unlink(missing_ok=True)
@@ -114,30 +119,55 @@ def up(env: local.LocalEnv, workers: int = 2, cores_per_worker: int = 1, memory_
     return cluster
 
 
+def _status(master_ui: str) -> dict[str, Any]:
+    """The master's JSON status page."""
+    with urllib.request.urlopen(f"{master_ui}/json/", timeout=5) as resp:
+        info: dict[str, Any] = json.load(resp)
+    return info
+
+
 def alive_workers(cluster: SparkCluster) -> int:
     """How many workers the master counts as ALIVE (from its JSON status page)."""
-    with urllib.request.urlopen(f"{cluster.master_ui}/json/", timeout=5) as resp:
-        info: dict[str, Any] = json.load(resp)
-    return sum(1 for w in info.get("workers", []) if w.get("state") == "ALIVE")
+    return sum(1 for w in _status(cluster.master_ui).get("workers", []) if w.get("state") == "ALIVE")
+
+
+def wait_master(master_ui: str, pid: int, timeout: float, logs: str) -> None:
+    """Until the master at ``master_ui`` (process ``pid``, its log in ``logs``) leads: its status ALIVE."""
+    def leads() -> str | None:
+        status = _status(master_ui).get("status")
+        return None if status == "ALIVE" else f"master status {status}"
+
+    _wait(leads, (pid,), timeout, f"Spark master {master_ui}", logs)
 
 
 def wait_workers(cluster: SparkCluster, want: int, timeout: float) -> None:
+    def registered() -> str | None:
+        n = alive_workers(cluster)
+        return None if n >= want else f"{n} of {want} workers registered"
+
+    _wait(registered, (cluster.master_pid, *cluster.worker_pids), timeout, f"Spark master {cluster.master_url}",
+          cluster.logs)
+
+
+def _wait(ready: Callable[[], str | None], pids: tuple[int, ...], timeout: float, what: str, logs: str) -> None:
+    """Ask ``ready`` (None when it is, else what it lacks) every 0.2 s until ``timeout``, as long as ``pids``
+    live (the daemons' logs are in ``logs``)."""
     deadline = time.monotonic() + timeout
     last = "no answer"
     while time.monotonic() < deadline:
-        for pid in (cluster.master_pid, *cluster.worker_pids):
+        for pid in pids:
             if not local._alive(pid):
-                raise LocalClusterError(f"a Spark daemon (pid {pid}) exited during startup; see {cluster.logs}")
+                raise LocalClusterError(f"a Spark daemon (pid {pid}) exited during startup; see {logs}")
         try:
-            n = alive_workers(cluster)
-            if n >= want:
+            lack = ready()
+            if lack is None:
                 return
-            last = f"{n} of {want} workers registered"
+            last = lack
         except (OSError, ValueError, http.client.HTTPException) as exc:
             # a master still starting may refuse, drop the connection or answer before its status is JSON
             last = f"{type(exc).__name__}: {exc}"
-        time.sleep(0.5)
-    raise LocalClusterError(f"Spark master {cluster.master_url} not ready before the deadline ({last})")
+        time.sleep(0.2)
+    raise LocalClusterError(f"{what} not ready before the deadline ({last})")
 
 
 def kill_worker(cluster: SparkCluster, index: int) -> None:

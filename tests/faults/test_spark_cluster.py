@@ -24,20 +24,32 @@ PARTITIONS = 4
 BACKLOG = 40000
 
 
-@pytest.fixture
-def kafka_and_spark(tmp_path: Path) -> Iterator[tuple[local.ClusterSpec, local_spark.SparkCluster, local.LocalEnv]]:
-    env = local.LocalEnv.from_environment(tmp_path / "clusters")
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local.ClusterSpec]:
+    """The module's Kafka clusters (each test's topic is its own)."""
+    env = local.LocalEnv.from_environment(tmp_path_factory.mktemp("scale-out-clusters"))
     spec = local.free_spec(registries=False)
     try:
         local.up(env, spec, progress=lambda m: print(f"[scale-out] {m}", flush=True))
+        yield spec
+    finally:
+        local.down(env)
+
+
+@pytest.fixture
+def kafka_and_spark(kafka: local.ClusterSpec, tmp_path: Path
+                    ) -> Iterator[tuple[local.ClusterSpec, local_spark.SparkCluster, local.LocalEnv]]:
+    """A Spark standalone cluster of each test's own (a test kills one of its workers), in its own state
+    directory, beside the module's Kafka clusters."""
+    env = local.LocalEnv.from_environment(tmp_path / "spark")
+    try:
         cluster = local_spark.up(env, workers=2, cores_per_worker=1, memory_per_worker="1g")
         # the master's ports lie where the brokers' do: below the ephemeral range, so nothing outgoing takes them
         ports = [int(cluster.master_url.rsplit(":", 1)[1]), int(cluster.master_ui.rstrip("/").rsplit(":", 1)[1])]
         assert all(p in local._SERVER_PORTS for p in ports), ports
-        yield spec, cluster, env
+        yield kafka, cluster, env
     finally:
         local_spark.down(env)
-        local.down(env)
 
 
 @pytest.mark.parametrize(("read_path", "transactions"), [("spark", "auto"), ("executors", "auto"),

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 DEAD = "127.0.0.1:1"  # nothing listens on port 1: connections are refused
 DEAD_REGISTRY = "http://127.0.0.1:1/apis/ccompat/v7"
-CONNECT_TIMEOUT = 4.0
+CONNECT_TIMEOUT = 1.5
 #: the bound on a whole command: the connect timeout plus Python's start-up on a busy 2-core machine
 BOUND = CONNECT_TIMEOUT + 20.0
 COMMANDS = ("plan", "provision", "checkpoint", "lag", "verify", "run")

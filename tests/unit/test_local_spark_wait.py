@@ -60,3 +60,24 @@ def test_workers_that_never_register_end_the_wait_with_one_line(monkeypatch) -> 
             local_spark.wait_workers(_cluster(server), 2, timeout=1.0)
     finally:
         server.shutdown()
+
+
+def test_the_workers_wait_for_a_master_that_leads(monkeypatch) -> None:
+    """A worker that registers with a master not yet elected leader gets no answer and asks again only 8-13 s
+    later: ``up`` starts the workers once the master's status is ALIVE."""
+    monkeypatch.setattr(local_spark.time, "sleep", lambda _s: None)
+    server, asked = _serve([b"", json.dumps({"status": "STANDBY"}).encode(), json.dumps({"status": "ALIVE"}).encode()])
+    try:
+        local_spark.wait_master(f"http://127.0.0.1:{server.server_port}", os.getpid(), 30, "/tmp")
+    finally:
+        server.shutdown()
+    assert asked[0] == 3
+
+
+def test_a_master_that_never_leads_ends_the_wait_with_one_line() -> None:
+    server, _ = _serve([json.dumps({"status": "RECOVERING"}).encode()])
+    try:
+        with pytest.raises(LocalClusterError, match=r"not ready before the deadline \(master status RECOVERING\)"):
+            local_spark.wait_master(f"http://127.0.0.1:{server.server_port}", os.getpid(), 1.0, "/tmp")
+    finally:
+        server.shutdown()
