@@ -6,7 +6,8 @@ the source has none, then replaces this process with ``airflow standalone`` (API
 http://localhost:8080, scheduler, triggerer, DAG processor) with its home in ``.state/airflow``. The DAGs
 are generated from ``config/local.yaml`` and start unpaused, so the stream and offset_sync DAGs run
 by themselves and the Mirrors page fills up. The admin password is written to
-``.state/airflow/simple_auth_manager_passwords.json.generated``.
+``.state/airflow/simple_auth_manager_passwords.json.generated``, the API server's token-signing secret to
+``.state/airflow/jwt_secret``.
 """
 
 from __future__ import annotations
@@ -57,6 +58,23 @@ def admin_password(home: Path) -> str:
     return password
 
 
+def jwt_secret(home: Path) -> str:
+    """The API server's secret for signing its tokens: the one kept in ``home``, else a new one written there
+    first, readable by its owner only. 64 random bytes: the one Airflow generates (16 bytes) is shorter than
+    SHA-512 tokens want, and the API server then warns about it at every request."""
+    path = home / "jwt_secret"
+    if path.exists():
+        known = path.read_text().strip()
+        if len(known) >= 64:
+            return known
+    secret = secrets.token_urlsafe(64)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secret + "\n")
+    path.chmod(0o600)  # a file that was there before keeps its mode through O_CREAT
+    return secret
+
+
 def api_connection(password: str, port: int = 8080) -> str:
     """The ``mirrorflow_airflow_api`` connection (as an ``AIRFLOW_CONN_*`` value) that lets the failover's
     finalize step pause the stream DAG through the public API: task processes have no database access."""
@@ -86,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(HOME, ignore_errors=True)
     HOME.mkdir(parents=True, exist_ok=True)
     os.environ.update(environment(HOME))
+    # kept in the home, so that a restart keeps the UI's sessions; set in the environment, as the password below
+    os.environ["AIRFLOW__API_AUTH__JWT_SECRET"] = jwt_secret(HOME)
     # set in the environment, not a file or the command line: the tasks' finalize step reads it
     os.environ["AIRFLOW_CONN_MIRRORFLOW_AIRFLOW_API"] = api_connection(admin_password(HOME))
     airflow = shutil.which("airflow", path=os.environ["PATH"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -29,6 +30,9 @@ os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_HOME / 'airflo
 os.environ["AIRFLOW__CORE__AUTH_MANAGER"] = (
     "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
 os.environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = "True"
+# as `make airflow` and the demo do: the secret Airflow generates is too short for its SHA-512 tokens, and PyJWT
+# warns at every token
+os.environ["AIRFLOW__API_AUTH__JWT_SECRET"] = secrets.token_urlsafe(64)
 
 
 @pytest.fixture(scope="session")
