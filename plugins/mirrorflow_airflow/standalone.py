@@ -69,9 +69,9 @@ def jwt_secret(home: Path) -> str:
             return known
     secret = secrets.token_urlsafe(64)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # before the secret is in it: a file that was there keeps its own mode through O_CREAT
     with os.fdopen(fd, "w") as fh:
         fh.write(secret + "\n")
-    path.chmod(0o600)  # a file that was there before keeps its mode through O_CREAT
     return secret
 
 
