@@ -64,7 +64,8 @@ def test_workers_that_never_register_end_the_wait_with_one_line(monkeypatch) -> 
 
 def test_the_workers_wait_for_a_master_that_leads(monkeypatch) -> None:
     """A worker that registers with a master not yet elected leader gets no answer and asks again only 8-13 s
-    later: ``up`` starts the workers once the master's status is ALIVE."""
+    later; ``up`` starts the workers after this wait, which goes on through a page that is not JSON yet and a
+    status other than ALIVE."""
     monkeypatch.setattr(local_spark.time, "sleep", lambda _s: None)
     server, asked = _serve([b"", json.dumps({"status": "STANDBY"}).encode(), json.dumps({"status": "ALIVE"}).encode()])
     try:
