@@ -57,10 +57,16 @@ def test_item13_verify_ok_with_avro_keys_and_header_ids(clusters, unique, tmp_pa
     sr = SchemaRegistryClient({"url": clusters.src_registry})
     key_id = sr.register_schema(f"{topic}-key", Schema(json.dumps(KEY), "AVRO"))
     value_id = sr.register_schema(f"{topic}-value", Schema(json.dumps(VALUE), "AVRO"))
-    # the destination registry hands out its own ids; make sure they cannot coincide with the source's
+    # the destination registry hands out its own ids; make sure they cannot coincide with the source's: new
+    # schemas there (each its own content: a registry hands a schema it has seen its old id) until its next id is
+    # past both source ids, whatever ran before on these registries
     dst_sr = SchemaRegistryClient({"url": clusters.dst_registry})
-    for i in range(3):
-        dst_sr.register_schema(unique("item13-pad"), Schema(json.dumps({**VALUE, "name": f"Pad{i}"}), "AVRO"))
+    for _ in range(5000):
+        pad = Schema(json.dumps({**VALUE, "name": unique("Pad").replace("-", "_")}), "AVRO")
+        if dst_sr.register_schema(unique("item13-pad"), pad) > max(key_id, value_id):
+            break
+    else:
+        raise AssertionError(f"the destination registry's ids did not pass {max(key_id, value_id)}")
 
     p = Producer({"bootstrap.servers": clusters.src_bootstrap})
     for i in range(40):
