@@ -38,9 +38,9 @@ def write_private(path: Path, data: bytes) -> Path:
     """Write ``data`` readable by this user only (the file is created 0600, never world-readable)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # before the data is in it: a file that was there keeps its own mode through O_CREAT
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
-    os.chmod(path, 0o600)
     return path
 
 

@@ -20,6 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from mirror_core.tls import write_private
 from mirrorflow_airflow.demo import CONFIG, ROOT, endpoints, seed
 
 HOME = ROOT / ".state" / "airflow"
@@ -53,8 +54,7 @@ def admin_password(home: Path) -> str:
         if known:
             return str(known)
     password = secrets.token_urlsafe(12)
-    path.write_text(json.dumps({"admin": password}) + "\n")
-    path.chmod(0o600)
+    write_private(path, (json.dumps({"admin": password}) + "\n").encode())
     return password
 
 
@@ -68,10 +68,7 @@ def jwt_secret(home: Path) -> str:
         if len(known) >= 64:
             return known
     secret = secrets.token_urlsafe(64)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # before the secret is in it: a file that was there keeps its own mode through O_CREAT
-    with os.fdopen(fd, "w") as fh:
-        fh.write(secret + "\n")
+    write_private(path, (secret + "\n").encode())
     return secret
 
 
