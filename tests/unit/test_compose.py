@@ -110,6 +110,39 @@ def test_airflow_standalone_with_project(services: dict[str, Any]) -> None:
         assert dep["condition"] == "service_healthy"
 
 
+def test_airflow_signs_its_tokens_with_a_long_secret_of_its_own(services: dict[str, Any], tmp_path: Path) -> None:
+    """The container's command (run here with bash, an ``airflow`` of the test's on PATH) makes a secret of 64
+    random bytes, owner-only, at the first start and keeps it at the next; Airflow reads it through
+    ``AIRFLOW__API_AUTH__JWT_SECRET_CMD`` and starts standalone. Airflow's own would be 16 bytes."""
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    svc = services["airflow"]
+    env = _env(svc)
+    assert "AIRFLOW__API_AUTH__JWT_SECRET" not in env  # no secret written in the file
+    command = svc["command"]
+    assert command[:2] == ["bash", "-c"], command
+    script = command[2].replace("$$", "$")  # compose's escape for a literal $
+    secret = tmp_path / "jwt_secret"
+    read_cmd = env["AIRFLOW__API_AUTH__JWT_SECRET_CMD"].replace(env["MIRRORFLOW_JWT_SECRET_FILE"], str(secret))
+    assert read_cmd == f"cat {secret}"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "airflow").write_text(f"#!/bin/bash\necho \"$1 $({read_cmd})\"\n")
+    (bin_dir / "airflow").chmod(0o755)
+    (bin_dir / "python").symlink_to(sys.executable)
+    run_env = {"PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin", "MIRRORFLOW_JWT_SECRET_FILE": str(secret)}
+    first = subprocess.run(["bash", "-c", script], env=run_env, capture_output=True, text=True, check=True).stdout
+    mode, value = stat.S_IMODE(secret.stat().st_mode), secret.read_text().strip()
+    assert mode == 0o600, oct(mode)
+    assert len(value) >= 86, value  # 64 bytes, URL-safe base64
+    assert first.split() == ["standalone", value]
+    again = subprocess.run(["bash", "-c", script], env=run_env, capture_output=True, text=True, check=True).stdout
+    assert again == first
+
+
 def test_every_airflow_connection_set_is_one_mirrorflow_reads(services: dict[str, Any]) -> None:
     """A connection set in the environment that no group or cluster names, and that the failover's pause does
     not use, does nothing: a user reading the file would think it picks the Spark master (it once set
