@@ -14,8 +14,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -88,3 +90,41 @@ def stop_tree(pid: int, timeout: float = DEFAULT_STOP_TIMEOUT, sig: int = signal
     killed = kill_all(list(seen.values()))
     log.warning("process %d did not stop within %.0fs; killed %d processes", pid, timeout, len(killed))
     return StopReport(False, time.monotonic() - t0, killed)
+
+
+#: names the process a job belongs to (``host:boot id:pid:start time``, :func:`owner_token`): the job stops when that
+#: process has ended. Airflow's task sets it: under ``spark-submit`` the job's parent is spark-submit's JVM, which
+#: a SIGKILLed task leaves running, so watching the parent alone would leave the job orphaned and streaming
+OWNER_ENV = "MIRRORFLOW_OWNER"
+
+
+def _machine() -> str:
+    """This host's name and boot: containers on one host share its boot id, not their names."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}:{boot}" if boot else ""
+
+
+def owner_token(pid: int | None = None) -> str:
+    """A name for process ``pid`` (this one by default) that a later process with the same pid does not share."""
+    p = psutil.Process(pid)
+    return f"{_machine()}:{p.pid}:{p.create_time():.2f}"
+
+
+def owner_alive(token: str) -> bool | None:
+    """Whether the process ``token`` names still runs; None when this machine cannot tell (another machine or
+    boot: a driver in cluster deploy mode, or a token that does not parse), so it must not be taken as ended."""
+    try:
+        machine, pid, started = token.rsplit(":", 2)
+        pid_n, started_at = int(pid), float(started)
+    except ValueError:
+        return None
+    if not machine or machine != _machine():
+        return None
+    try:
+        p = psutil.Process(pid_n)
+        return f"{p.create_time():.2f}" == f"{started_at:.2f}" and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

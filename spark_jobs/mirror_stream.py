@@ -33,7 +33,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from mirror_core import artifacts, clients, process
+from mirror_core import artifacts, clients, joblock, process
 from mirror_core.config import (
     SUBMITTED_MASTER_ENV,
     GroupConfig,
@@ -416,6 +416,20 @@ def main(argv: list[str] | None = None) -> int:
     if stopped:
         log.info("%s: not started: %s", group.name, stopped)
         return 0
+    lock = joblock.lock_path(group.spark.checkpoint_dir, group.name)
+    if lock is not None:
+        try:
+            # kept until this process exits (the kernel releases it, however the process ends)
+            if not joblock.take(joblock.JobLock(lock), joblock.Holder.me(args.once), group=group.name,
+                                patience=stopper.timeout, stop=lambda: stopper.requested):
+                return stopper.finished(0)
+        except joblock.CheckpointBusy as exc:
+            log.error("%s", exc)
+            return stopper.finished(1)
+        stopped = stream_stop_requested(group)  # a failover may have stopped the group meanwhile
+        if stopped:
+            log.info("%s: not started: %s", group.name, stopped)
+            return stopper.finished(0)
 
     metrics.serve(group.spark.metrics_port)
     from mirror_core import native
@@ -500,9 +514,18 @@ class Stopper:
         return rc
 
     def _watch_parent(self) -> None:
+        """Requests a stop when the parent process ends, or the process that owns the job (``OWNER_ENV``,
+        set by Airflow's task: spark-submit, this job's parent, outlives a SIGKILLed task)."""
+        owner = os.environ.get(process.OWNER_ENV, "")
+        if owner and not process.owner_alive(owner):
+            log.debug("%s: the owner %s is not a process running here; not watched", self.group_name, owner)
+            owner = ""
         while not self._done.wait(1.0):
             if os.getppid() != self._parent:
                 self.request(f"parent process {self._parent} ended")
+                return
+            if owner and process.owner_alive(owner) is False:
+                self.request(f"the process that started it ({owner.rsplit(':', 2)[1]}) ended")
                 return
 
     def _force_at_deadline(self) -> None:

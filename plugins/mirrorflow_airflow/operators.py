@@ -21,6 +21,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from mirror_core.config import CONNECTIONS_FILE_ENV, SUBMITTED_MASTER_ENV, with_master
+from mirror_core.process import OWNER_ENV, owner_token
 from mirrorflow_airflow.hooks import MirrorflowHook
 from mirrorflow_airflow.sensors import STEP_REPORT_KEY
 
@@ -401,6 +402,8 @@ class MirrorStreamOperator(SparkSubmitOperator):
     * A group stopped by a failover (its stop marker) is skipped, not launched.
     * spark-submit's JVM keeps its temporary files in a private directory, removed when the task ends
       (:func:`spark_jobs.jvm_archive.submit_tmpdir`).
+    * The job is told this task's process (``MIRRORFLOW_OWNER``) and stops when it ends: a worker killed
+      with SIGKILL leaves spark-submit running, and a retry would otherwise find the old job still mirroring.
     """
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "config_path", "group_name")
@@ -487,6 +490,8 @@ class MirrorStreamOperator(SparkSubmitOperator):
         with hook.connections_file() as path, submit_tmpdir(self.conf or {}) as conf:
             if path:
                 self.env_vars = {**(self.env_vars or {}), CONNECTIONS_FILE_ENV: path}
+            # the job stops if this task's process dies without killing spark-submit (a SIGKILLed worker)
+            self.env_vars = {**(self.env_vars or {}), OWNER_ENV: owner_token()}
             self.conf = conf  # for this submission only: a retry in this process gets a directory of its own
             try:
                 super().execute(context)

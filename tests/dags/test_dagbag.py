@@ -196,6 +196,27 @@ def test_a_stream_job_runs_on_the_spark_connections_master(monkeypatch: pytest.M
     assert "spark.hadoop.fs.file.impl" not in task.conf  # the local file system's class is for local masters
 
 
+def test_a_stream_job_is_told_the_task_process_it_belongs_to(monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
+    """spark-submit outlives a task process killed with SIGKILL; the job watches the process named in
+    ``MIRRORFLOW_OWNER`` (this one, which runs the task) and stops when it ends (tests/spark/test_stop.py)."""
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    from mirror_core import process
+
+    config = tmp_path / "local.yaml"  # a checkpoint of its own: no failover's stop marker from a demo run
+    text = (ROOT / "config" / "local.yaml").read_text()
+    assert '".state/checkpoints/demo"' in text
+    config.write_text(text.replace('".state/checkpoints/demo"', f'"{tmp_path / "checkpoints"}"'))
+    bag = _dagbag(config, monkeypatch)
+    task = bag.dags["mirrorflow__demo__stream"].get_task("mirror_stream")
+    submitted: list[dict[str, str]] = []
+    monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: submitted.append(dict(self.env_vars)))
+    task.execute({})
+    owner = submitted[0][process.OWNER_ENV]
+    assert process.owner_alive(owner) is True and owner.rsplit(":", 2)[1] == str(os.getpid())
+
+
 def test_a_stream_job_counts_as_running_only_while_its_task_runs() -> None:
     from mirrorflow_airflow.operators import stream_jobs_running
 
