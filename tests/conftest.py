@@ -17,7 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from mirror_core.logs import quiet_library_warnings
+
 ROOT = Path(__file__).resolve().parent.parent
+# authlib's httpx2 notice, as mirrorflow's commands leave it out (authlib's own "always" filter goes in once,
+# here; pytest's filterwarnings below then wins over it in every test and collection)
+quiet_library_warnings()
 
 
 @dataclass(frozen=True)
