@@ -426,7 +426,8 @@ def failover(
     max_lag_records: Annotated[int, typer.Option(help="lag: records under which producers may stop.")] = 1000,
     max_lag_seconds: Annotated[float, typer.Option(help="lag: seconds under which producers may stop.")] = 60.0,
     quiet_seconds: Annotated[float, typer.Option(help="quiet: how long the source must stay without new records.")] = 30.0,
-    wait: Annotated[float, typer.Option(help="lag / quiet: keep checking for up to this many seconds.")] = 600.0,
+    wait: Annotated[float, typer.Option(help="lag / quiet / finalize: keep checking for up to this many seconds "
+                                              "(finalize: for the stream job to end).")] = 600.0,
     no_stream: Annotated[bool, typer.Option(
         "--no-stream", help="quiet: no stream runs now (a `drain` comes next), so do not wait for lag 0.")] = False,
     as_json: JsonOpt = False,
@@ -479,7 +480,10 @@ def failover(
         elif step == "verify":
             rep = fo.verify(cfg, g)
         else:
-            rep = fo.finalize(cfg, g)
+            fo.request_stream_stop(g, f"failover of group {g.name} to {g.destination}")
+            stopped = fo.wait_stream_ended(g, wait, say=lambda line: err.print(f"{g.name}: {line}", markup=False,
+                                                                               highlight=False))
+            rep = fo.finalize(cfg, g, stream_stopped=stopped)
     if as_json:
         print(json.dumps(rep.as_dict(), indent=2, default=str))
     else:

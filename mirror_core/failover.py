@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from mirror_core import clients
+from mirror_core import clients, joblock
 from mirror_core.checkpoint import (
     RoundReport,
     emit_checkpoints,
@@ -341,6 +341,34 @@ def clear_stream_stop(group: GroupConfig) -> bool:
         return True
     except FileNotFoundError:
         return False
+
+
+def wait_stream_ended(group: GroupConfig, timeout: float, tasks_running: Callable[[], int] | None = None,
+                      say: Callable[[str], None] = lambda _line: None, poll: float = 2.0) -> bool | None:
+    """Wait (at most ``timeout`` seconds) until the group's stream job has ended: no job holds its checkpoint
+    (:mod:`mirror_core.joblock`; a job sees the stop marker at its next micro-batch) and, when the caller can count
+    them (``tasks_running``: Airflow's running stream tasks), none runs. True: ended; False: still running at the
+    timeout; None: nothing tells (a checkpoint not on this machine, and no task count). ``say`` gets a line when
+    what it waits for changes, and every 30 s while it does not."""
+    lock = joblock.lock_path(group.spark.checkpoint_dir, group.name)
+    if lock is None and tasks_running is None:
+        return None
+    deadline = time.monotonic() + timeout
+    said, said_at = "", 0.0
+    while True:
+        running = tasks_running() if tasks_running is not None else 0
+        held = joblock.holder(lock) if lock is not None else None
+        if not running and held is None:
+            return True
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        line = (f"waiting for {running} running stream task(s) to end" if running or held is None
+                else f"waiting for the job still running on the group's checkpoint to end: {held.describe()}")
+        if line != said or now - said_at >= 30.0:
+            say(line)
+            said, said_at = line, now
+        time.sleep(poll)
 
 
 def reverse_group(cfg: MirrorsConfig, group: GroupConfig) -> GroupConfig | None:

@@ -43,6 +43,10 @@ class CheckpointBusy(MirrorError):
     """Another job runs on the checkpoint and did not end within the wait."""
 
 
+class CheckpointLockError(MirrorError):
+    """The lock's file cannot be made or opened (a checkpoint directory this process may not write)."""
+
+
 @dataclass(frozen=True)
 class Holder:
     """Who holds a checkpoint's lock, as written into the lock's file."""
@@ -95,8 +99,11 @@ class JobLock:
     def try_take(self, me: Holder) -> Holder | None:
         """Take the lock if it is free and write ``me`` into its file: None. Taken: who holds it (a holder
         that has not written itself yet, or a file no one can read, reads as an unknown streaming job)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise CheckpointLockError(f"cannot lock the checkpoint ({self.path}): {exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -116,6 +123,22 @@ class JobLock:
         if self._fd is not None:
             os.close(self._fd)  # closing the only descriptor releases the flock
             self._fd = None
+
+
+def holder(path: Path) -> Holder | None:
+    """Who holds the lock at ``path`` now, or None when no job does. A probe: it takes a shared lock and lets it
+    go at once (a job starting at that moment waits one poll)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _read_holder(fd)
+    finally:
+        os.close(fd)
+    return None
 
 
 def _read_holder(fd: int) -> Holder:

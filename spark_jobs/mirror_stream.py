@@ -426,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
         except joblock.CheckpointBusy as exc:
             log.error("%s", exc)
             return stopper.finished(1)
+        except joblock.CheckpointLockError as exc:
+            log.error("%s: cannot start the mirror: %s", group.name, exc)
+            return stopper.finished(1)
         stopped = stream_stop_requested(group)  # a failover may have stopped the group meanwhile
         if stopped:
             log.info("%s: not started: %s", group.name, stopped)

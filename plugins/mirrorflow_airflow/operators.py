@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 from importlib.util import find_spec
 from pathlib import Path
@@ -244,7 +243,9 @@ def push_report(op: BaseOperator, context: Any, rep: Any) -> dict[str, Any]:
 
 class FinalizeFailoverOperator(MirrorflowOperator):
     """Stop the group's stream for good (stop marker, stream DAG paused, its job ended) and make the
-    reverse group ready."""
+    reverse group ready. The job has ended when no task of the stream DAG runs and no job holds the group's
+    checkpoint (its lock, :mod:`mirror_core.joblock`): a job whose task died, or one started by hand, sees the
+    stop marker at its next micro-batch."""
 
     template_fields: Sequence[str] = ("config_path", "group_name", "stream_dag_id")
 
@@ -260,17 +261,9 @@ class FinalizeFailoverOperator(MirrorflowOperator):
         marker = failover.request_stream_stop(group, f"failover of group {group.name} to {group.destination}")
         self.log.info("stop marker written: %s", marker)
         paused = pause_dag(self.stream_dag_id, self.log)
-        deadline = time.monotonic() + self.stop_timeout
-        stopped = False
-        while True:
-            running = stream_jobs_running(context["ti"], self.stream_dag_id)
-            if running == 0:
-                stopped = True
-                break
-            if time.monotonic() >= deadline:
-                break
-            self.log.info("waiting for %d running Spark job task(s) of %s to end", running, self.stream_dag_id)
-            time.sleep(2)
+        stopped = failover.wait_stream_ended(group, self.stop_timeout,
+                                             lambda: stream_jobs_running(context["ti"], self.stream_dag_id),
+                                             say=self.log.info)
         rep = failover.finalize(cfg, group, stream_stopped=stopped)
         rep = failover.StepReport(rep.step, rep.group, rep.ok, rep.summary,
                                   dict(rep.details) | {"stream_dag_paused": paused}, rep.at)

@@ -1,4 +1,5 @@
-"""The generated DAGs: they import without errors, parse fast, and the stream task's command is exact."""
+"""The generated DAGs: they import without errors, parse fast, the stream task's command is exact; and what the
+stream and finalize tasks do around the job without clusters (the owner they name, the checkpoint's lock)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -204,17 +206,75 @@ def test_a_stream_job_is_told_the_task_process_it_belongs_to(monkeypatch: pytest
 
     from mirror_core import process
 
-    config = tmp_path / "local.yaml"  # a checkpoint of its own: no failover's stop marker from a demo run
-    text = (ROOT / "config" / "local.yaml").read_text()
-    assert '".state/checkpoints/demo"' in text
-    config.write_text(text.replace('".state/checkpoints/demo"', f'"{tmp_path / "checkpoints"}"'))
-    bag = _dagbag(config, monkeypatch)
+    bag = _dagbag(_own_checkpoint_config(tmp_path), monkeypatch)
     task = bag.dags["mirrorflow__demo__stream"].get_task("mirror_stream")
     submitted: list[dict[str, str]] = []
     monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: submitted.append(dict(self.env_vars)))
     task.execute({})
     owner = submitted[0][process.OWNER_ENV]
     assert process.owner_alive(owner) is True and owner.rsplit(":", 2)[1] == str(os.getpid())
+
+
+def _own_checkpoint_config(tmp_path: Path) -> Path:
+    """config/local.yaml with a checkpoint directory of the test's own (no stop marker or lock of a demo run)."""
+    config = tmp_path / "local.yaml"
+    text = (ROOT / "config" / "local.yaml").read_text()
+    assert '".state/checkpoints/demo"' in text
+    config.write_text(text.replace('".state/checkpoints/demo"', f'"{tmp_path / "checkpoints"}"'))
+    return config
+
+
+class _TaskInstance:
+    """What FinalizeFailoverOperator asks of its task instance: no stream task runs; its report."""
+
+    def __init__(self) -> None:
+        self.pushed: dict[str, Any] = {}
+
+    def get_task_states(self, dag_id: str, task_ids: list[str]) -> dict[str, Any]:
+        return {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.pushed[key] = value
+
+
+@pytest.mark.parametrize("job_ends", [True, False])
+def test_finalize_waits_for_a_job_still_on_the_checkpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                          job_ends: bool) -> None:
+    """No task of the stream DAG runs, but a job still holds the group's checkpoint (its task died, or it was
+    started by hand): finalize waits for it and says the stream stopped once it has; if it holds on past the
+    wait, finalize fails saying the job is still running."""
+    from airflow.sdk.exceptions import AirflowFailException
+    from mirrorflow_airflow import operators
+
+    from mirror_core import joblock
+
+    config = _own_checkpoint_config(tmp_path)
+    lock = joblock.lock_path(str(tmp_path / "checkpoints"), "demo")
+    assert lock is not None
+    job = subprocess.Popen([sys.executable, "-c", f"""
+import pathlib, sys, time
+from mirror_core.joblock import Holder, JobLock
+assert JobLock(pathlib.Path({str(lock)!r})).try_take(Holder.me(once=False)) is None
+print('taken', flush=True)
+time.sleep({3 if job_ends else 600})
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout is not None and job.stdout.readline().strip() == "taken"
+        monkeypatch.setattr(operators, "pause_dag", lambda dag_id, log: True)
+        op = operators.FinalizeFailoverOperator(task_id="finalize", config_path=str(config), group_name="demo",
+                                                stream_dag_id="mirrorflow__demo__stream",
+                                                stop_timeout=15 if job_ends else 3)
+        ti = _TaskInstance()
+        if job_ends:
+            op.execute({"ti": ti})
+            assert job.poll() is not None  # finalize ended its wait only once the job had
+            assert ti.pushed["step_report"]["details"]["stream_stopped"] is True
+        else:
+            with pytest.raises(AirflowFailException, match="the stream job is still running"):
+                op.execute({"ti": ti})
+            assert ti.pushed["step_report"]["details"]["stream_stopped"] is False
+    finally:
+        job.kill()
 
 
 def test_a_stream_job_counts_as_running_only_while_its_task_runs() -> None:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from mirror_core import joblock
 from mirror_core.cli import app
+from mirror_core.config import load_config
 from tests.dags import support
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -34,7 +38,27 @@ def test_failover_by_hand(clusters: Any, unique: Any, tmp_path: Path) -> None:
     sync = step(s, "sync", *cg)
     assert sorted((o["partition"], o["source_committed"]) for o in sync["details"]["offsets"]) == [(0, 5), (1, 12)]
     assert step(s, "verify")["details"]["records_verified"] == 40
-    fin = step(s, "finalize")
+    # a job still on the group's checkpoint (one started by hand, say): finalize waits until it has ended
+    lock = joblock.lock_path(load_config(s.config).group(s.name).spark.checkpoint_dir, s.name)
+    assert lock is not None
+    job = subprocess.Popen([sys.executable, "-c", f"""
+import pathlib, time
+from mirror_core.joblock import Holder, JobLock
+assert JobLock(pathlib.Path({str(lock)!r})).try_take(Holder.me(once=False)) is None
+print('taken', flush=True)
+time.sleep(3)
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout is not None and job.stdout.readline().strip() == "taken"
+        res = CliRunner().invoke(app, ["failover", str(s.config), "--group", s.name, "--step", "finalize", "--json"])
+        assert res.exit_code == 0, res.output
+        assert job.poll() is not None  # finalize returned only once the job had ended
+    finally:
+        job.kill()
+    assert f"waiting for the job still running on the group's checkpoint to end: a streaming job, pid {job.pid}" \
+        in res.output
+    fin = json.loads(res.output[res.output.index("{"):])
+    assert fin["details"]["stream_stopped"] is True and fin["summary"].startswith("stream stopped")
     assert Path(fin["details"]["stop_marker"]).exists()
     resumed = support.resume_on_destination(s, f"{s.topic}.mirror")
     assert resumed[0] == support.keys(s.src, s.topic, 0, start=5)

@@ -139,3 +139,22 @@ def test_the_owner_token_names_a_running_process_and_not_its_successor():
 @pytest.mark.parametrize("token", ["", "garbage", "otherhost:boot-id:1:123.00", "::1:1.00"])
 def test_an_owner_this_machine_cannot_see_is_not_taken_as_ended(token):
     assert process.owner_alive(token) is None
+
+
+def test_a_probe_names_the_holder_and_does_not_keep_the_lock(tmp_path):
+    path = tmp_path / "g.lock"
+    assert joblock.holder(path) is None  # no file: no job ever ran here
+    first = JobLock(path)
+    assert first.try_take(holder(once=True)) is None
+    assert joblock.holder(path) == holder(once=True)
+    first.release()
+    assert joblock.holder(path) is None
+    assert JobLock(path).try_take(holder(once=False)) is None  # the probe let it go
+
+
+def test_a_checkpoint_directory_this_process_cannot_write_is_one_clear_error(tmp_path):
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the checkpoint directory should be")
+    with pytest.raises(joblock.CheckpointLockError) as err:
+        JobLock(blocked / "g.lock").try_take(holder(once=False))
+    assert str(err.value).startswith(f"cannot lock the checkpoint ({blocked / 'g.lock'}): ")
