@@ -351,13 +351,25 @@ def wait_stream_ended(group: GroupConfig, timeout: float, tasks_running: Callabl
     timeout; None: nothing tells (a checkpoint not on this machine, and no task count). ``say`` gets a line when
     what it waits for changes, and every 30 s while it does not."""
     lock = joblock.lock_path(group.spark.checkpoint_dir, group.name)
+    if lock is not None and not lock.exists():
+        # no job of this version ran on the checkpoint, or it is not where this process looks (a relative
+        # checkpoint_dir from another directory): not proof of anything
+        say(f"no lock at {lock.resolve()}: cannot tell from the checkpoint whether a job runs")
+        lock = None
     if lock is None and tasks_running is None:
         return None
     deadline = time.monotonic() + timeout
     said, said_at = "", 0.0
     while True:
         running = tasks_running() if tasks_running is not None else 0
-        held = joblock.holder(lock) if lock is not None else None
+        try:
+            held = joblock.holder(lock) if lock is not None else None
+        except joblock.CheckpointLockError as exc:
+            say(f"{exc}: cannot tell from the checkpoint whether a job runs")
+            lock = None
+            if tasks_running is None:
+                return None
+            continue
         if not running and held is None:
             return True
         now = time.monotonic()

@@ -8,8 +8,8 @@ beside its checkpoint before anything else (``<checkpoint_dir>/<group>.lock``, a
 releases it when the process ends, however it ends) and keeps it until it exits.
 
 A job that finds the lock taken waits, saying for whom: for a drain (``--once``), which ends by itself,
-as long as it runs; for a streaming job, at most ``patience`` seconds (the stop timeout: long enough for
-a job being stopped to end), then it fails with one line naming the holder. The lock's file is never
+as long as it runs; for a streaming job, at most :func:`patience` (one and a half stop timeouts and 5 s: long
+enough for a job being stopped to end), then it fails with one line naming the holder. The lock's file is never
 removed: a job that removed it would let the next one lock a new file while a waiter holds the old one.
 
 Only checkpoints on this machine's file system are locked (no scheme, or ``file:``); on HDFS or an
@@ -98,24 +98,28 @@ class JobLock:
 
     def try_take(self, me: Holder) -> Holder | None:
         """Take the lock if it is free and write ``me`` into its file: None. Taken: who holds it (a holder
-        that has not written itself yet, or a file no one can read, reads as an unknown streaming job)."""
+        that has not written itself yet, or a file no one can read, reads as an unknown streaming job).
+        Raises :class:`CheckpointLockError` when the file cannot be made, locked or written."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise CheckpointLockError(f"cannot lock the checkpoint ({self.path}): {exc.strerror or exc}") from None
+            raise _lock_error(self.path, exc) from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                return _read_holder(fd)
-            finally:
-                os.close(fd)
+            if not _flock(fd, fcntl.LOCK_EX):
+                # a probe (:func:`holder`) holds it for a moment: the file would name whoever ran before
+                time.sleep(PROBE_GRACE)
+                if not _flock(fd, fcntl.LOCK_EX):
+                    return _read_holder(fd)
+            text = json.dumps(asdict(me)).encode() + b"\n"
+            os.pwrite(fd, text, 0)
+            os.ftruncate(fd, len(text))  # written first: a reader never meets an empty file
+        except OSError as exc:
+            os.close(fd)
+            raise _lock_error(self.path, exc) from None
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(asdict(me)).encode() + b"\n", 0)
         self._fd = fd
         return None
 
@@ -125,17 +129,38 @@ class JobLock:
             self._fd = None
 
 
+#: how long a job that finds the lock taken gives a probe to let it go before it reads who holds it
+PROBE_GRACE = 0.05
+
+
+def _flock(fd: int, kind: int) -> bool:
+    """``flock`` without waiting: False when another process holds a lock that excludes ``kind``."""
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _lock_error(path: Path, exc: OSError) -> CheckpointLockError:
+    return CheckpointLockError(f"cannot lock the checkpoint ({path}): {exc.strerror or exc}")
+
+
 def holder(path: Path) -> Holder | None:
     """Who holds the lock at ``path`` now, or None when no job does. A probe: it takes a shared lock and lets it
-    go at once (a job starting at that moment waits one poll)."""
+    go at once (a job starting at that moment waits :data:`PROBE_GRACE`). Raises :class:`CheckpointLockError`
+    when the file cannot be read or locked (a missing file is no job)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise _lock_error(path, exc) from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return _read_holder(fd)
+        if not _flock(fd, fcntl.LOCK_SH):
+            return _read_holder(fd)
+    except OSError as exc:
+        raise _lock_error(path, exc) from None
     finally:
         os.close(fd)
     return None
@@ -147,6 +172,12 @@ def _read_holder(fd: int) -> Holder:
         return Holder(pid=int(raw["pid"]), host=str(raw["host"]), once=bool(raw["once"]), since=str(raw["since"]))
     except (OSError, ValueError, KeyError, TypeError):
         return Holder(pid=0, host="?", once=False, since="?")
+
+
+def patience(stop_timeout: float) -> float:
+    """How long a job waits for a streaming job that holds its checkpoint: a job asked to stop (its task's process
+    gone, a stop marker) notices within a second or a micro-batch, ends within its stop timeout, then exits."""
+    return 1.5 * stop_timeout + 5.0
 
 
 def take(lock: JobLock, me: Holder, *, group: str, patience: float, stop: Callable[[], bool] = lambda: False,

@@ -99,32 +99,45 @@ OWNER_ENV = "MIRRORFLOW_OWNER"
 
 
 def _machine() -> str:
-    """This host's name and boot: containers on one host share its boot id, not their names."""
+    """This host's name, boot and process-id namespace: a pid names one process only within all three (containers
+    on one host share its boot id, not their names or namespaces). Empty where there is no ``/proc``."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
     except OSError:
-        boot = ""
-    return f"{socket.gethostname()}:{boot}" if boot else ""
+        return ""
+    return f"{socket.gethostname()}:{boot}:{namespace}"
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """Process ``pid``'s state letter and start (clock ticks since boot, ``/proc/<pid>/stat``'s 22nd field: unlike
+    a start time on the wall clock, a clock step does not move it), or None when there is no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # after the command, whatever it holds: field 3 on
+    return fields[0], int(fields[19])
 
 
 def owner_token(pid: int | None = None) -> str:
-    """A name for process ``pid`` (this one by default) that a later process with the same pid does not share."""
-    p = psutil.Process(pid)
-    return f"{_machine()}:{p.pid}:{p.create_time():.2f}"
+    """A name for process ``pid`` (this one by default) that a later process with the same pid does not share;
+    one :func:`owner_alive` cannot tell by (``::``) where there is no ``/proc``."""
+    pid = os.getpid() if pid is None else pid
+    stat = _stat(pid)
+    return f"{_machine()}:{pid}:{stat[1] if stat else ''}"
 
 
 def owner_alive(token: str) -> bool | None:
-    """Whether the process ``token`` names still runs; None when this machine cannot tell (another machine or
-    boot: a driver in cluster deploy mode, or a token that does not parse), so it must not be taken as ended."""
+    """Whether the process ``token`` names still runs; None when this machine cannot tell (another machine, boot
+    or pid namespace: a driver in cluster deploy mode; no ``/proc``; a token that does not parse), so it must not
+    be taken as ended."""
     try:
         machine, pid, started = token.rsplit(":", 2)
-        pid_n, started_at = int(pid), float(started)
+        pid_n, ticks = int(pid), int(started)
     except ValueError:
         return None
     if not machine or machine != _machine():
         return None
-    try:
-        p = psutil.Process(pid_n)
-        return f"{p.create_time():.2f}" == f"{started_at:.2f}" and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    stat = _stat(pid_n)
+    return stat is not None and stat[1] == ticks and stat[0] != "Z"

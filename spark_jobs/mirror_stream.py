@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             # kept until this process exits (the kernel releases it, however the process ends)
             if not joblock.take(joblock.JobLock(lock), joblock.Holder.me(args.once), group=group.name,
-                                patience=stopper.timeout, stop=lambda: stopper.requested):
+                                patience=joblock.patience(stopper.timeout), stop=lambda: stopper.requested):
                 return stopper.finished(0)
         except joblock.CheckpointBusy as exc:
             log.error("%s", exc)
@@ -520,9 +520,12 @@ class Stopper:
         """Requests a stop when the parent process ends, or the process that owns the job (``OWNER_ENV``,
         set by Airflow's task: spark-submit, this job's parent, outlives a SIGKILLed task)."""
         owner = os.environ.get(process.OWNER_ENV, "")
-        if owner and not process.owner_alive(owner):
-            log.debug("%s: the owner %s is not a process running here; not watched", self.group_name, owner)
+        if owner and process.owner_alive(owner) is None:
+            log.debug("%s: the owner %s is not a process this machine can see; not watched", self.group_name, owner)
             owner = ""
+        if owner and process.owner_alive(owner) is False:  # it died while the job started
+            self.request(f"the process that started it ({owner.rsplit(':', 2)[1]}) ended")
+            return
         while not self._done.wait(1.0):
             if os.getppid() != self._parent:
                 self.request(f"parent process {self._parent} ended")

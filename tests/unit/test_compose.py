@@ -130,16 +130,19 @@ def test_airflow_signs_its_tokens_with_a_long_secret_of_its_own(services: dict[s
     assert read_cmd == f"cat {secret}"
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "airflow").write_text(f"#!/bin/bash\necho \"$1 $({read_cmd})\"\n")
+    (bin_dir / "airflow").write_text(f"#!/bin/bash\necho \"$1 $({read_cmd}) $(umask)\"\n")
     (bin_dir / "airflow").chmod(0o755)
     (bin_dir / "python").symlink_to(sys.executable)
     run_env = {"PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin", "MIRRORFLOW_JWT_SECRET_FILE": str(secret)}
-    first = subprocess.run(["bash", "-c", script], env=run_env, capture_output=True, text=True, check=True).stdout
+    first = subprocess.run(["bash", "-c", f"umask 022; {script}"], env=run_env, capture_output=True, text=True,
+                           check=True).stdout
     mode, value = stat.S_IMODE(secret.stat().st_mode), secret.read_text().strip()
     assert mode == 0o600, oct(mode)
     assert len(value) >= 86, value  # 64 bytes, URL-safe base64
-    assert first.split() == ["standalone", value]
-    again = subprocess.run(["bash", "-c", script], env=run_env, capture_output=True, text=True, check=True).stdout
+    # the secret's umask stays the secret's: Airflow writes shared checkpoints the Spark containers must read
+    assert first.split() == ["standalone", value, "0022"]
+    again = subprocess.run(["bash", "-c", f"umask 022; {script}"], env=run_env, capture_output=True, text=True,
+                           check=True).stdout
     assert again == first
 
 

@@ -79,3 +79,22 @@ def test_stop_marker_is_idempotent_and_finalize_readies_the_reverse_group(tmp_pa
     assert failover.stream_stop_requested(ba) is None
     assert not failover.finalize(cfg, ab, stream_stopped=False).ok
     assert failover.reverse_group(_cfg(tmp_path, reverse=False), ab) is None
+
+
+def test_the_wait_for_the_stream_job_tells_only_what_the_checkpoint_shows(tmp_path: Path) -> None:
+    """No lock file (no job of this version ran there, or the checkpoint is not where this process looks): the
+    checkpoint proves nothing, so the CLI's finalize says "asked to stop", not "stopped"; with Airflow's task count
+    that count decides. A lock left by a job that has ended is free: stopped."""
+    from mirror_core import joblock
+
+    group = _cfg(tmp_path).group("ab")
+    said: list[str] = []
+    assert failover.wait_stream_ended(group, 1, say=said.append) is None
+    assert said == [f"no lock at {tmp_path / 'ckpt' / 'ab.lock'}: cannot tell from the checkpoint whether a job runs"]
+    assert failover.wait_stream_ended(group, 1, tasks_running=lambda: 0) is True
+    assert failover.wait_stream_ended(group, 0, tasks_running=lambda: 1) is False
+    ended = joblock.JobLock(tmp_path / "ckpt" / "ab.lock")
+    assert ended.try_take(joblock.Holder.me(once=True)) is None
+    assert failover.wait_stream_ended(group, 0) is False  # held, by this process's own job here
+    ended.release()
+    assert failover.wait_stream_ended(group, 1) is True

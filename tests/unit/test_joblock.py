@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 
@@ -132,11 +133,23 @@ def test_the_owner_token_names_a_running_process_and_not_its_successor():
     assert process.owner_alive(token) is False
     # the same pid started later (another start time) is not the owner
     machine, pid, started = mine.rsplit(":", 2)
-    assert process.owner_alive(f"{machine}:{pid}:{float(started) - 5:.2f}") is False
+    assert process.owner_alive(f"{machine}:{pid}:{int(started) - 500}") is False
     assert psutil.pid_exists(int(pid))
 
 
-@pytest.mark.parametrize("token", ["", "garbage", "otherhost:boot-id:1:123.00", "::1:1.00"])
+def test_the_owner_token_holds_the_kernels_start_ticks_not_a_wall_clock_time():
+    """A clock step (NTP, a laptop waking) moves every process's start time on the wall clock (psutil's
+    create_time); a token that held one said a live owner had ended, and stopped its job. The kernel's start
+    (clock ticks since boot) does not move."""
+    from pathlib import Path
+
+    stat = Path("/proc/self/stat").read_text()
+    ticks = stat[stat.rindex(")") + 2:].split()[19]
+    assert process.owner_token().rsplit(":", 2)[1:] == [str(os.getpid()), ticks]
+
+
+@pytest.mark.parametrize("token", ["", "garbage", "otherhost:boot-id:1:123.00", "::1:1.00", "::1:1",
+                                   "otherhost:boot-id:pid:[4026531836]:1:123"])
 def test_an_owner_this_machine_cannot_see_is_not_taken_as_ended(token):
     assert process.owner_alive(token) is None
 
