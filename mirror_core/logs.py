@@ -31,8 +31,8 @@ def quiet_library_warnings() -> None:
     """Leave out the warnings libraries print that nobody running mirrorflow can act on: the two deprecation
     notices announcing a move from httpx to httpx2, authlib's (reached from confluent-kafka's schema registry
     client and from Airflow) and starlette's test client's (from Airflow's ``dag.test()``); and pydantic's about
-    a ``Path(alias="key")`` of Airflow's own execution API (its XCom route, met when a ``dag.test()`` task reads
-    an XCom, as the failover's approvals do). authlib puts an "always" filter for its own warnings first when it
+    the aliased parameters of Airflow's own execution API routes (``Path(alias="key")`` of its XCom route, a
+    ``task_instance_id``; met when ``dag.test()`` tasks call it, as the failover's approvals do). authlib puts an "always" filter for its own warnings first when it
     is imported, so it is imported before this filter goes in front of it."""
     import warnings
 
@@ -41,7 +41,7 @@ def quiet_library_warnings() -> None:
     except ImportError:
         pass
     warnings.filterwarnings("ignore", message=r"(The httpx module is deprecated|Using `httpx` with `starlette)")
-    warnings.filterwarnings("ignore", message=r"The 'alias' attribute with value 'key' was provided to the `Field\(\)`")
+    warnings.filterwarnings("ignore", message=r"The 'alias' attribute with value '\w+' was provided to the `Field\(\)`")
 
 
 def setup_logging(verbose: bool = False, stream: Any = None, fmt: str = FORMAT) -> None:

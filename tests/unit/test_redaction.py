@@ -190,13 +190,16 @@ def test_library_notices_about_httpx2_are_left_out_of_a_users_output(quiet):
 @pytest.mark.parametrize("quiet", [True, False])
 def test_pydantics_notice_about_airflows_xcom_route_is_left_out_of_a_users_output(quiet):
     """``make demo``'s failover printed pydantic's warning about the ``Path(alias="key")`` of Airflow's execution
-    API (its XCom route) in the middle of its lines; the same construct, in a process of its own."""
+    API (its XCom route) in the middle of its lines, and the failover DAG test one about a ``task_instance_id``;
+    the same construct, in a process of its own."""
     import subprocess
     import sys
 
     code = ("import warnings\nwarnings.simplefilter('always')\n"
             "from mirror_core.logs import quiet_library_warnings\n" + ("quiet_library_warnings()\n" if quiet else "")
             + "from typing import Annotated\nfrom pydantic import Field, TypeAdapter\n"
-            + "TypeAdapter(Annotated[str, Field(alias='key', min_length=1)])\n")
+            + "TypeAdapter(Annotated[str, Field(alias='key', min_length=1)])\n"
+            + "TypeAdapter(Annotated[str, Field(alias='task_instance_id')])\n")
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
-    assert ("The 'alias' attribute with value 'key'" in err) is not quiet, err
+    for alias in ("key", "task_instance_id"):
+        assert (f"The 'alias' attribute with value '{alias}'" in err) is not quiet, err
