@@ -92,9 +92,10 @@ def stop_tree(pid: int, timeout: float = DEFAULT_STOP_TIMEOUT, sig: int = signal
     return StopReport(False, time.monotonic() - t0, killed)
 
 
-#: names the process a job belongs to (``host:boot id:pid:start time``, :func:`owner_token`): the job stops when that
-#: process has ended. Airflow's task sets it: under ``spark-submit`` the job's parent is spark-submit's JVM, which
-#: a SIGKILLed task leaves running, so watching the parent alone would leave the job orphaned and streaming
+#: names the process a job belongs to (``host:boot id:pid namespace:pid:start tick``, :func:`owner_token`): the
+#: job stops when that process has ended. Airflow's task sets it: under ``spark-submit`` the job's parent is
+#: spark-submit's JVM, which a SIGKILLed task leaves running, so watching the parent alone would leave the job
+#: orphaned and streaming
 OWNER_ENV = "MIRRORFLOW_OWNER"
 
 
@@ -122,7 +123,7 @@ def _stat(pid: int) -> tuple[str, int] | None:
 
 def owner_token(pid: int | None = None) -> str:
     """A name for process ``pid`` (this one by default) that a later process with the same pid does not share;
-    one :func:`owner_alive` cannot tell by (``::``) where there is no ``/proc``."""
+    where there is no ``/proc``, one without a machine or a start, which :func:`owner_alive` cannot tell by."""
     pid = os.getpid() if pid is None else pid
     stat = _stat(pid)
     return f"{_machine()}:{pid}:{stat[1] if stat else ''}"
