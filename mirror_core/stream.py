@@ -37,6 +37,7 @@ from mirror_core.config import (
     resolve_mirrors,
 )
 from mirror_core.errors import KafkaOperationError, MirrorError
+from mirror_core.joblock import local_path
 from mirror_core.policy import ReplicationPolicy, TopicFilter, TopicSelection, build_replication_policy
 from mirror_core.redaction import ClientConfig, client_config
 from mirror_core.replicate import (
@@ -158,15 +159,10 @@ def local_checkpoint_reader(location: str) -> str | None:
 
     Any other scheme raises: reading it as a local path would find nothing, and the batch's end offsets
     (which tell the mirror about new topics) would silently be empty."""
-    from urllib.parse import unquote, urlparse
-
-    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", location)
-    if scheme is not None and len(scheme.group(1)) > 1:
-        if scheme.group(1).lower() != "file":
-            raise MirrorError(f"cannot read the Spark checkpoint {location!r} without Spark's file system "
-                              f"(scheme {scheme.group(1)!r}); the Spark job reads it through Hadoop")
-        location = unquote(urlparse(location).path)
-    path = Path(location)
+    path = local_path(location)
+    if path is None:
+        raise MirrorError(f"cannot read the Spark checkpoint {location!r} without Spark's file system "
+                          f"(scheme {location.split(':', 1)[0]!r}); the Spark job reads it through Hadoop")
     try:
         return path.read_bytes().decode(errors="replace")
     except FileNotFoundError:
@@ -178,11 +174,7 @@ class LocalCheckpointFiles:
     Spark job uses one that goes through Hadoop's file system for other schemes."""
 
     def _path(self, location: str) -> Path:
-        from urllib.parse import unquote, urlparse
-
-        if location.lower().startswith("file:"):
-            location = unquote(urlparse(location).path)
-        return Path(location)
+        return local_path(location) or Path(location)
 
     def read(self, location: str) -> str | None:
         return local_checkpoint_reader(location)

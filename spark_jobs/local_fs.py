@@ -22,13 +22,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import shutil
 import subprocess
 import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
+
+from mirror_core.joblock import local_path
 
 log = logging.getLogger("mirrorflow.local_fs")
 
@@ -37,9 +38,8 @@ SOURCE = Path(__file__).parent / "java" / "NioLocalFileSystem.java"
 
 
 def is_local_path(location: str) -> bool:
-    """A checkpoint location on this machine's file system (no scheme, or ``file:``)."""
-    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", location)
-    return scheme is None or scheme.group(1).lower() == "file" or len(scheme.group(1)) == 1  # C:\... too
+    """A checkpoint location on this machine's file system (no scheme, a drive letter, or ``file:``)."""
+    return local_path(location) is not None
 
 
 def _hadoop_jar() -> Path | None:

@@ -520,10 +520,11 @@ class Stopper:
         """Requests a stop when the parent process ends, or the process that owns the job (``OWNER_ENV``,
         set by Airflow's task: spark-submit, this job's parent, outlives a SIGKILLed task)."""
         owner = os.environ.get(process.OWNER_ENV, "")
-        if owner and process.owner_alive(owner) is None:
+        seen = process.owner_alive(owner) if owner else None
+        if owner and seen is None:
             log.debug("%s: the owner %s is not a process this machine can see; not watched", self.group_name, owner)
             owner = ""
-        if owner and process.owner_alive(owner) is False:  # it died while the job started
+        if seen is False:  # it died while the job started
             self.request(f"the process that started it ({owner.rsplit(':', 2)[1]}) ended")
             return
         while not self._done.wait(1.0):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -245,3 +247,22 @@ class Approver:
         finally:
             self._stop.set()
             t.join(30)
+
+
+@contextmanager
+def job_holding(lock: Path, seconds: float) -> Iterator[subprocess.Popen[str]]:
+    """A stand-in for a streaming job: another process that holds ``lock`` (a checkpoint's, mirror_core.joblock)
+    for ``seconds``, then ends; yielded once it holds it, killed on the way out."""
+    job = subprocess.Popen([sys.executable, "-c", f"""
+import pathlib, time
+from mirror_core.joblock import Holder, JobLock
+assert JobLock(pathlib.Path({str(lock)!r})).try_take(Holder.me(once=False)) is None
+print('taken', flush=True)
+time.sleep({seconds})
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout is not None and job.stdout.readline().strip() == "taken"
+        yield job
+    finally:
+        job.kill()
+        job.wait(10)

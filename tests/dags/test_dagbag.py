@@ -247,19 +247,12 @@ def test_finalize_waits_for_a_job_still_on_the_checkpoint(monkeypatch: pytest.Mo
     from mirrorflow_airflow import operators
 
     from mirror_core import joblock
+    from tests.dags import support
 
     config = _own_checkpoint_config(tmp_path)
     lock = joblock.lock_path(str(tmp_path / "checkpoints"), "demo")
     assert lock is not None
-    job = subprocess.Popen([sys.executable, "-c", f"""
-import pathlib, sys, time
-from mirror_core.joblock import Holder, JobLock
-assert JobLock(pathlib.Path({str(lock)!r})).try_take(Holder.me(once=False)) is None
-print('taken', flush=True)
-time.sleep({3 if job_ends else 600})
-"""], stdout=subprocess.PIPE, text=True)
-    try:
-        assert job.stdout is not None and job.stdout.readline().strip() == "taken"
+    with support.job_holding(lock, 3 if job_ends else 600) as job:
         monkeypatch.setattr(operators, "pause_dag", lambda dag_id, log: True)
         op = operators.FinalizeFailoverOperator(task_id="finalize", config_path=str(config), group_name="demo",
                                                 stream_dag_id="mirrorflow__demo__stream",
@@ -273,8 +266,6 @@ time.sleep({3 if job_ends else 600})
             with pytest.raises(AirflowFailException, match="the stream job is still running"):
                 op.execute({"ti": ti})
             assert ti.pushed["step_report"]["details"]["stream_stopped"] is False
-    finally:
-        job.kill()
 
 
 def test_a_stream_job_counts_as_running_only_while_its_task_runs() -> None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,20 +39,10 @@ def test_failover_by_hand(clusters: Any, unique: Any, tmp_path: Path) -> None:
     # a job still on the group's checkpoint (one started by hand, say): finalize waits until it has ended
     lock = joblock.lock_path(load_config(s.config).group(s.name).spark.checkpoint_dir, s.name)
     assert lock is not None
-    job = subprocess.Popen([sys.executable, "-c", f"""
-import pathlib, time
-from mirror_core.joblock import Holder, JobLock
-assert JobLock(pathlib.Path({str(lock)!r})).try_take(Holder.me(once=False)) is None
-print('taken', flush=True)
-time.sleep(3)
-"""], stdout=subprocess.PIPE, text=True)
-    try:
-        assert job.stdout is not None and job.stdout.readline().strip() == "taken"
+    with support.job_holding(lock, 3) as job:
         res = CliRunner().invoke(app, ["failover", str(s.config), "--group", s.name, "--step", "finalize", "--json"])
         assert res.exit_code == 0, res.output
         assert job.poll() is not None  # finalize returned only once the job had ended
-    finally:
-        job.kill()
     assert f"waiting for the job still running on the group's checkpoint to end: a streaming job, pid {job.pid}" \
         in res.output
     fin = json.loads(res.output[res.output.index("{"):])
