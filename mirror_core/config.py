@@ -485,6 +485,16 @@ class SparkConfig(_Frozen):
                 raise ValueError(f"{key!r} cannot be set here: {why}")
         return v
 
+    @field_validator("conf")
+    @classmethod
+    def _conf(cls, v: dict[str, str]) -> dict[str, str]:
+        speculation = str(v.get("spark.speculation", "false")).strip().lower()
+        if speculation != "false":
+            raise ValueError(f"'spark.speculation' cannot be {v['spark.speculation']!r}: a speculative copy of a "
+                             "task writes the same records as the task itself, at the same time; mirrorflow turns "
+                             "it off (a task that fails is run again once it has ended)")
+        return v
+
     @field_validator("stop_timeout", mode="before")
     @classmethod
     def _stop_timeout(cls, v: Any) -> float:

@@ -1222,8 +1222,7 @@ class PartitionWriter:
             except KafkaException as exc:
                 err = exc.args[0]
                 _drop_producer(key)  # and the position read with it
-                if attempt or not (err.fatal() or err.code() in (*_FENCES, KafkaError._FATAL)
-                                   or err.txn_requires_abort()):
+                if attempt or not (another_took_over(err) or err.txn_requires_abort()):
                     raise
                 log.info("%s[%d]: moving the position past markers again on a new producer; the one before "
                          "stopped (%s)", self.s.source_topic, partition, err.str())
@@ -2039,6 +2038,12 @@ class PartitionWriter:
 
 #: a producer fenced by a newer instance with its transactional id (librdkafka's and the broker's codes)
 _FENCES = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+
+
+def another_took_over(err: KafkaError) -> bool:
+    """The error says the producer is done for good: fenced by a newer instance with its transactional id,
+    or another fatal error. Another writer may have committed with that id since this one read its positions."""
+    return err.fatal() or err.code() in (*_FENCES, KafkaError._FATAL)
 
 
 class _Unmapped(Exception):  # noqa: N818  # internal signal, never leaves the writer

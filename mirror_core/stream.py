@@ -57,6 +57,7 @@ from mirror_core.replicate import (
     _RunsUnproven,
     _Unmapped,
     ack_wait,
+    another_took_over,
     delivery_timeout,
     destination_deleted,
     flush_within,
@@ -1751,10 +1752,12 @@ class BatchWriter:
         #: the destination partitions that take a source partition's records under its own number (its runs)
         same_numbers = [(w.s.destination_topic, part) for w, part, _cols, _end in todo
                         if w.s.destination_partitions >= w.s.source_partitions]
+        # the producer first: a new one's start fences every other holder of the writer's id (an attempt of the
+        # same Spark task, a writer taken for dead), so the positions read next are the last ones committed
+        producer = txn.producer()
         if transactional:
             self._read_positions([(w, part) for w, part, _cols, _end in todo if not w.position_known(part)])
         late = txn.late_markers(same_numbers) if transactional else set()
-        producer = txn.producer()
         # at_least_once: until the producer delivers or fails every record (a destination outage is ridden out)
         config = todo[0][0].s.producer_config if todo else {}
         wait = ack_wait("exactly_once" if transactional else "at_least_once", config)
@@ -1884,8 +1887,9 @@ class BatchWriter:
         except KafkaException as exc:
             # fenced, fatal, abortable or a timeout: once more on a new producer, else partition by partition; from
             # positions read again if the commit was asked for (one that reported an error may have gone through)
+            # or the producer was fenced or failed for good (whoever took its id over may have committed since)
             if transactional and once_more:
-                forget(positions=committing)
+                forget(positions=committing or another_took_over(exc.args[0]))
                 if exc.args[0].fatal() or not _abort_quietly(producer):
                     txn.drop()
                 raise _ProducerFailed(exc.args[0].str()) from None
@@ -2005,8 +2009,9 @@ class _AgainWithReports(Exception):  # noqa: N818  # internal signal, never leav
 
 class _ProducerFailed(Exception):  # noqa: N818  # internal signal, never leaves the writer
     """``transactions: per_writer``, exactly_once: the writer transaction failed with a producer error (its
-    producer aborted it or was replaced; when the error came from the commit, which may have gone through, its
-    partitions' positions are read again): it is to be written again once."""
+    producer aborted it or was replaced; when the error came from the commit, which may have gone through, or
+    the producer was fenced, by a writer that may have committed since, its partitions' positions are read
+    again, after the new producer's start): it is to be written again once."""
 
     def __init__(self, why: str) -> None:
         super().__init__(why)

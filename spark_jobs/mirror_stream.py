@@ -77,6 +77,9 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
         .config("spark.sql.adaptive.enabled", "false")
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "20000")
         .config("spark.python.worker.reuse", "true")
+        # never two attempts of one task at once (whatever the cluster's defaults say): a speculative copy
+        # writes the same records (its fencing makes one of them fail, at best), see config.SparkConfig
+        .config("spark.speculation", "false")
         .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
     )

@@ -642,6 +642,49 @@ def test_per_writer_a_transaction_whose_producer_was_fenced_is_written_again_not
         rt.close()
 
 
+def test_per_writer_a_writer_fenced_by_another_that_committed_meanwhile_writes_only_what_is_left(
+        clusters, unique, tmp_path, caplog, monkeypatch):
+    """``transactions: per_writer``: after the writer read its partitions' positions and before its transaction
+    took a partition, another producer took the writer's transactional id and committed partition 0's records
+    and offset sync (as another attempt of the same Spark task does, or a writer the first one's owner took for
+    dead). The writer's transaction fails (fenced) before it asked to commit; it is written again on a new
+    producer, from positions read after that producer's start: partition 0's records arrive once, not twice,
+    and the other three partitions once too."""
+    from mirror_core import stream
+    from mirror_core.offsets import OffsetSync
+    from mirror_core.positions import sync_headers
+
+    topic, name, want, rt = four_partitions_per_writer(clusters, unique, tmp_path, "dpwo")
+    txid = f"mirrorflow.{name}:src::writer-0"
+    real = replicate.WriterTransaction.late_markers
+    other: list[str] = []
+
+    def another_writer_first(self, partitions):
+        if not other:
+            self.producer()  # the writer's producer has started (a running writer's has)
+            p = Producer({"bootstrap.servers": clusters.dst_bootstrap, "transactional.id": txid})
+            p.init_transactions(30)  # fences the writer's producer
+            p.begin_transaction()
+            for k in want[0]:
+                p.produce(f"{topic}.m", key=k, value=b"x", partition=0)
+            sync = OffsetSync(topic, 0, 20, 20)
+            p.produce(f"{name}.syncs.internal", key=sync.key_bytes(), value=sync.value_bytes(), partition=0,
+                      headers=sync_headers(f"{topic}.m"))
+            p.commit_transaction(30)
+            other.append(txid)
+        return real(self, partitions)
+
+    monkeypatch.setattr(replicate.WriterTransaction, "late_markers", another_writer_first)
+    try:
+        summary, lines = write_with_flush(rt, topic, stream.flush_within, caplog, monkeypatch)
+        assert other == [txid]
+        assert any("transaction of 4 partitions failed" in line for line in lines), lines
+        assert summary["mirrored"] == 60 and summary["replayed_skipped"] == 20
+        assert_once_and_a_replay_adds_nothing(clusters, rt, topic, want)
+    finally:
+        rt.close()
+
+
 def test_per_writer_at_least_once_a_record_lost_by_the_shared_producer_is_written_again_partition_by_partition(
         clusters, unique, tmp_path, caplog):
     """``transactions: per_writer``, at_least_once: the writer's shared producer is gapless, so its runs of

@@ -349,3 +349,25 @@ def test_where_a_job_keeps_sparks_scratch_files(monkeypatch):
     assert mirror_stream.scratch_dir("local[2]", {}, "", starts_jvm=False) == Path("/tmp/mine")
     assert mirror_stream.scratch_dir("local[2]", {"spark.local.dir": "/big"}, "", starts_jvm=False) is None
     assert mirror_stream.scratch_dir("spark://h:7077", {}, "", starts_jvm=False) is None
+
+
+_SPECULATION_SCRIPT = r"""
+from mirror_core.config import GroupConfig
+from spark_jobs.mirror_stream import build_session
+
+group = GroupConfig.model_validate({"name": "g", "source": "a", "destination": "b", "spark": {
+    "master": "local[1]"}, "mirrors": [{"source_topic": "t"}]})
+spark = build_session(group, app_name="mirrorflow-speculation")
+conf = spark.sparkContext.getConf()
+print(conf.get("spark.speculation.multiplier"), conf.get("spark.speculation"))
+spark.stop()
+"""
+
+
+def test_a_clusters_speculation_default_is_turned_off_for_the_job(tmp_path):
+    """A cluster whose ``spark-defaults.conf`` turns speculation on (some do, for batch jobs): the job runs
+    without it, so no two attempts of one task write the same records at once (a mirror's ``spark.conf`` cannot
+    turn it on either: the config is rejected). The cluster's other defaults still apply."""
+    (tmp_path / "spark-defaults.conf").write_text("spark.speculation true\nspark.speculation.multiplier 3\n")
+    proc = _own_jvm(_SPECULATION_SCRIPT, SPARK_CONF_DIR=str(tmp_path))
+    assert proc.stdout.splitlines()[-1] == "3 false"

@@ -764,6 +764,12 @@ MALFORMED: list[tuple[str, Mutation | str, str, str]] = [
         f"{G}.spark.source_options",
         "source cluster's config",
     ),
+    (
+        "spark-speculation",
+        _set(f"{G}.spark", {"conf": {"spark.speculation": "true"}}),
+        f"{G}.spark.conf",
+        "a speculative copy of a task writes the same records",
+    ),
     # file level
     (
         "invalid-yaml",
