@@ -586,17 +586,17 @@ def _runs(msgs: list[Any]) -> list[tuple[Any, ...]]:
 
 
 def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: int = 8, slot: int = 0,
-                 slots_used: int = 1, in_task: bool = False) -> list[dict[str, Any]]:
+                 slots_used: int = 1, in_task: bool = False, retry: bool = False) -> list[dict[str, Any]]:
     """Read a micro-batch's ranges with ``reader`` and write them with one :class:`BatchWriter` (the
     ``plan`` is the batch's :class:`~mirror_core.stream.WriterPlan`): each partition by one thread at a
     time, in offset order, up to ``threads`` partitions at once; the read goes on while they write.
     Returns the writer's result rows; the first writer error is raised once every partition has stopped.
     With ``transactions: per_writer``, see :func:`write_ranges_per_writer` (``slot``: this writer's; ``in_task``:
-    a Spark task's share, ``read_path: executors``)."""
+    a Spark task's share, ``read_path: executors``; ``retry``: not the task's first attempt)."""
     from mirror_core.stream import BatchWriter, coalesce_records, coalesced
 
     if plan.transactions == "per_writer":
-        return write_ranges_per_writer(plan, ranges, reader, slot, slots_used, in_task)
+        return write_ranges_per_writer(plan, ranges, reader, slot, slots_used, in_task, retry)
 
     bw = BatchWriter(plan)
     ready: Future[None] | None = None
@@ -709,7 +709,7 @@ def write_ranges(plan: Any, ranges: list[Range], reader: DirectReader, threads: 
 
 
 def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader, slot: int,
-                            slots_used: int, in_task: bool = False) -> list[dict[str, Any]]:
+                            slots_used: int, in_task: bool = False, retry: bool = False) -> list[dict[str, Any]]:
     """``transactions: per_writer``: read the ranges and write the exactly-once partitions' records in
     transactions of this writer's producer (``slot``; see :meth:`~mirror_core.stream.BatchWriter.write_shared`),
     each holding every partition's records read since the last one: at the end of the read, or sooner when
@@ -730,11 +730,20 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     another worker or the driver may have written its partitions since this worker last did: their positions
     are read again, after the share's producers are started (which fences a zombie of the share's ids: an
     attempt of the same task that Spark gave up on), on a thread of its own while the reader starts; the first
-    cut waits for it (:func:`_prepare_share`). The driver fenced the writer ids before its tasks first wrote."""
+    cut waits for it (:func:`_prepare_share`). The driver fenced the writer ids before its tasks first wrote.
+
+    A task's writer whose producer cannot go on (fenced, a fatal error) fails the task rather than start its id
+    again (:meth:`~mirror_core.stream.BatchWriter.let_go`), and a ``retry`` (not the task's first attempt) starts
+    the share's ids anew and fences its partitions' own ids again before it reads their positions: the attempt
+    Spark gave up on may still run (its executor lost, not dead), and so whoever writes last, a batch's partitions
+    are written under ids each writer fenced before it read where they stand. A partition handed back to be
+    written alone (see :meth:`~mirror_core.stream.BatchWriter.write_shared`) goes out under its own id, which a
+    retry fences at its start; a gave-up attempt that starts such a partition's producer after that is not fenced
+    by the retry (docs/architecture.md)."""
     from mirror_core.replicate import Columns, WriterTransaction
     from mirror_core.stream import BatchWriter
 
-    bw = BatchWriter(plan)
+    bw = BatchWriter(plan, in_task=in_task)
     txn = WriterTransaction(plan.settings.values(), slot, slots_used, producers=plan.writer_producers)
     alo = WriterTransaction(plan.settings.values(), slot, slots_used, delivery="at_least_once")
     by_key = {(r.topic, r.partition): r for r in ranges}
@@ -742,7 +751,7 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     if in_task:
         # while the reader starts: the first cut waits for it (a task's first records need not)
         prep = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mirrorflow-share")
-        ready = prep.submit(_prepare_share, bw, (txn, alo), list(by_key))
+        ready = prep.submit(_prepare_share, bw, (txn, alo), list(by_key), retry)
         prep.shutdown(wait=False)
     else:
         txn.fence_unused()  # done by the warm-up once; the driver's first batch may run beside it
@@ -832,14 +841,24 @@ def _prepare_partitions(bw: Any, keys: list[tuple[str, int]], threads: int) -> N
               time.monotonic() - t0)
 
 
-def _prepare_share(bw: Any, writers: tuple[Any, ...], keys: list[tuple[str, int]]) -> None:
+def _prepare_share(bw: Any, writers: tuple[Any, ...], keys: list[tuple[str, int]], retry: bool = False) -> None:
     """A task's share (``transactions: per_writer``): start the share's producers (which fences a zombie of its
     ids: an attempt of the same task that Spark gave up on), then read the partitions' positions again, all at
-    once (another worker or the driver may have written them since this worker last did)."""
+    once (another worker or the driver may have written them since this worker last did). A ``retry`` starts
+    the transactional ones anew, also those this worker holds (the attempt before may have started the ids since,
+    fencing these), and fences the exactly-once partitions' own ids again (that attempt may have written one
+    alone), before the positions are read."""
+    if retry:
+        log.info("%s: a retry of a Spark task (writer %d): its writer ids are started anew and its %d partitions' "
+                 "own ids fenced again before their positions are read (the attempt before may still run)",
+                 bw.plan.group, writers[0].slot, len(keys))
     for writer in writers:
         if writer.txid:
-            writer.start()
-    bw.read_positions_again(keys)
+            if retry and writer.transactional:
+                writer.start_again()
+            else:
+                writer.start()
+    bw.read_positions_again(keys, fence_again=retry)
 
 
 def task_shares(ranges: list[Range], tasks: int) -> list[list[Range]]:
@@ -869,19 +888,24 @@ def task_reader(cluster: ClusterConfig, group: str, consumer_group: str | None) 
 
 
 def task_writer(plan: Any, cluster: ClusterConfig, group: str, consumer_group: str | None = None,
-                slots_used: int = 1) -> Callable[[Iterable[tuple[int, list[Range]]]], Iterable[dict[str, Any]]]:
+                slots_used: int = 1, attempt: Callable[[], int] | None = None
+                ) -> Callable[[Iterable[tuple[int, list[Range]]]], Iterable[dict[str, Any]]]:
     """``read_path: executors``: the function a Spark task runs on its share of a micro-batch's ranges (``(slot,
     ranges)``, :func:`task_shares` numbered): read them from the source with this Python worker's reader and
     write them as the driver's :func:`write_ranges` does: a transaction per partition, or with ``transactions:
     per_writer`` a transaction per share (the share's writer ids follow its ``slot``, of ``slots_used``).
     Yields the writer's result rows. A task that fails is run again by Spark; its exactly_once writers skip
-    what is already on the destination (their committed positions), as Spark's read path's tasks do."""
+    what is already on the destination (their committed positions), as Spark's read path's tasks do.
+    ``attempt()``, called in the task, says which attempt of it this is (0: the first; a retry writes as
+    :func:`write_ranges_per_writer` says)."""
 
     def run(shares: Iterable[tuple[int, list[Range]]]) -> Iterable[dict[str, Any]]:
         quiet_gc()
         reader = task_reader(cluster, group, consumer_group)
+        retry = attempt is not None and attempt() > 0
         for slot, ranges in shares:
-            yield from write_ranges(plan, ranges, reader, slot=slot, slots_used=slots_used, in_task=True)
+            yield from write_ranges(plan, ranges, reader, slot=slot, slots_used=slots_used, in_task=True,
+                                    retry=retry)
 
     return run
 

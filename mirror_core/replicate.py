@@ -89,6 +89,12 @@ class NotAcknowledged(WriterError):
     """Records of a chunk were neither acknowledged nor reported failed within the writer's wait."""
 
 
+class WriterIdLost(WriterError):
+    """``transactions: per_writer`` in a Spark task: the writer's transactional producer cannot go on (fenced
+    by a newer producer with its id, a fatal error, a transaction it could not end), and a task never starts
+    its id again: another attempt of the same task may hold it (see :meth:`stream.BatchWriter.let_go`)."""
+
+
 class DestinationTopicError(WriterError):
     """A mirror's destination topic was deleted (or deleted and re-created) while it mirrored: writing on
     would lose records or scatter them over a topic with other offsets, so the mirror stops."""
@@ -966,6 +972,21 @@ class WriterTransaction:
             _PRODUCER_LIMITS[key] = self.limit
             _PRODUCER_PARTITIONS[key] = self.partitions
 
+    def discard(self) -> None:
+        """Forget the producer whose turn it is, without starting another (a Spark task's writer that cannot go
+        on, see :meth:`stream.BatchWriter.let_go`): the next writer of the id starts one, which aborts what this
+        one left open."""
+        with _WRITER_GUARD:
+            _drop_producer(self.txid)
+
+    def start_again(self) -> None:
+        """Start every turn's producer anew, also those this process holds (a retry of a Spark task: an attempt
+        Spark gave up on may have started the same ids since, which fenced the ones held here)."""
+        with _WRITER_GUARD:
+            for key in self.txids:
+                _drop_producer(key)
+        self.start()
+
     def drop(self) -> None:
         """Replace the producer whose turn it is after a fatal error or an abort that failed: the new one's
         ``init_transactions`` aborts a transaction the old one left open, which would otherwise hold the
@@ -1112,6 +1133,10 @@ class PartitionWriter:
             (lambda t, ps: high_watermarks(settings.producer_config, t, ps)))
         #: at-least-once partitions handed back by a shared write: the records whose dead letters landed there
         self._landed: dict[int, set[int]] = {}
+        #: ``transactions: per_writer`` in a Spark task: a partition's producer fenced by a newer one fails the
+        #: task (a retry of it fenced the partition's id) instead of starting the id again
+        #: (:meth:`stream.BatchWriter.let_go`)
+        self.yields_when_fenced = False
 
     def write(self, partition: int, records: Iterable[SourceRecord] | Columns,
               upstream_end: int | None = None) -> BatchResult:
@@ -1371,6 +1396,16 @@ class PartitionWriter:
                 with _FENCE_GUARD:
                     _FENCED_PARTITIONS.add(key)
 
+    def fence_again(self, partition: int) -> None:
+        """``transactions: per_writer``, a retry of a Spark task: the partition's own id is to be fenced again
+        (the attempt Spark gave up on may hold it, writing the partition alone) and its position read after
+        that: forget this process's producer of the id, its fence and its position."""
+        key = self.s.transactional_id_for(partition)
+        with partition_lock(self.s, partition):
+            _drop_producer(key)
+            with _FENCE_GUARD:
+                _FENCED_PARTITIONS.discard(key)
+
     def fenced_by_the_driver(self, partition: int) -> None:
         """``read_path: executors`` with ``transactions: per_writer``: the job's driver fenced the partition's own
         id before its tasks first wrote (:meth:`fence_shared` need not, in this Spark task's process)."""
@@ -1619,6 +1654,10 @@ class PartitionWriter:
             except KafkaException as exc:
                 err = _fatal_reason(producer, exc.args[0])
                 _drop_producer(key)
+                if self.yields_when_fenced and err.code() in _FENCES:
+                    raise WriterIdLost(f"{self.s.mirror} partition {partition}: its producer was fenced by a newer "
+                                       "one with the partition's transactional id (a retry of this Spark task); "
+                                       "this attempt stops") from None
                 # fenced (another Python worker took over this partition's transactional.id) or otherwise
                 # fatal: a fresh producer re-fences, re-reads the committed position and retries the chunk
                 fatal = err.fatal() or err.code() == KafkaError._FATAL

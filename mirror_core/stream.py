@@ -51,6 +51,7 @@ from mirror_core.replicate import (
     SourceRecord,
     Staged,
     WriterError,
+    WriterIdLost,
     WriterSettings,
     WriterTransaction,
     _abort_quietly,
@@ -588,13 +589,13 @@ class MirrorRuntime:
         return ranges
 
     def write_in_tasks(self, plan: WriterPlan, batch_id: int, tasks: int,
-                       run: Callable[[list[Any], Callable[..., Any]], list[dict[str, Any]]]
-                       ) -> list[dict[str, Any]]:
+                       run: Callable[[list[Any], Callable[..., Any]], list[dict[str, Any]]],
+                       attempt: Callable[[], int] | None = None) -> list[dict[str, Any]]:
         """``spark.read_path: executors``: micro-batch ``batch_id``'s ranges read and written by at most ``tasks``
         Spark tasks: ``run(shares, fn)`` runs ``fn`` (:func:`~mirror_core.direct.task_writer`) on each share
         (numbered: its writer slot with ``transactions: per_writer``) in a task of its own and returns what they
-        yield. The DataFrame is never evaluated, as with
-        :meth:`write_direct`. Call after :meth:`writer_plan` for the same batch."""
+        yield; ``attempt()``, called in a task, says which attempt of it that is. The DataFrame is never evaluated,
+        as with :meth:`write_direct`. Call after :meth:`writer_plan` for the same batch."""
         from mirror_core.direct import task_shares, task_writer
 
         per_writer = plan.transactions == "per_writer"
@@ -606,7 +607,7 @@ class MirrorRuntime:
         if per_writer:
             plan = replace(plan, fenced=self._fenced_for_tasks(plan))
         return run(list(enumerate(shares)),
-                   task_writer(plan, self.src, self.group.name, self._read_group(), len(shares)))
+                   task_writer(plan, self.src, self.group.name, self._read_group(), len(shares), attempt))
 
     def _fence_task_slots(self, plan: WriterPlan) -> dict[str, int]:
         """``read_path: executors`` with ``transactions: per_writer``: fence every writer id but the driver's, and
@@ -1477,11 +1478,32 @@ class BatchWriter:
     position moved past trailing transaction markers. Used by the tasks (:func:`arrow_writer`) and by
     the driver (both through :func:`write_batches`, one thread per partition)."""
 
-    def __init__(self, plan: WriterPlan):
+    def __init__(self, plan: WriterPlan, in_task: bool = False):
         self.plan = plan
+        #: a Spark task's share (``read_path: executors``): its writer never starts its transactional id again
+        #: (:meth:`let_go`)
+        self.in_task = in_task
         self.results: dict[tuple[str, int], BatchResult] = {}
         self._writers: dict[str, PartitionWriter] = {}
         self._lock = threading.Lock()
+
+    def let_go(self, txn: WriterTransaction, why: str | None = None) -> None:
+        """``transactions: per_writer``: the writer's producer whose turn it is cannot go on (``why``; None: the
+        write fails anyway, with its own error). Replaced by a new one (whose start aborts what the old one left
+        open), except in a Spark task: there it is only let go, and with ``why`` the task fails
+        (:class:`~mirror_core.replicate.WriterIdLost`). Another attempt of the same task may hold the id now
+        (Spark gave up on this one, say after losing its executor, and started it again elsewhere): starting the
+        id again would fence that attempt, and both would write the share's partitions from positions each
+        read before the other committed. Spark's next attempt starts over from the committed positions."""
+        if not self.in_task or not txn.transactional:
+            txn.drop()
+            return
+        txn.discard()
+        if why is not None:
+            raise WriterIdLost(f"{self.plan.group}: the writer's transaction failed ({why}) and its producer "
+                               f"{txn.txid} cannot go on; a Spark task does not start its writer's id again "
+                               "(another attempt of the task may hold it now): this attempt fails and Spark's "
+                               "next one writes the share from the committed positions")
 
     def _writer(self, topic: str, s: WriterSettings) -> PartitionWriter:
         with self._lock:
@@ -1497,6 +1519,7 @@ class BatchWriter:
 
                 w = self._writers[topic] = PartitionWriter(s, translator_for(self.plan, s), lookup,
                                                            positions_lookup=lookup_many)
+                w.yields_when_fenced = self.in_task and self.plan.transactions == "per_writer"
             return w
 
     def prepare(self, topic: str, part: int) -> None:
@@ -1546,13 +1569,13 @@ class BatchWriter:
         txn.drop()
         return txn.producer()
 
-    def read_positions_again(self, keys: Iterable[tuple[str, int]]) -> None:
+    def read_positions_again(self, keys: Iterable[tuple[str, int]], fence_again: bool = False) -> None:
         """``transactions: per_writer`` in a Spark task: the positions this process keeps of ``keys`` may be behind
         (another process wrote them since, see
         :meth:`~mirror_core.replicate.PartitionWriter.forget_written_elsewhere`): forget them, and read the
-        exactly-once ones again at once (each partition's own id fenced first, once in this process; a lookup a
-        topic). Read as each transaction first took a partition, a task of 24 partitions read them in five
-        rounds of 0.6 s."""
+        exactly-once ones again at once (each partition's own id fenced first, once in this process, or with
+        ``fence_again`` now, whatever this process did before: a retry of the task; a lookup a topic). Read as
+        each transaction first took a partition, a task of 24 partitions read them in five rounds of 0.6 s."""
         unknown = []
         for topic, part in keys:
             s = self.plan.settings.get(topic)
@@ -1560,7 +1583,9 @@ class BatchWriter:
                 w = self._writer(topic, s)
                 w.forget_written_elsewhere(part)
                 if s.delivery == "exactly_once":
-                    if part < self.plan.fenced.get(topic, 0):
+                    if fence_again:
+                        w.fence_again(part)
+                    elif part < self.plan.fenced.get(topic, 0):
                         w.fenced_by_the_driver(part)
                     unknown.append((w, part))
         self._read_positions(unknown)
@@ -1845,18 +1870,18 @@ class BatchWriter:
             except (_Unmapped, KafkaException):
                 raise
             except DestinationTopicError:
-                txn.drop()  # records wait for partitions that are gone: an abort would wait for them
+                self.let_go(txn)  # records wait for partitions that are gone: an abort would wait for them
                 forget()
                 raise
             except BaseException:
                 if not transactional or not _abort_quietly(producer):
-                    txn.drop()
+                    self.let_go(txn)
                 forget()
                 raise
-        except _AckTimeout:
+        except _AckTimeout as exc:
             # the transaction is lost (an abort would wait for the destination too): a new producer fences it
             forget(positions=False)
-            txn.drop()
+            self.let_go(txn, f"{exc.remaining} records not acknowledged within {exc.wait:.0f} s")
             raise
         except _Unmapped as exc:
             again = transactional and isinstance(exc, _RunsUnproven) and len(txn.txids) > 1
@@ -1880,7 +1905,7 @@ class BatchWriter:
                 producer.purge()  # records still queued must not land after the per-partition writer's
                 txn.drop()
             elif not _abort_quietly(producer):
-                txn.drop()
+                self.let_go(txn, "its transaction, to be written again, could not be aborted")
             if again:
                 raise _AgainWithReports() from None
             return set(parts)
@@ -1891,13 +1916,13 @@ class BatchWriter:
             if transactional and once_more:
                 forget(positions=committing or another_took_over(exc.args[0]))
                 if exc.args[0].fatal() or not _abort_quietly(producer):
-                    txn.drop()
+                    self.let_go(txn, exc.args[0].str())
                 raise _ProducerFailed(exc.args[0].str()) from None
             forget()
+            if exc.args[0].fatal() or not transactional or not _abort_quietly(producer):
+                self.let_go(txn, exc.args[0].str())
             log.warning("%s: the writer %s failed (%s); writing the batch partition by partition",
                         self.plan.group, "transaction" if transactional else "write", exc.args[0].str())
-            if exc.args[0].fatal() or not transactional or not _abort_quietly(producer):
-                txn.drop()
             return set(parts)
         if left:
             (topic, part), why = min(left.items())

@@ -335,7 +335,8 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
             release_producers()  # the tasks' producers fence the driver's
             sc = spark.sparkContext
             rows = rt.write_in_tasks(plan, batch_id, sc.defaultParallelism,
-                                     lambda shares, fn: sc.parallelize(shares, len(shares)).mapPartitions(fn).collect())
+                                     lambda shares, fn: sc.parallelize(shares, len(shares)).mapPartitions(fn).collect(),
+                                     task_attempt)
         elif direct or in_tasks:
             # Spark planned the batch (its offset log); the driver reads the ranges itself: df is never
             # evaluated, so Spark fetches nothing. Always the driver on the direct path (see README, The data
@@ -368,6 +369,15 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
     else:
         writer = writer.trigger(processingTime=group.spark.trigger)
     return writer.start()
+
+
+def task_attempt() -> int:
+    """In a Spark task: which attempt of it this is (0: the first; more: a retry, after an attempt that failed or
+    one Spark gave up on when it lost its executor, which may still run); 0 elsewhere."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return 0 if ctx is None else ctx.attemptNumber()
 
 
 def arrow_batches(df: DataFrame) -> Iterator[Any]:

@@ -383,6 +383,93 @@ def test_task_shares_moving_between_workers_and_writer_slots_mirror_every_record
         rt.close()
 
 
+def test_per_writer_a_retried_task_fences_the_attempt_spark_gave_up_on_which_stops(clusters, unique, tmp_path,
+                                                                                     caplog):
+    """``read_path: executors``, ``transactions: per_writer``, exactly_once. Batch 0 by a task on worker B. Batch
+    1's first attempt runs on worker A and Spark gives up on it (its executor lost, the process alive): it has
+    started its writer's producer (fencing B's) and holds a transaction open on it, and has handed a partition
+    back to be written alone, a transaction open on that partition's own id. Spark's retry runs on B: it
+    starts the writer's id anew (B's producer is A's fenced predecessor) and fences the partitions' own ids before
+    it reads their positions, so neither of A's transactions can commit after. Batch 2 on A, a first attempt:
+    A's producer was fenced by the retry, and the task fails (one line says why) rather than start the id again
+    and fence whoever holds it; its retry writes the batch. Every record arrives once, in order."""
+    from confluent_kafka import KafkaException
+
+    from mirror_core.config import writer_transactional_id
+    from mirror_core.offsets import OffsetSync
+    from mirror_core.positions import sync_headers
+    from mirror_core.replicate import WriterIdLost, WriterTransaction
+
+    topic = unique("dzmb")
+    want = keyed_source(clusters, topic, 2)  # 20 records a partition
+    p = Producer({"bootstrap.servers": clusters.src_bootstrap})
+    for part in (0, 1):
+        for i in range(20, 25):
+            key = f"{part}-{i}".encode()
+            want[part].append(key)
+            p.produce(topic, key=key, value=b"x", partition=part)
+    assert p.flush(30) == 0
+    name = unique("dzmb").replace("-", "")
+    cfg, g = one_group(clusters, name, topic, tmp_path, transactions="per_writer", read_path="executors")
+    rt = MirrorRuntime(cfg, g)
+    rt.prepare()
+    workers = _Workers()
+    dst = {"bootstrap.servers": clusters.dst_bootstrap}
+
+    def in_task(batch_id: int, worker: str, attempt: int) -> dict:
+        def run(shares, fn):
+            return [row for share in shares for row in workers.run_as(worker, lambda share=share: list(fn(iter([share]))))]
+
+        rows = rt.write_in_tasks(rt.writer_plan(batch_id), batch_id, 1, run, lambda: attempt)
+        workers.run_as("driver", lambda: None)
+        return rt.after_batch(batch_id, rows, 1.0)
+
+    def open_transaction(producer, part: int) -> None:
+        """Batch 1's records of ``part`` in a transaction left open (its offset sync is written last, with the
+        commit: an open transaction holding one would keep every position lookup waiting until it ended)."""
+        producer.begin_transaction()
+        for k in want[part][10:20]:
+            producer.produce(f"{topic}.m", key=k, value=b"x", partition=part)
+        assert producer.flush(30) == 0
+
+    def commit(producer, part: int) -> None:
+        sync = OffsetSync(topic, part, 20, 20)
+        producer.produce(f"{name}.syncs.internal", key=sync.key_bytes(), value=sync.value_bytes(), partition=0,
+                         headers=sync_headers(f"{topic}.m"))
+        producer.commit_transaction(30)
+
+    try:
+        write_initial_offsets(rt, {topic: {0: 0, 1: 0}})
+        for batch_id, end in enumerate((10, 20, 25)):
+            write_offset_log(rt, batch_id, {topic: {0: end, 1: end}})
+        assert in_task(0, "B", 0)["mirrored"] == 20
+        # batch 1's first attempt, on A: its writer's producer started, a transaction open on it (partition 1),
+        # and partition 0 handed back, a transaction open on its own id
+        slot_id = writer_transactional_id(name, "src", 0)
+        plan = rt.writer_plan(1)
+        zombie = workers.run_as("A", lambda: (WriterTransaction(plan.settings.values(), 0, 1).start(),
+                                              replicate._PRODUCERS[slot_id])[1])
+        workers.run_as("driver", lambda: None)
+        open_transaction(zombie, 1)
+        alone = Producer(dst | {"transactional.id": rt.settings[topic].transactional_id_for(0)})
+        alone.init_transactions(30)
+        open_transaction(alone, 0)
+        with caplog.at_level(logging.INFO, logger="mirror_core.direct"):
+            assert in_task(1, "B", 1)["mirrored"] == 20  # Spark's retry
+        assert any("a retry of a Spark task (writer 0)" in r.getMessage() for r in caplog.records)
+        for gave_up, part in ((zombie, 1), (alone, 0)):
+            with pytest.raises(KafkaException):
+                commit(gave_up, part)
+        with pytest.raises(WriterIdLost, match="does not start its writer's id again"):
+            in_task(2, "A", 0)
+        assert in_task(2, "A", 1)["mirrored"] == 10
+        assert read_dst(clusters.dst_bootstrap, f"{topic}.m", 2) == want
+    finally:
+        workers.run_as("driver", lambda: None)
+        workers.close()
+        rt.close()
+
+
 def test_a_job_of_the_old_default_restarted_on_the_new_one_resumes_exactly(clusters, unique, tmp_path):
     """``transactions: auto`` (a transaction per writer process on the direct path) replaced ``per_partition``
     as the default on 5 December. A job of the old default wrote batch 0 and died while a writer of it held a

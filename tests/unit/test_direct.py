@@ -725,7 +725,7 @@ class _SharedWriter:
     fail: BaseException | None = None
     cuts: list = []
 
-    def __init__(self, plan) -> None:
+    def __init__(self, plan, in_task: bool = False) -> None:
         self.results: dict = {}
 
     def write_shared(self, txn, todo) -> set:
@@ -1491,8 +1491,8 @@ def test_the_tasks_read_the_batchs_ranges_from_the_offset_log_with_their_workers
     handed = []
     written = []
 
-    def write_ranges(p, ranges, reader, threads=8, slot=0, slots_used=1, in_task=False):
-        written.append((p, ranges, reader, slot, slots_used, in_task))
+    def write_ranges(p, ranges, reader, threads=8, slot=0, slots_used=1, in_task=False, retry=False):
+        written.append((p, ranges, reader, slot, slots_used, in_task, retry))
         return [_row(r.topic, r.partition, r.start or 0, r.end) for r in ranges]
 
     monkeypatch.setattr(direct, "write_ranges", write_ranges)
@@ -1501,12 +1501,14 @@ def test_the_tasks_read_the_batchs_ranges_from_the_offset_log_with_their_workers
         handed.append(shares)
         return [row for share in shares for row in fn(iter([share]))]
 
-    rows = rt.write_in_tasks(plan, 3, 2, run)
+    attempts = iter([0, 1])  # the second share's task is a retry
+    rows = rt.write_in_tasks(plan, 3, 2, run, lambda: next(attempts))
     assert handed == [[(0, [Range("t", 0, 100, 150), Range("t", 3, None, 7)]),
                        (1, [Range("t", 2, 300, 310), Range("t", 4, None, 40)])]]
     assert [(r["partition"], r["upstream_end"]) for r in rows] == [(0, 150), (3, 7), (2, 310), (4, 40)]
     assert [w[0] for w in written] == [plan, plan] and written[0][2] is written[1][2]  # one reader per worker
-    assert [w[3:] for w in written] == [(0, 2, True), (1, 2, True)]  # each share's slot, of the batch's two
+    # each share's slot, of the batch's two; the retry says so
+    assert [w[3:] for w in written] == [(0, 2, True, False), (1, 2, True, True)]
     assert written[0][2].cluster == rt.src and written[0][2].group == "g"
     rt._starts[4] = ({"t": {0: 150}}, {"t": {0: 150}})  # nothing new
     assert rt.write_in_tasks(_kept_plan({"t": {0: 150}}), 4, 2, lambda shares, fn: pytest.fail("tasks for an empty batch")) == []
