@@ -432,9 +432,14 @@ def main(argv: list[str] | None = None) -> int:
     lock = joblock.lock_path(group.spark.checkpoint_dir, group.name)
     if lock is not None:
         try:
-            # kept until this process exits (the kernel releases it, however the process ends)
+            # kept until this process exits (the kernel releases it, however the process ends); the wait ends
+            # on a stop, or on a stop marker written meanwhile (a failover behind the drain this job waits for)
             if not joblock.take(joblock.JobLock(lock), joblock.Holder.me(args.once), group=group.name,
-                                patience=joblock.patience(stopper.timeout), stop=lambda: stopper.requested):
+                                patience=joblock.patience(stopper.timeout),
+                                stop=lambda: stopper.requested or stream_stop_requested(group) is not None):
+                stopped = stream_stop_requested(group)
+                if stopped:
+                    log.info("%s: not started: %s", group.name, stopped)
                 return stopper.finished(0)
         except joblock.CheckpointBusy as exc:
             log.error("%s", exc)

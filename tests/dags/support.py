@@ -250,13 +250,14 @@ class Approver:
 
 
 @contextmanager
-def job_holding(lock: Path, seconds: float) -> Iterator[subprocess.Popen[str]]:
-    """A stand-in for a streaming job: another process that holds ``lock`` (a checkpoint's, mirror_core.joblock)
-    for ``seconds``, then ends; yielded once it holds it, killed on the way out."""
+def job_holding(lock: Path, seconds: float, once: bool = False) -> Iterator[subprocess.Popen[str]]:
+    """A stand-in for a streaming job (with ``once``, a drain): another process that holds ``lock`` (a
+    checkpoint's, mirror_core.joblock) for ``seconds``, then ends; yielded once it holds it, killed on the way
+    out."""
     job = subprocess.Popen([sys.executable, "-c", f"""
 import pathlib, time
 from mirror_core.joblock import Holder, JobLock
-assert JobLock(pathlib.Path({str(lock)!r})).try_take(Holder.me(once=False)) is None
+assert JobLock(pathlib.Path({str(lock)!r})).try_take(Holder.me(once={once})) is None
 print('taken', flush=True)
 time.sleep({seconds})
 """], stdout=subprocess.PIPE, text=True)

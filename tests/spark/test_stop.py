@@ -371,6 +371,41 @@ def test_a_job_whose_airflow_task_died_stops_and_the_retry_waits_for_it(clusters
     assert_exactly_once(clusters.dst_bootstrap, f"{topic}.mirror", total)
 
 
+def test_a_job_waiting_behind_a_drain_does_not_start_once_a_failover_stopped_the_group(clusters, unique, tmp_path):
+    """A streaming job (the stream DAG's next run) waits while a drain holds the group's checkpoint (say, the
+    failover's final drain, or a scheduled one); meanwhile the failover's finalize writes the group's stop marker.
+    The waiting job sees the marker and exits 0 without starting, saying why, while the drain runs on. It used to
+    wait for the drain to end, holding finalize's wait for the stream's end for as long."""
+    from mirror_core import failover, joblock
+    from tests.dags import support
+
+    topic = unique("behind")
+    create_topic(clusters.src_bootstrap, topic, 1)
+    path, cfg = group_yaml(clusters, tmp_path, topic, value_serde="bytes")
+    group = cfg.groups[0]
+    lock = joblock.lock_path(group.spark.checkpoint_dir, group.name)
+    assert lock is not None
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    job_log = tmp_path / "job.log"
+    with support.job_holding(lock, 600, once=True) as drain, job_log.open("w") as out:
+        job = subprocess.Popen([sys.executable, "-m", "spark_jobs.mirror_stream", str(path), "--group", group.name],
+                               cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_until("the job waiting for the drain", lambda: "waiting for the job already running on its "
+                       "checkpoint to end: a drain (--once)" in job_log.read_text(), timeout=60, proc=job)
+            t0 = time.monotonic()
+            failover.request_stream_stop(group, f"failover of group {group.name} to dst")
+            assert job.wait(30) == 0, job_log.read_text()[-3000:]
+            took = time.monotonic() - t0
+            assert drain.poll() is None  # the drain runs on
+        finally:
+            process.kill_all(process.tree(job.pid))
+    text = job_log.read_text()
+    assert f"{group.name}: not started: failover of group {group.name} to dst at " in text, text[-3000:]
+    print(f"the waiting job ended {took:.1f}s after the stop marker was written")
+    assert took < 5, took
+
+
 @pytest.mark.slow
 def test_stop_is_bounded_while_the_brokers_are_unreachable(clusters, unique, tmp_path):
     """Brokers frozen (SIGSTOP): the mirror cannot finish its batch or commit; the stop still ends every
