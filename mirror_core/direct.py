@@ -27,7 +27,6 @@ import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -739,10 +738,9 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     Spark gave up on may still run (its executor lost, not dead), and so whoever writes last, a batch's partitions
     are written under ids each writer fenced before it read where they stand. A partition handed back to be
     written alone (see :meth:`~mirror_core.stream.BatchWriter.write_shared`) goes out under its own id, which a
-    retry fences at its start; a partition producer started in a task after that first checks that the
-    writer's id is still the task's (:func:`~mirror_core.replicate.guard_partition_starts`), and the retry
-    started that one first (docs/architecture.md)."""
-    from mirror_core.replicate import WriterTransaction, guard_partition_starts
+    retry fences at its start; a gave-up attempt that starts such a partition's producer after that is not fenced
+    by the retry (docs/architecture.md)."""
+    from mirror_core.replicate import Columns, WriterTransaction
     from mirror_core.stream import BatchWriter
 
     bw = BatchWriter(plan, in_task=in_task)
@@ -801,28 +799,25 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
         held[0] += len(cols)
         held[1] += _size(cols) if size is None else size
 
-    # in a task, a partition's own producer started to write it alone first checks the writer's id is still
-    # the task's (a retry fences the writer's ids, then the partitions' own)
-    with guard_partition_starts(txn) if in_task else nullcontext():
-        try:
-            read_s = reader.read(ranges, deliver)
-        finally:
-            if ready is not None:
-                ready.exception()  # never left running past the task's write
-        # the last transaction also moves the position of partitions whose records went out in an earlier one
-        # and whose range ended after them (trailing transaction markers)
-        advance: dict[tuple[str, int], tuple[Columns, int]] = {}
-        # and of partitions whose range held no records at all (only markers or aborted records), from where each
-        # stands (nothing moves when it stands at the end already, or nothing was mirrored yet)
-        for key in complete - pieces.keys():
-            r = bw.results.get(key)
-            s = plan.settings.get(key[0])
-            if s is not None and (r is None or (r.upstream_end is not None and r.upstream_end < by_key[key].end)):
-                advance[key] = (Columns([], [], [], []), by_key[key].end)
-        cut(advance)
-        for topic, part in sorted(complete):
-            # what was written partition by partition: past its trailing markers
-            bw.finish(topic, part, by_key[(topic, part)].start)
+    try:
+        read_s = reader.read(ranges, deliver)
+    finally:
+        if ready is not None:
+            ready.exception()  # never left running past the task's write
+    # the last transaction also moves the position of partitions whose records went out in an earlier one
+    # and whose range ended after them (trailing transaction markers)
+    advance: dict[tuple[str, int], tuple[Columns, int]] = {}
+    # and of partitions whose range held no records at all (only markers or aborted records), from where each
+    # stands (nothing moves when it stands at the end already, or nothing was mirrored yet)
+    for key in complete - pieces.keys():
+        r = bw.results.get(key)
+        s = plan.settings.get(key[0])
+        if s is not None and (r is None or (r.upstream_end is not None and r.upstream_end < by_key[key].end)):
+            advance[key] = (Columns([], [], [], []), by_key[key].end)
+    cut(advance)
+    for topic, part in sorted(complete):
+        # what was written partition by partition: past its trailing markers
+        bw.finish(topic, part, by_key[(topic, part)].start)
     return bw.rows(read_s * 1000)
 
 

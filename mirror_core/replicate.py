@@ -37,7 +37,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -511,10 +510,6 @@ class _PositionTable(dict[str, "Position"]):
 
 _PRODUCERS: dict[str, Producer] = {}
 _POSITIONS = _PositionTable()
-#: ``transactions: per_writer`` in a Spark task: called once a partition's own transactional producer has
-#: started, before its position is read (:meth:`WriterTransaction.check_still_ours` of the task's writer; see
-#: :func:`guard_partition_starts`). None elsewhere. A Python worker runs one task at a time.
-_START_GUARD: list[Callable[[], None]] = []
 #: the size limit (``destination_max_message_bytes``) each cached producer was built for
 _PRODUCER_LIMITS: dict[str, int | None] = {}
 #: the destination partition count each cached producer was built for: a destination grown while the mirror
@@ -628,8 +623,6 @@ def _producer(s: WriterSettings, partition: int, gapless: bool = False) -> tuple
                                                      "logger": _TXN_LOG})
             ready_for_transactions(p, s.destination_topic)
             p.init_transactions(60)  # fences any zombie with the same transactional.id
-            for guard in _START_GUARD:
-                guard()  # raises when this task no longer holds its writer's id: the new producer is let go
             _PRODUCERS[txid] = p
             _PRODUCER_LIMITS[txid] = s.destination_max_message_bytes
             _PRODUCER_PARTITIONS[txid] = s.destination_partitions
@@ -742,18 +735,6 @@ def release_producers() -> None:
     _PRODUCER_LIMITS.clear()
     _PRODUCER_PARTITIONS.clear()
     _POSITIONS.clear()
-
-
-@contextmanager
-def guard_partition_starts(txn: WriterTransaction) -> Iterator[None]:
-    """``transactions: per_writer`` in a Spark task: while in the block, each new partition producer of this
-    process checks that ``txn``'s id is still the task's (:meth:`WriterTransaction.check_still_ours`) before it
-    is used."""
-    _START_GUARD[:] = [txn.check_still_ours] if txn.transactional and txn.txids[0] else []
-    try:
-        yield
-    finally:
-        _START_GUARD.clear()
 
 
 def _drop_producer(key: str, keep_position: bool = False) -> None:
@@ -990,35 +971,6 @@ class WriterTransaction:
             _PRODUCERS[key] = p
             _PRODUCER_LIMITS[key] = self.limit
             _PRODUCER_PARTITIONS[key] = self.partitions
-
-    def check_still_ours(self) -> None:
-        """Raise :class:`WriterIdLost` when a newer producer has taken the writer's id since this process started
-        it (a retry of the Spark task started it anew): one transaction of the producer whose turn it is, an
-        empty record on the offset-sync topic, aborted (no reader sees it: positions are read committed). Called
-        in a Spark task once a partition's own producer has started (:func:`guard_partition_starts`): a retry
-        starts the writer's ids before it fences the partitions' own, so an earlier attempt that starts a
-        partition's producer after that fence meets the first fence here, before it reads the position."""
-        key = self.txid
-        p = _PRODUCERS.get(key)
-        why = "let go after an error"
-        if p is not None and self.topic:
-            try:
-                with fatal_unmasked():
-                    p.begin_transaction()
-                    p.produce(self.topic, value=b"", partition=0)
-                    left = p.flush(30)  # sent: a transaction that never took a partition aborts without asking
-                    p.abort_transaction(30)
-                if left:
-                    raise NotAcknowledged(f"the writer {key} could not check that its id is still this task's: "
-                                          "the destination did not acknowledge a record within 30 s")
-                return
-            except KafkaException as exc:
-                if not another_took_over(exc.args[0]):
-                    raise
-                why = exc.args[0].str()
-            self.discard()
-        raise WriterIdLost(f"the writer's id {key} is no longer this task's ({why}): another attempt of the Spark "
-                           "task holds it; this attempt stops before it writes a partition alone")
 
     def discard(self) -> None:
         """Forget the producer whose turn it is, without starting another (a Spark task's writer that cannot go

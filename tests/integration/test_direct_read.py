@@ -6,13 +6,11 @@ other, a replay of the same batch, and records deleted from the source before th
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -317,28 +315,6 @@ class _Workers:
                 reader.close()
 
 
-def executors_per_writer(clusters, name: str, topic: str, tmp_path: Path
-                         ) -> tuple[MirrorRuntime, _Workers, Callable[[int, str, int], dict]]:
-    """A prepared exactly_once mirror of ``topic`` with ``read_path: executors`` and ``transactions: per_writer``,
-    the Python workers its tasks run on, and ``in_task(batch_id, worker, attempt)``: the batch written by one
-    task on that worker, that attempt of it (:func:`_one_task`)."""
-    cfg, g = one_group(clusters, name, topic, tmp_path, transactions="per_writer", read_path="executors")
-    rt = MirrorRuntime(cfg, g)
-    rt.prepare()
-    workers = _Workers()
-    return rt, workers, functools.partial(_one_task, rt, workers)
-
-
-def _one_task(rt: MirrorRuntime, workers: _Workers, batch_id: int, worker: str, attempt: int) -> dict:
-    """Batch ``batch_id`` written by one Spark task on ``worker``, attempt ``attempt`` of it; the batch's summary."""
-    def run(shares, fn):
-        return [row for share in shares for row in workers.run_as(worker, lambda share=share: list(fn(iter([share]))))]
-
-    rows = rt.write_in_tasks(rt.writer_plan(batch_id), batch_id, 1, run, lambda: attempt)
-    workers.run_as("driver", lambda: None)
-    return rt.after_batch(batch_id, rows, 1.0)
-
-
 @pytest.mark.parametrize("transactions", ["per_writer", "per_partition"])
 @pytest.mark.parametrize("delivery", ["exactly_once", "at_least_once"])
 def test_task_shares_moving_between_workers_and_writer_slots_mirror_every_record_once(clusters, unique, tmp_path,
@@ -434,8 +410,20 @@ def test_per_writer_a_retried_task_fences_the_attempt_spark_gave_up_on_which_sto
             p.produce(topic, key=key, value=b"x", partition=part)
     assert p.flush(30) == 0
     name = unique("dzmb").replace("-", "")
-    rt, workers, in_task = executors_per_writer(clusters, name, topic, tmp_path)
+    cfg, g = one_group(clusters, name, topic, tmp_path, transactions="per_writer", read_path="executors")
+    rt = MirrorRuntime(cfg, g)
+    rt.prepare()
+    workers = _Workers()
     dst = {"bootstrap.servers": clusters.dst_bootstrap}
+
+    def in_task(batch_id: int, worker: str, attempt: int) -> dict:
+        def run(shares, fn):
+            return [row for share in shares for row in workers.run_as(worker, lambda share=share: list(fn(iter([share]))))]
+
+        rows = rt.write_in_tasks(rt.writer_plan(batch_id), batch_id, 1, run, lambda: attempt)
+        workers.run_as("driver", lambda: None)
+        return rt.after_batch(batch_id, rows, 1.0)
+
     def open_transaction(producer, part: int) -> None:
         """Batch 1's records of ``part`` in a transaction left open (its offset sync is written last, with the
         commit: an open transaction holding one would keep every position lookup waiting until it ended)."""
@@ -475,58 +463,6 @@ def test_per_writer_a_retried_task_fences_the_attempt_spark_gave_up_on_which_sto
         with pytest.raises(WriterIdLost, match="does not start its writer's id again"):
             in_task(2, "A", 0)
         assert in_task(2, "A", 1)["mirrored"] == 10
-        assert read_dst(clusters.dst_bootstrap, f"{topic}.m", 2) == want
-    finally:
-        workers.run_as("driver", lambda: None)
-        workers.close()
-        rt.close()
-
-
-def test_per_writer_an_attempt_that_writes_a_partition_alone_after_its_retry_started_stops(clusters, unique,
-                                                                                           tmp_path, monkeypatch):
-    """``read_path: executors``, ``transactions: per_writer``, exactly_once. Batch 1's first attempt, on worker A,
-    commits partition 1 in its writer's transaction and has partition 0 handed back, to be written alone. Right
-    then Spark's retry of the task starts (A's executor taken for lost): it starts the writer's ids anew and fences
-    the partitions' own ids. A then starts partition 0's own producer, after that fence, which the retry's fence
-    cannot reach: before it reads the partition's position, it finds its writer's id taken and the task fails.
-    The retry writes the batch; every record arrives once, in order."""
-    from mirror_core import stream
-    from mirror_core.replicate import WriterIdLost, WriterTransaction
-
-    topic = unique("dalone")
-    want = keyed_source(clusters, topic, 2)
-    name = unique("dalone").replace("-", "")
-    rt, workers, in_task = executors_per_writer(clusters, name, topic, tmp_path)
-    dst = {"bootstrap.servers": clusters.dst_bootstrap}
-    real = stream.BatchWriter.write_shared
-    retried: list[str] = []
-
-    def hands_back_partition_0(self, txn, parts):
-        if not txn.transactional or retried:
-            return real(self, txn, parts)
-        mine = {k: v for k, v in parts.items() if k != (topic, 0)}
-        left = real(self, txn, mine)
-        # Spark's retry starts now: the writer's ids first, then the partitions' own
-        for txid in WriterTransaction(self.plan.settings.values(), 0, 1, producers=self.plan.writer_producers).txids:
-            replicate.fence_transactional_id(dst, txid)
-            retried.append(txid)
-        for part in (0, 1):
-            replicate.fence_transactional_id(dst, rt.settings[topic].transactional_id_for(part))
-        return left | {(topic, 0)}
-    try:
-        write_initial_offsets(rt, {topic: {0: 0, 1: 0}})
-        write_offset_log(rt, 0, {topic: {0: 10, 1: 10}})
-        write_offset_log(rt, 1, {topic: {0: 20, 1: 20}})
-        assert in_task(0, "A", 0)["mirrored"] == 20
-        with monkeypatch.context() as mp:
-            mp.setattr(stream.BatchWriter, "write_shared", hands_back_partition_0)
-            with pytest.raises(WriterIdLost, match="before it writes a partition alone"):
-                in_task(1, "A", 0)
-        assert len(retried) == 2
-        got = read_dst(clusters.dst_bootstrap, f"{topic}.m", 2)
-        assert got == {0: want[0][:10], 1: want[1]}  # partition 1 committed by the first attempt, 0 not
-        summary = in_task(1, "B", 1)
-        assert summary["mirrored"] == 10 and summary["replayed_skipped"] == 10
         assert read_dst(clusters.dst_bootstrap, f"{topic}.m", 2) == want
     finally:
         workers.run_as("driver", lambda: None)
