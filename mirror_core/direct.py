@@ -728,22 +728,18 @@ def write_ranges_per_writer(plan: Any, ranges: list[Range], reader: DirectReader
     ``in_task`` (``read_path: executors``): a Spark task's share of a large batch, written with the share's
     writer ids (``slot``: the share's place in the batch). A share goes to whichever Python worker is free, and
     another worker or the driver may have written its partitions since this worker last did: their positions
-    are read again, after the share's producers are started (which fences a zombie of the share's ids: an
-    attempt of the same task that Spark gave up on), on a thread of its own while the reader starts; the first
-    cut waits for it (:func:`_prepare_share`). The driver fenced the writer ids before its tasks first wrote.
-
-    A task's writer whose producer cannot go on (fenced, a fatal error) fails the task rather than start its id
-    again (:meth:`~mirror_core.stream.BatchWriter.let_go`), and a ``retry`` (not the task's first attempt) starts
-    the share's ids anew and fences its partitions' own ids again before it reads their positions: the attempt
-    Spark gave up on may still run (its executor lost, not dead), and so whoever writes last, a batch's partitions
-    are written under ids each writer fenced before it read where they stand. A partition handed back to be
-    written alone (see :meth:`~mirror_core.stream.BatchWriter.write_shared`) goes out under its own id, which a
-    retry fences at its start; a gave-up attempt that starts such a partition's producer after that is not fenced
-    by the retry (docs/architecture.md)."""
+    are read again, after the share's producers are started (a producer this worker starts fences the one
+    another worker holds; one it kept from an earlier task, fenced since, fails its first transaction, which is
+    then written again on a new producer from positions read after it), on a thread of its own while the reader
+    starts; the first cut waits for it (:func:`_prepare_share`). The driver fenced the writer ids before its tasks
+    first wrote. A ``retry`` (not the task's first attempt) starts the share's ids anew, also those this worker
+    holds, and fences its partitions' own ids again before it reads their positions: what an attempt Spark gave
+    up on (its executor lost, the process alive) has open then cannot commit after (docs/architecture.md says
+    what such an attempt can still do)."""
     from mirror_core.replicate import Columns, WriterTransaction
     from mirror_core.stream import BatchWriter
 
-    bw = BatchWriter(plan, in_task=in_task)
+    bw = BatchWriter(plan)
     txn = WriterTransaction(plan.settings.values(), slot, slots_used, producers=plan.writer_producers)
     alo = WriterTransaction(plan.settings.values(), slot, slots_used, delivery="at_least_once")
     by_key = {(r.topic, r.partition): r for r in ranges}

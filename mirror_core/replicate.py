@@ -89,12 +89,6 @@ class NotAcknowledged(WriterError):
     """Records of a chunk were neither acknowledged nor reported failed within the writer's wait."""
 
 
-class WriterIdLost(WriterError):
-    """``transactions: per_writer`` in a Spark task: the writer's transactional producer cannot go on (fenced
-    by a newer producer with its id, a fatal error, a transaction it could not end), and a task never starts
-    its id again: another attempt of the same task may hold it (see :meth:`stream.BatchWriter.let_go`)."""
-
-
 class DestinationTopicError(WriterError):
     """A mirror's destination topic was deleted (or deleted and re-created) while it mirrored: writing on
     would lose records or scatter them over a topic with other offsets, so the mirror stops."""
@@ -972,13 +966,6 @@ class WriterTransaction:
             _PRODUCER_LIMITS[key] = self.limit
             _PRODUCER_PARTITIONS[key] = self.partitions
 
-    def discard(self) -> None:
-        """Forget the producer whose turn it is, without starting another (a Spark task's writer that cannot go
-        on, see :meth:`stream.BatchWriter.let_go`): the next writer of the id starts one, which aborts what this
-        one left open."""
-        with _WRITER_GUARD:
-            _drop_producer(self.txid)
-
     def start_again(self) -> None:
         """Start every turn's producer anew, also those this process holds (a retry of a Spark task: an attempt
         Spark gave up on may have started the same ids since, which fenced the ones held here)."""
@@ -1133,10 +1120,6 @@ class PartitionWriter:
             (lambda t, ps: high_watermarks(settings.producer_config, t, ps)))
         #: at-least-once partitions handed back by a shared write: the records whose dead letters landed there
         self._landed: dict[int, set[int]] = {}
-        #: ``transactions: per_writer`` in a Spark task: a partition's producer fenced by a newer one fails the
-        #: task (a retry of it fenced the partition's id) instead of starting the id again
-        #: (:meth:`stream.BatchWriter.let_go`)
-        self.yields_when_fenced = False
 
     def write(self, partition: int, records: Iterable[SourceRecord] | Columns,
               upstream_end: int | None = None) -> BatchResult:
@@ -1654,10 +1637,6 @@ class PartitionWriter:
             except KafkaException as exc:
                 err = _fatal_reason(producer, exc.args[0])
                 _drop_producer(key)
-                if self.yields_when_fenced and err.code() in _FENCES:
-                    raise WriterIdLost(f"{self.s.mirror} partition {partition}: its producer was fenced by a newer "
-                                       "one with the partition's transactional id (a retry of this Spark task); "
-                                       "this attempt stops") from None
                 # fenced (another Python worker took over this partition's transactional.id) or otherwise
                 # fatal: a fresh producer re-fences, re-reads the committed position and retries the chunk
                 fatal = err.fatal() or err.code() == KafkaError._FATAL

@@ -51,7 +51,6 @@ from mirror_core.replicate import (
     SourceRecord,
     Staged,
     WriterError,
-    WriterIdLost,
     WriterSettings,
     WriterTransaction,
     _abort_quietly,
@@ -1478,32 +1477,11 @@ class BatchWriter:
     position moved past trailing transaction markers. Used by the tasks (:func:`arrow_writer`) and by
     the driver (both through :func:`write_batches`, one thread per partition)."""
 
-    def __init__(self, plan: WriterPlan, in_task: bool = False):
+    def __init__(self, plan: WriterPlan):
         self.plan = plan
-        #: a Spark task's share (``read_path: executors``): its writer never starts its transactional id again
-        #: (:meth:`let_go`)
-        self.in_task = in_task
         self.results: dict[tuple[str, int], BatchResult] = {}
         self._writers: dict[str, PartitionWriter] = {}
         self._lock = threading.Lock()
-
-    def let_go(self, txn: WriterTransaction, why: str | None = None) -> None:
-        """``transactions: per_writer``: the writer's producer whose turn it is cannot go on (``why``; None: the
-        write fails anyway, with its own error). Replaced by a new one (whose start aborts what the old one left
-        open), except in a Spark task: there it is only let go, and with ``why`` the task fails
-        (:class:`~mirror_core.replicate.WriterIdLost`). Another attempt of the same task may hold the id now
-        (Spark gave up on this one, say after losing its executor, and started it again elsewhere): starting the
-        id again would fence that attempt, and both would write the share's partitions from positions each
-        read before the other committed. Spark's next attempt starts over from the committed positions."""
-        if not self.in_task or not txn.transactional:
-            txn.drop()
-            return
-        txn.discard()
-        if why is not None:
-            raise WriterIdLost(f"{self.plan.group}: the writer's transaction failed ({why}) and its producer "
-                               f"{txn.txid} cannot go on; a Spark task does not start its writer's id again "
-                               "(another attempt of the task may hold it now): this attempt fails and Spark's "
-                               "next one writes the share from the committed positions")
 
     def _writer(self, topic: str, s: WriterSettings) -> PartitionWriter:
         with self._lock:
@@ -1519,7 +1497,6 @@ class BatchWriter:
 
                 w = self._writers[topic] = PartitionWriter(s, translator_for(self.plan, s), lookup,
                                                            positions_lookup=lookup_many)
-                w.yields_when_fenced = self.in_task and self.plan.transactions == "per_writer"
             return w
 
     def prepare(self, topic: str, part: int) -> None:
@@ -1870,18 +1847,18 @@ class BatchWriter:
             except (_Unmapped, KafkaException):
                 raise
             except DestinationTopicError:
-                self.let_go(txn)  # records wait for partitions that are gone: an abort would wait for them
+                txn.drop()  # records wait for partitions that are gone: an abort would wait for them
                 forget()
                 raise
             except BaseException:
                 if not transactional or not _abort_quietly(producer):
-                    self.let_go(txn)
+                    txn.drop()
                 forget()
                 raise
-        except _AckTimeout as exc:
+        except _AckTimeout:
             # the transaction is lost (an abort would wait for the destination too): a new producer fences it
             forget(positions=False)
-            self.let_go(txn, f"{exc.remaining} records not acknowledged within {exc.wait:.0f} s")
+            txn.drop()
             raise
         except _Unmapped as exc:
             again = transactional and isinstance(exc, _RunsUnproven) and len(txn.txids) > 1
@@ -1905,7 +1882,7 @@ class BatchWriter:
                 producer.purge()  # records still queued must not land after the per-partition writer's
                 txn.drop()
             elif not _abort_quietly(producer):
-                self.let_go(txn, "its transaction, to be written again, could not be aborted")
+                txn.drop()
             if again:
                 raise _AgainWithReports() from None
             return set(parts)
@@ -1916,13 +1893,13 @@ class BatchWriter:
             if transactional and once_more:
                 forget(positions=committing or another_took_over(exc.args[0]))
                 if exc.args[0].fatal() or not _abort_quietly(producer):
-                    self.let_go(txn, exc.args[0].str())
+                    txn.drop()
                 raise _ProducerFailed(exc.args[0].str()) from None
             forget()
-            if exc.args[0].fatal() or not transactional or not _abort_quietly(producer):
-                self.let_go(txn, exc.args[0].str())
             log.warning("%s: the writer %s failed (%s); writing the batch partition by partition",
                         self.plan.group, "transaction" if transactional else "write", exc.args[0].str())
+            if exc.args[0].fatal() or not transactional or not _abort_quietly(producer):
+                txn.drop()
             return set(parts)
         if left:
             (topic, part), why = min(left.items())
