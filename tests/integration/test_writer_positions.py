@@ -158,6 +158,53 @@ def test_positions_read_together_are_each_partitions_own_newest_sync(clusters, u
         0: OffsetSync(topic, 0, 11, 110), 1: OffsetSync(topic, 1, 5, 50)}
 
 
+def test_a_reused_lookup_consumer_reads_what_was_committed_since_and_a_failed_lookup_keeps_none(
+        clusters, unique, monkeypatch):
+    """Position lookups reuse this process's idle lookup consumers: the second lookup runs on the first one's
+    two consumers and finds the sync committed between the two (nothing the first read or fetched ahead is
+    passed on); a lookup that failed (a transaction that never ended) closes the consumers it took instead of
+    keeping them; with ``MIRRORFLOW_LOOKUP_POOL=0`` none is kept."""
+    from mirror_core import positions
+
+    topic, dest = unique("pool"), "orders.mirror"
+    syncs = f"{topic}.syncs.internal"
+    create(clusters.dst_bootstrap, syncs)
+    p = Producer({"bootstrap.servers": clusters.dst_bootstrap})
+
+    def sync(part: int, up: int) -> None:
+        s = OffsetSync(topic, part, up, up * 10)
+        p.produce(syncs, s.value_bytes(), s.key_bytes(), 0, headers=sync_headers(dest))
+
+    for i in range(300):
+        sync(i % 3, i)
+    assert p.flush(30) == 0
+    config = {"bootstrap.servers": clusters.dst_bootstrap}
+
+    def idle() -> list[object]:
+        return [c for cs in positions._IDLE.values() for c in cs]
+
+    positions.close_idle_lookups()
+    first = last_committed_syncs(config, syncs, topic, [0, 1, 2], chunk=50, destination=dest)
+    assert first == {q: OffsetSync(topic, q, 297 + q, (297 + q) * 10) for q in range(3)}
+    kept = idle()
+    assert len(kept) == 2  # read_committed and read_uncommitted
+    sync(1, 1000)
+    assert p.flush(30) == 0
+    second = last_committed_syncs(config, syncs, topic, [0, 1, 2], chunk=50, destination=dest)
+    assert second == first | {1: OffsetSync(topic, 1, 1000, 10000)}
+    assert sorted(map(id, idle())) == sorted(map(id, kept))  # the same two, used again
+    foreign = foreign_open_transaction(clusters.dst_bootstrap, syncs, unique("foreign-txn"))
+    try:
+        with pytest.raises(PositionLookupError, match="did not end within 1 s"):
+            last_committed_syncs(config, syncs, topic, [0], destination=dest, settle_timeout=1)
+        assert idle() == []
+    finally:
+        foreign.abort_transaction(30)
+    monkeypatch.setenv(positions.LOOKUP_POOL_ENV, "0")
+    assert last_committed_syncs(config, syncs, topic, [1], destination=dest) == {1: second[1]}
+    assert idle() == []
+
+
 class _Lines(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.INFO)
