@@ -124,7 +124,9 @@ RESULTS = ROOT / "bench" / "results"
 # the destination cluster the tuned MirrorMaker 2's producer settings (linger.ms 20, batch.size 262144; the writers'
 # own default is linger.ms 5, batch.size 1,000,000); *-heap* variants start the whole job with glibc set to keep the
 # heap it frees (GLIBC_TUNABLES=HEAP_TUNABLES, which its writer processes inherit; measured on 6 December and not
-# made the default, docs/benchmarks.md).
+# made the default, docs/benchmarks.md); *-oldlookup* variants look positions up as before 7 December, on new
+# consumers each time and with a scan's reads waiting 50 ms for more records (MIRRORFLOW_LOOKUP_POOL=0,
+# MIRRORFLOW_SCAN_WAIT_MS=50, on the driver and, through spark.executorEnv, the executors; an A/B of both).
 # The default set: *-writer* in both modes and serdes (what spark.read_path: auto and spark.transactions: auto
 # resolve to on a local[...] master, the defaults), a transaction per partition on the direct path once
 # (transactions: per_partition), Spark's read path once, the peers.
@@ -167,7 +169,8 @@ MORE_CONTENDERS = ("mirrorflow-eos-writer-heap", "mirrorflow-eos-writer-heap-byt
                    "mirrorflow-eos-direct-tuned", "mirrorflow-eos-direct-tuned-bytes", "mirrorflow-alo-direct-tuned",
                    "mirrorflow-alo-direct-tuned-bytes", "mirrorflow-eos-tasks", "mirrorflow-alo-tasks",
                    "mirrorflow-eos-tasks-bytes", "mirrorflow-alo-tasks-bytes", "mirrorflow-eos-tasks-share",
-                   "mirrorflow-alo-tasks-share", "mirrorflow-eos-tasks-share-bytes", "mirrorflow-alo-tasks-share-bytes")
+                   "mirrorflow-alo-tasks-share", "mirrorflow-eos-tasks-share-bytes", "mirrorflow-alo-tasks-share-bytes",
+                   "mirrorflow-eos-tasks-share-oldlookup-bytes", "mirrorflow-eos-tasks-oldlookup-bytes")
 #: the ``-tuned`` variants' destination producer settings: the tuned MirrorMaker 2's (``mm2-tuned``)
 TUNED_PRODUCER = {"linger.ms": "20", "batch.size": "262144"}
 #: ``--quick``'s drain contenders
@@ -233,13 +236,21 @@ def steady_figures(records: int, nbytes: int, started_at: float, done: float, se
 
 
 def _variant_conf(parts: list[str]) -> dict[str, str] | None:
-    """A contender variant's own ``spark.conf`` entries (the *-chmod* and *-c2* variants)."""
+    """A contender variant's own ``spark.conf`` entries (the *-chmod*, *-c2* and *-oldlookup* variants)."""
     conf = {}
     if "chmod" in parts:
         conf["spark.hadoop.fs.file.impl"] = "org.apache.hadoop.fs.LocalFileSystem"
     if "c2" in parts:
         conf["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=4"
+    for key, value in _lookup_env(parts).items():  # the executors' Python workers look positions up too
+        conf[f"spark.executorEnv.{key}"] = value
     return conf or None
+
+
+def _lookup_env(parts: list[str]) -> dict[str, str]:
+    """The *-oldlookup* variants' environment: position lookups as before 7 December (new consumers for each,
+    a scan's reads waiting 50 ms for more records)."""
+    return {"MIRRORFLOW_LOOKUP_POOL": "0", "MIRRORFLOW_SCAN_WAIT_MS": "50"} if "oldlookup" in parts else {}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -514,6 +525,7 @@ class Bench:
                 env["MIRRORFLOW_COALESCE_RECORDS"] = "0"
             if "heap" in parts:
                 env["GLIBC_TUNABLES"] = HEAP_TUNABLES
+            env.update(_lookup_env(parts))
             if "nowait" in parts:
                 env["MIRRORFLOW_LATE_MARKERS_WAIT"] = "0"
             if "aheadall" in parts:
