@@ -26,6 +26,7 @@ import atexit
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -82,47 +83,78 @@ def _consumer(consumer_config: dict[str, Any], isolation: str) -> Consumer:
 
 #: ``MIRRORFLOW_LOOKUP_POOL=0``: every lookup on consumers of its own, as before 7 December (an A/B of the pool)
 LOOKUP_POOL_ENV = "MIRRORFLOW_LOOKUP_POOL"
-#: idle consumers kept per (cluster config, isolation level) in a process: lookups run on up to this many
-#: threads at once and each takes its own
+#: idle consumers kept per (cluster config, isolation level) in a process (more lookups may run at once; what
+#: they took beyond this is closed afterwards)
 LOOKUP_POOL_MAX = 8
-_IDLE: dict[tuple[Any, ...], list[Consumer]] = {}
+#: an idle consumer unused this long is closed rather than used again: it would hold connections, and TLS
+#: material read at its start, for as long as the process lives
+LOOKUP_IDLE_S = 60.0
+_IDLE: dict[tuple[Any, ...], list[tuple[float, Consumer]]] = {}
 _IDLE_GUARD = threading.Lock()
+#: a forked child's copies of its parent's consumers: never used, and never freed (freeing one waits for
+#: librdkafka threads that were not forked)
+_FORKED_AWAY: list[object] = []
 
 
-def _pool_key(consumer_config: dict[str, Any], isolation: str) -> tuple[Any, ...]:
-    # the config's values as given (secrets too, in this process's memory only); objects (a logger) by identity
-    return (isolation, *sorted((k, v if isinstance(v, (str, int, float, bool)) else id(v))
-                               for k, v in consumer_config.items()))
+def _pool_key(consumer_config: dict[str, Any], isolation: str) -> tuple[Any, ...] | None:
+    """The pool's key for a config (its values as given, secrets too, in this process's memory only), or None
+    when a value is not plain data (a callback, a logger: compared by identity, a new one at each call would
+    never find a consumer again): no pooling then."""
+    if not all(isinstance(v, (str, int, float, bool)) for v in consumer_config.values()):
+        return None
+    return (isolation, *sorted(consumer_config.items()))
+
+
+def _drain(c: Consumer) -> None:
+    """What an idle consumer's queue gathered (connection errors while it was idle): taken and dropped, so that
+    the next lookup's reads start clean."""
+    while c.consume(100, 0):
+        pass
 
 
 @contextmanager
 def lookup_consumer(consumer_config: dict[str, Any], isolation: str) -> Iterator[Consumer]:
-    """A consumer for position lookups (:func:`_consumer`), this thread's alone while in the block: an idle one of
-    this process's, else a new one, kept for the next lookup afterwards (unassigned) unless the block failed.
-    A Spark task reads its partitions' positions at every micro-batch (``transactions: per_writer``) or when they
-    moved to its Python worker: a lookup of 3 partitions took 138-146 ms on the local clusters, 57-59 ms of it
-    for each consumer it made, asked metadata of and closed (two a lookup, 6 December)."""
-    pooled = os.environ.get(LOOKUP_POOL_ENV) != "0"
-    key = _pool_key(consumer_config, isolation)
+    """A consumer for position lookups (:func:`_consumer`), this thread's alone while in the block: one this
+    process kept from an earlier lookup (idle less than :data:`LOOKUP_IDLE_S`), else a new one; kept afterwards,
+    unassigned, unless the block failed. A Spark task reads its partitions' positions at every micro-batch
+    (``transactions: per_writer``) or when they moved to its Python worker: a lookup of 3 partitions took
+    138-146 ms on the local clusters, 57-59 ms of it for each consumer it made, asked metadata of and closed
+    (two a lookup, 6 December; bench/lookup.py)."""
+    key = _pool_key(consumer_config, isolation) if os.environ.get(LOOKUP_POOL_ENV) != "0" else None
     c: Consumer | None = None
-    if pooled:
+    stale: list[Consumer] = []
+    if key is not None:
+        now = time.monotonic()
         with _IDLE_GUARD:
-            idle = _IDLE.get(key)
-            c = idle.pop() if idle else None
+            idle = _IDLE.get(key, [])
+            stale = [old for since, old in idle if now - since > LOOKUP_IDLE_S]
+            idle[:] = [(since, kept) for since, kept in idle if now - since <= LOOKUP_IDLE_S]
+            c = idle.pop()[1] if idle else None
+    for old in stale:
+        old.close()
+    if c is not None:
+        try:
+            _drain(c)
+        except Exception:  # noqa: BLE001 - a kept consumer that cannot be used is replaced
+            c.close()
+            c = None
     if c is None:
         c = _consumer(consumer_config, isolation)
     keep = False
     try:
         yield c
-        if pooled:
-            c.unassign()  # what a scan fetched ahead goes with its assignment
-            keep = True
+        if key is not None:
+            try:
+                c.unassign()  # what a scan fetched ahead goes with its assignment
+                keep = True
+            except Exception:  # noqa: BLE001 - the lookup stands; the consumer is closed, not kept
+                keep = False
     finally:
         if keep:
             with _IDLE_GUARD:
-                idle = _IDLE.setdefault(key, [])
+                idle = _IDLE.setdefault(key, [])  # type: ignore[arg-type]
                 if len(idle) < LOOKUP_POOL_MAX:
-                    idle.append(c)
+                    idle.append((time.monotonic(), c))
                     c = None
         if c is not None:
             c.close()
@@ -131,15 +163,17 @@ def lookup_consumer(consumer_config: dict[str, Any], isolation: str) -> Iterator
 def close_idle_lookups() -> None:
     """Close this process's idle lookup consumers."""
     with _IDLE_GUARD:
-        idle = [c for cs in _IDLE.values() for c in cs]
+        idle = [c for cs in _IDLE.values() for _since, c in cs]
         _IDLE.clear()
     for c in idle:
         c.close()
 
 
 def _after_fork() -> None:
-    """A forked child must not use its parent's clients (their threads stayed behind): it starts with none."""
+    """A forked child must not use its parent's clients (their threads stayed behind): it starts with none, and
+    keeps its copies of them referenced, so that nothing frees one there."""
     global _IDLE_GUARD
+    _FORKED_AWAY.extend(c for cs in _IDLE.values() for _since, c in cs)
     _IDLE.clear()
     _IDLE_GUARD = threading.Lock()
 

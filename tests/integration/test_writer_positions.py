@@ -181,7 +181,7 @@ def test_a_reused_lookup_consumer_reads_what_was_committed_since_and_a_failed_lo
     config = {"bootstrap.servers": clusters.dst_bootstrap}
 
     def idle() -> list[object]:
-        return [c for cs in positions._IDLE.values() for c in cs]
+        return [c for cs in positions._IDLE.values() for _since, c in cs]
 
     positions.close_idle_lookups()
     first = last_committed_syncs(config, syncs, topic, [0, 1, 2], chunk=50, destination=dest)
@@ -193,6 +193,32 @@ def test_a_reused_lookup_consumer_reads_what_was_committed_since_and_a_failed_lo
     second = last_committed_syncs(config, syncs, topic, [0, 1, 2], chunk=50, destination=dest)
     assert second == first | {1: OffsetSync(topic, 1, 1000, 10000)}
     assert sorted(map(id, idle())) == sorted(map(id, kept))  # the same two, used again
+    # a sync in a transaction that was aborted, newer than any: the kept read_committed consumer never sees it
+    aborted = Producer({"bootstrap.servers": clusters.dst_bootstrap, "transactional.id": unique("aborted")})
+    aborted.init_transactions(30)
+    aborted.begin_transaction()
+    s = OffsetSync(topic, 1, 5000, 50000)
+    aborted.produce(syncs, s.value_bytes(), s.key_bytes(), 0, headers=sync_headers(dest))
+    aborted.abort_transaction(30)
+    assert last_committed_syncs(config, syncs, topic, [0, 1, 2], chunk=50, destination=dest) == second
+    # lookups at once each have a consumer of their own
+    barrier = threading.Barrier(2)
+    held: list[int] = []
+
+    def hold() -> None:
+        with positions.lookup_consumer(config, "read_committed") as c:
+            held.append(id(c))
+            barrier.wait(10)
+
+    threads = [threading.Thread(target=hold) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(set(held)) == 2
+    positions.close_idle_lookups()
+    last_committed_syncs(config, syncs, topic, [0], destination=dest)
+    assert len(idle()) == 2
     foreign = foreign_open_transaction(clusters.dst_bootstrap, syncs, unique("foreign-txn"))
     try:
         with pytest.raises(PositionLookupError, match="did not end within 1 s"):
@@ -267,6 +293,34 @@ def test_item6_lookup_waits_for_lso_past_open_foreign_transaction(clusters, uniq
     assert len(got) - len(set(got)) == 0, f"{len(got) - len(set(got))} duplicates"
     assert got == list(range(250))
     assert waited, "the lookup did not wait for the open transaction"
+
+
+def test_a_position_past_the_destinations_last_stable_offset_is_not_taken_for_a_recreated_topic(clusters, unique):
+    """Another producer's transaction is open on the destination partition from before the mirror's records (the
+    last stable offset stays below them until it ends), and the writer restarts with nothing known. Its
+    committed position maps past that last stable offset but not past the partition's high watermark: the topic
+    was not re-created, and the replayed batch writes only what is new. (The destination's end was read with
+    librdkafka's default isolation, read_committed, until 7 December: its last stable offset, so a replay here
+    wrote the whole batch again.)"""
+    from mirror_core.positions import committed_end_offset, high_watermarks
+
+    topic = unique("lsodst")
+    syncs = f"{topic}.syncs.internal"
+    create(clusters.dst_bootstrap, syncs, f"{topic}.live", f"{topic}.archive")
+    cfg = two_groups(clusters, syncs, topic)
+    s = writer_settings(cfg, 0, topic)
+    foreign = foreign_open_transaction(clusters.dst_bootstrap, f"{topic}.live", unique("foreign-txn"))
+    try:
+        feed(s, columns(0, 100), 100)
+        replicate.release_producers()  # the job restarts: a new process, nothing known
+        config = {"bootstrap.servers": clusters.dst_bootstrap}
+        high, stable = high_watermarks(config, f"{topic}.live", [0])[0], committed_end_offset(config, f"{topic}.live", 0)
+        feed(s, columns(0, 150), 150)  # Spark replays the batch from its start, and more
+    finally:
+        foreign.abort_transaction(30)
+    got = keys(cfg, f"{topic}.live")
+    assert got == list(range(150)), f"{len(got) - len(set(got))} duplicates"
+    assert stable == 0 and high > 100  # the foreign transaction held the last stable offset at its first record
 
 
 def test_item6_lookup_fails_clearly_when_a_transaction_never_ends(clusters, unique):
