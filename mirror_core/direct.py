@@ -838,9 +838,9 @@ def _prepare_partitions(bw: Any, keys: list[tuple[str, int]], threads: int) -> N
 
 
 def _prepare_share(bw: Any, writers: tuple[Any, ...], keys: list[tuple[str, int]], retry: bool = False) -> None:
-    """A task's share (``transactions: per_writer``): start the share's producers (which fences a zombie of its
-    ids: an attempt of the same task that Spark gave up on), then read the partitions' positions again, all at
-    once (another worker or the driver may have written them since this worker last did). A ``retry`` starts
+    """A task's share (``transactions: per_writer``): start the share's producers (those this worker does not
+    hold yet; a new one fences whoever held its id), then read the partitions' positions again, all at once
+    (another worker or the driver may have written them since this worker last did). A ``retry`` starts
     the transactional ones anew, also those this worker holds (the attempt before may have started the ids since,
     fencing these), and fences the exactly-once partitions' own ids again (that attempt may have written one
     alone), before the positions are read."""

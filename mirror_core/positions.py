@@ -306,7 +306,10 @@ def committed_end_offset(consumer_config: dict[str, Any], topic: str, partition:
 
 def high_watermarks(consumer_config: dict[str, Any], topic: str, partitions: list[int],
                     timeout: float = 30.0) -> dict[int, int]:
-    """:func:`source_end_offset` of each of ``topic``'s ``partitions``, on one consumer."""
+    """:func:`source_end_offset` of each of ``topic``'s ``partitions``, on one consumer. Read uncommitted: the
+    high watermark itself. A read_committed consumer (librdkafka's default) answers with the last stable
+    offset, which another producer's open transaction holds back below committed records: a committed position
+    then looked past the destination's end, and a replay wrote its batch again (until 7 December)."""
     with lookup_consumer(consumer_config, "read_uncommitted") as c:
         return {p: int(c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]) for p in partitions}
 
