@@ -296,12 +296,8 @@ def committed_end_offset(consumer_config: dict[str, Any], topic: str, partition:
                          timeout: float = 30.0) -> int:
     """The destination partition's last stable offset (read_committed end): where the next record
     written there lands at the earliest."""
-    c = Consumer(consumer_config | {"group.id": "mirrorflow-position-lookup", "enable.auto.commit": False,
-                                    "isolation.level": "read_committed", "log_level": 3})
-    try:
+    with lookup_consumer(consumer_config, "read_committed") as c:
         return int(c.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)[1])
-    finally:
-        c.close()
 
 
 def high_watermarks(consumer_config: dict[str, Any], topic: str, partitions: list[int],
