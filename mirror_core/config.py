@@ -413,6 +413,9 @@ class SparkConfig(_Frozen):
     retry_delay: Duration = 10.0
     master: str = "local[2]"
     trigger: str = "1 second"
+    #: where the group's Spark checkpoint (``<checkpoint_dir>/<group>``), its lock and a failover's stop marker
+    #: live: a URI Spark's Hadoop file system reads, or a path; a relative path is relative to the config file's
+    #: directory (:func:`resolve_state_dirs`)
     checkpoint_dir: str = ".state/checkpoints"
     max_offsets_per_trigger: int | None = Field(default=None, gt=0)
     #: micro-batches of at most this many records are written by the driver's long-lived writer (warm
@@ -461,7 +464,8 @@ class SparkConfig(_Frozen):
     writer_producers: int = Field(default=WRITER_PRODUCERS_DEFAULT, ge=1, le=WRITER_PRODUCERS_MAX)
     metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus /metrics on the driver; 0 = off
     #: where the Spark Kafka source's secrets are written (0600 files read by the Kafka clients on the
-    #: driver and the executors); default: a private temporary directory on the driver's host
+    #: driver and the executors); default: a private temporary directory on the driver's host. A relative
+    #: path is relative to the config file's directory
     secrets_dir: str | None = None
     #: a stop (signal, Airflow task kill) ends the job's whole process tree within this many seconds:
     #: the running micro-batch may finish first, then whatever is left is killed
@@ -987,11 +991,52 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Mirro
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(ConfigIssue(where, f"invalid YAML: {problem}"), str(p)) from None
-    cfg = parse_config(raw, env, str(p))
+    cfg = resolve_state_dirs(parse_config(raw, env, str(p)), p, str(p))
     conn_file = (os.environ if env is None else env).get(CONNECTIONS_FILE_ENV)
     if conn_file and any(c.needs_connection for c in cfg.clusters.values()):
         cfg = with_connections_file(cfg, conn_file)
     return cfg
+
+
+def location_scheme(location: str) -> str | None:
+    """The URI scheme of a storage location (``s3a``, ``hdfs``, ``file``, lower case), or None for a plain path
+    (a Windows drive letter is a path)."""
+    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", location)
+    return None if m is None or len(m.group(1)) == 1 else m.group(1).lower()
+
+
+def resolve_state_dirs(cfg: MirrorsConfig, path: str | Path, source: str | None = None,
+                       cwd: Path | None = None) -> MirrorsConfig:
+    """``cfg`` (read from the file at ``path``) with each group's relative ``spark.checkpoint_dir`` and
+    ``spark.secrets_dir`` made absolute against the file's directory, so that every process that reads the
+    file (the CLI from any directory, Airflow's tasks and DAG processor, the Spark job) finds the same checkpoint,
+    lock and stop marker. Raises :class:`ConfigError` for a group whose checkpoint is only found against the
+    working directory (``cwd``; where relative paths pointed before 7 December): started there, the job would
+    begin a new checkpoint and read its sources again from the earliest offsets."""
+    base = Path(os.path.abspath(Path(path).parent))
+    cwd = Path(os.path.abspath(cwd or Path.cwd()))
+    groups, issues = [], []
+    for i, g in enumerate(cfg.groups):
+        update: dict[str, str] = {}
+        for field in ("checkpoint_dir", "secrets_dir"):
+            value = getattr(g.spark, field)
+            if value is None or location_scheme(value) is not None or Path(value).is_absolute():
+                continue
+            update[field] = os.path.normpath(base / value)
+            old = Path(os.path.normpath(cwd / value))
+            if field == "checkpoint_dir" and old != Path(update[field]) and (old / g.name / "offsets").is_dir() \
+                    and not (Path(update[field]) / g.name).exists():
+                issues.append(ConfigIssue(
+                    f"groups[{i}].spark.checkpoint_dir",
+                    f"{value!r} is relative to this file's directory ({base}); the group's checkpoint is at "
+                    f"{old / g.name}, relative to the working directory as before 7 December: move it to "
+                    f"{Path(update[field]) / g.name} (and {g.name}.stopped-by-failover beside it, if there is one) "
+                    "or give the full path; else the job would start a new checkpoint and read the sources again "
+                    "from the earliest offsets"))
+        groups.append(g.model_copy(update={"spark": g.spark.model_copy(update=update)}) if update else g)
+    if issues:
+        raise ConfigError(issues, source)
+    return cfg.model_copy(update={"groups": groups})
 
 
 #: environment variable naming a JSON file of resolved Airflow connections (written 0600 by the Airflow

@@ -312,8 +312,10 @@ def verify(cfg: MirrorsConfig, group: GroupConfig) -> StepReport:
 
 
 def stop_marker(group: GroupConfig) -> Path:
-    """The file that tells the group's stream job (and its DAG) to stop and stay stopped."""
-    return Path(group.spark.checkpoint_dir) / f"{group.name}.stopped-by-failover"
+    """The file that tells the group's stream job (and its DAG) to stop and stay stopped, beside the checkpoint
+    (a ``file:`` checkpoint's path; a remote checkpoint's marker is a local file under its URI's path)."""
+    base = joblock.local_path(group.spark.checkpoint_dir)
+    return (base if base is not None else Path(group.spark.checkpoint_dir)) / f"{group.name}.stopped-by-failover"
 
 
 def stream_stop_requested(group: GroupConfig) -> str | None:

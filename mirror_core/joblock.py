@@ -22,7 +22,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import socket
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from mirror_core.config import location_scheme
 from mirror_core.errors import MirrorError
 
 log = logging.getLogger(__name__)
@@ -68,10 +68,10 @@ class Holder:
 
 def local_path(location: str) -> Path | None:
     """``location`` as a path on this machine (no scheme, a drive letter, or ``file:``), or None."""
-    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", location)
-    if scheme is None or len(scheme.group(1)) == 1:
+    scheme = location_scheme(location)
+    if scheme is None:
         return Path(location)
-    if scheme.group(1).lower() == "file":
+    if scheme == "file":
         return Path(unquote(urlparse(location).path))
     return None
 

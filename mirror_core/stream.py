@@ -33,6 +33,7 @@ from mirror_core.config import (
     GroupConfig,
     MirrorsConfig,
     default_consumer_group,
+    location_scheme,
     mirror_name,
     resolve_mirrors,
 )
@@ -250,8 +251,7 @@ class WrittenLog:
 def join_location(base: str, *parts: str) -> str:
     """``base`` joined with ``parts`` by ``/``, keeping a URI's ``//`` (``Path`` would fold ``s3a://b`` to
     ``s3a:/b``)."""
-    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", base)
-    if scheme is None or len(scheme.group(1)) == 1:
+    if location_scheme(base) is None:
         return str(Path(base).joinpath(*parts))
     return "/".join([base.rstrip("/"), *parts])
 

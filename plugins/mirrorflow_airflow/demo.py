@@ -64,13 +64,19 @@ def airflow_environment(home: Path) -> dict[str, str]:
 
 
 def demo_config(home: Path) -> Path:
-    """``config/local.yaml`` with the demo group's stream as a drain (``available_now``), so its DAG run ends."""
+    """``config/local.yaml`` with the demo group's stream as a drain (``available_now``), so its DAG run ends.
+    Its checkpoint directories are written out in full: a relative one would be relative to ``home``."""
     import yaml
 
+    from mirror_core.config import load_config
+
     raw = yaml.safe_load(CONFIG.read_text())
+    resolved = {g.name: g.spark.checkpoint_dir for g in load_config(CONFIG).groups}
     for g in raw["groups"]:
+        spark = g.setdefault("spark", {})
+        spark["checkpoint_dir"] = resolved[g["name"]]
         if g["name"] == GROUP:
-            g.setdefault("spark", {})["mode"] = "available_now"
+            spark["mode"] = "available_now"
     path = home / "mirrors.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path

@@ -219,8 +219,8 @@ def _own_checkpoint_config(tmp_path: Path) -> Path:
     """config/local.yaml with a checkpoint directory of the test's own (no stop marker or lock of a demo run)."""
     config = tmp_path / "local.yaml"
     text = (ROOT / "config" / "local.yaml").read_text()
-    assert '".state/checkpoints/demo"' in text
-    config.write_text(text.replace('".state/checkpoints/demo"', f'"{tmp_path / "checkpoints"}"'))
+    assert '"../.state/checkpoints/demo"' in text
+    config.write_text(text.replace('"../.state/checkpoints/demo"', f'"{tmp_path / "checkpoints"}"'))
     return config
 
 

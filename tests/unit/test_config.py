@@ -926,3 +926,61 @@ def test_auto_reads_directly_on_a_local_master_and_in_the_executors_tasks_on_a_c
     assert group.spark.master == (master or spark.get("master", "local[2]"))
     assert group.spark.read_path == spark.get("read_path", "auto")  # resolved where it is read, not rewritten
     assert group.spark.transactions == spark.get("transactions", "auto")
+
+
+def _state_config(tmp_path: Path, spark: dict[str, Any]) -> Path:
+    """base_config() as a file in ``tmp_path/conf``, the first group's spark settings ``spark``."""
+    raw = base_config()
+    raw["groups"][0]["spark"] = spark
+    path = tmp_path / "conf" / "mirrors.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_relative_state_dirs_are_relative_to_the_config_file_from_any_working_directory(tmp_path, monkeypatch):
+    """The CLI, Airflow's tasks and the Spark job read one config from different directories: each must find
+    the same checkpoint, lock and stop marker (a second checkpoint would read the sources again from the
+    earliest offsets, and a job started elsewhere would not see the first one's lock)."""
+    path = _state_config(tmp_path, {"checkpoint_dir": "../state/ckpt", "secrets_dir": "secrets"})
+    seen = []
+    for cwd in (tmp_path, path.parent, REPO):
+        monkeypatch.chdir(cwd)
+        spark = load_config(path).groups[0].spark
+        seen.append((spark.checkpoint_dir, spark.secrets_dir))
+    assert seen == [(str(tmp_path / "state" / "ckpt"), str(tmp_path / "conf" / "secrets"))] * 3
+    # a config path given relative to the working directory works the same
+    monkeypatch.chdir(tmp_path)
+    assert load_config(Path("conf") / "mirrors.yaml").groups[0].spark.checkpoint_dir == str(tmp_path / "state" / "ckpt")
+    # the default is relative to the file as well; a full path and a URI stay as written
+    assert load_config(_state_config(tmp_path / "d", {})).groups[0].spark.checkpoint_dir == \
+        str(tmp_path / "d" / "conf" / ".state" / "checkpoints")
+    for given in ("/var/lib/mirrorflow", "s3a://bucket/checkpoints", "file:///var/ckpt"):
+        cfg = load_config(_state_config(tmp_path / given.replace("/", "_").replace(":", ""), {"checkpoint_dir": given}))
+        assert cfg.groups[0].spark.checkpoint_dir == given
+    # a config that is not read from a file keeps the path as written
+    assert parse_config(base_config()).groups[0].spark.checkpoint_dir == ".state/checkpoints"
+
+
+def test_a_checkpoint_found_only_against_the_working_directory_is_refused_until_it_is_moved(tmp_path, monkeypatch):
+    """Before 7 December a relative checkpoint_dir was relative to the working directory: an existing
+    checkpoint there is not left behind silently (the job would start a new one from the earliest offsets)."""
+    path = _state_config(tmp_path, {"checkpoint_dir": "ckpt"})
+    group = load_config(path).groups[0].name
+    old = tmp_path / "ckpt" / group
+    (old / "offsets").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    text = str(err.value)
+    new = tmp_path / "conf" / "ckpt" / group
+    assert "groups[0].spark.checkpoint_dir" in text and str(old) in text and str(new) in text
+    assert len(text.splitlines()) <= 2  # one line, under the file's name
+    # run from the config's directory, the two places are one: nothing to refuse
+    monkeypatch.chdir(path.parent)
+    assert load_config(path).groups[0].spark.checkpoint_dir == str(tmp_path / "conf" / "ckpt")
+    # once moved, the config loads from anywhere
+    monkeypatch.chdir(tmp_path)
+    new.parent.mkdir(parents=True, exist_ok=True)
+    old.rename(new)
+    assert load_config(path).groups[0].spark.checkpoint_dir == str(tmp_path / "conf" / "ckpt")

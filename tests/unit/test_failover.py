@@ -81,6 +81,21 @@ def test_stop_marker_is_idempotent_and_finalize_readies_the_reverse_group(tmp_pa
     assert failover.reverse_group(_cfg(tmp_path, reverse=False), ab) is None
 
 
+def test_the_stop_marker_of_a_file_uri_checkpoint_is_beside_its_lock(tmp_path: Path) -> None:
+    """A ``file:`` checkpoint's marker is in the directory the URI names (where the job's lock is), not under a
+    directory called ``file:`` in the working directory."""
+    from mirror_core import joblock
+
+    group = parse_config({"clusters": {"a": {"kafka": {"bootstrap.servers": "a:1"}},
+                                       "b": {"kafka": {"bootstrap.servers": "b:1"}}},
+                          "groups": [{"name": "ab", "source": "a", "destination": "b", "mirrors": [{"source_topic": "t"}],
+                                      "spark": {"checkpoint_dir": f"file://{tmp_path}/ckpt"}}]}, env={}).group("ab")
+    marker = failover.request_stream_stop(group, "a test")
+    assert marker == tmp_path / "ckpt" / "ab.stopped-by-failover" and marker.is_file()
+    assert marker.parent == joblock.lock_path(group.spark.checkpoint_dir, "ab").parent
+    assert failover.stream_stop_requested(group).startswith("a test")
+
+
 def test_the_wait_for_the_stream_job_tells_only_what_the_checkpoint_shows(tmp_path: Path) -> None:
     """No lock file (no job of this version ran there, or the checkpoint is not where this process looks): the
     checkpoint proves nothing, so the CLI's finalize says "asked to stop", not "stopped"; with Airflow's task count
