@@ -27,7 +27,16 @@ from confluent_kafka.admin import NewTopic
 from mirror_core import clients
 from mirror_core.config import GroupConfig, MirrorsConfig
 from mirror_core.errors import KafkaOperationError
-from mirror_core.offsets import Checkpoint, Heartbeat, OffsetSync, OffsetSyncStore, checkpoint_for
+from mirror_core.offsets import (
+    NO_SYNCS,
+    TOO_OLD,
+    Checkpoint,
+    Heartbeat,
+    OffsetSync,
+    OffsetSyncStore,
+    Translation,
+    checkpoint_for,
+)
 from mirror_core.policy import GroupFilter
 from mirror_core.positions import sync_destination
 from mirror_core.topics import create_topics
@@ -138,6 +147,71 @@ def load_sync_store(cfg: MirrorsConfig, group: GroupConfig) -> OffsetSyncStore:
         return tail.store
 
 
+#: a position with no committed source record between it and the partition's first retained sync
+BEFORE_FIRST = "before the first mirrored record, no committed record in between on the source"
+#: a position of a partition with no sync and no committed source record from it to the source's end
+NOTHING_TO_MIRROR = "nothing mirrored and nothing to mirror from here: the destination's end"
+
+
+class SourceTranslator:
+    """Translation of a group's committed source positions (:meth:`OffsetSyncStore.translate`), and of the
+    positions the syncs alone cannot place, from what the source holds:
+
+    * below a partition's first retained sync, with no committed record on the source from the position up
+      to the sync (a log whose first offsets were compacted away, or held aborted records or transaction
+      markers): the sync's downstream position (``BEFORE_FIRST``, exact);
+    * in a partition with no sync at all, with no committed record from the position to the source's last
+      stable offset (an empty partition where a consumer committed 0, one holding only aborted records): the
+      destination partition's last stable offset (``NOTHING_TO_MIRROR``, conservative: whatever lands there
+      next is read, nothing is skipped).
+
+    A writer only syncs a partition once it mirrors a record, so without this such positions were
+    untranslatable: no checkpoint, no group offset, and a failover's sync refused them. A position below the
+    source's log start, or with committed records between it and the first sync (history retention removed
+    their syncs), stays untranslatable. Ends are read once per topic and kept for the translator's life."""
+
+    def __init__(self, cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore):
+        self.cfg, self.group, self.store = cfg, group, store
+        self._ends: dict[tuple[str, str], dict[int, tuple[int, int]]] = {}
+
+    def _end(self, side: str, topic: str, partition: int) -> tuple[int, int] | None:
+        if (side, topic) not in self._ends:
+            cluster = self.cfg.cluster(self.group.source if side == "source" else self.group.destination)
+            try:
+                self._ends[(side, topic)] = clients.end_offsets(cluster, topic)
+            except KafkaOperationError as exc:
+                if exc.code != "UNKNOWN_TOPIC_OR_PART":
+                    raise
+                self._ends[(side, topic)] = {}
+        return self._ends[(side, topic)].get(partition)
+
+    def nothing_committed(self, topic: str, partition: int, start: int, end: int) -> bool:
+        """No committed record of the source partition in [start, end) (transaction markers and aborted
+        records do not count)."""
+        reader = clients.read_partition(self.cfg.cluster(self.group.source), topic, partition, start, end,
+                                        timeout=30)
+        try:
+            return next(reader, None) is None
+        finally:
+            reader.close()
+
+    def translate(self, topic: str, partition: int, committed: int, destination_topic: str) -> Translation:
+        tr = self.store.translate(topic, partition, committed)
+        if tr.reason not in (NO_SYNCS, TOO_OLD):
+            return tr
+        ends = self._end("source", topic, partition)
+        if ends is None or committed < ends[0]:
+            return tr  # below the log start: a consumer there resets anyway; nothing to tell
+        first = self.store.oldest(topic, partition)
+        bound = first.upstream_offset if first is not None else ends[1]
+        if committed > bound or not self.nothing_committed(topic, partition, committed, bound):
+            return tr
+        if first is not None:
+            return Translation(first.downstream_offset, True, BEFORE_FIRST)
+        dst = self._end("destination", destination_topic, partition)
+        return tr if dst is None else Translation(dst[1], False, NOTHING_TO_MIRROR)
+
+
 #: why a remapped topic gets no checkpoint, no group offset and no translated lag
 REMAPPED = ("the destination has fewer partitions than the source (records placed by key hash): offsets "
             "cannot be translated exactly")
@@ -197,6 +271,7 @@ def emit_checkpoints(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncSt
     remapped = remapped_topics(cfg, group, mappings)
     previous = load_checkpoints(cfg, group)
     current = dict(previous)
+    translator = SourceTranslator(cfg, group, store)
     with clients.acting_on(group.source, cfg.cluster(group.source)):
         offsets = source_group_offsets(cfg, group, set(by_src))
     producer = clients.producer(cfg.cluster(group.destination), **{"enable.idempotence": True, "acks": "all"})
@@ -210,7 +285,7 @@ def emit_checkpoints(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncSt
                 rep.skipped.append((dst_topic, part, REMAPPED))
                 continue
             prev = previous.get((gid, dst_topic, part))
-            tr = store.translate(src_topic, part, committed)
+            tr = translator.translate(src_topic, part, committed, dst_topic)
             rewound = prev is not None and committed < prev.upstream_offset
             cp = checkpoint_for(gid, dst_topic, part, committed, tr, prev, source_rewound=rewound)
             if tr.downstream_offset is None:
@@ -290,6 +365,20 @@ def sync_group_offsets(cfg: MirrorsConfig, group: GroupConfig, checkpoints: dict
         rep.written += [(tp.topic, tp.partition, tp.offset) for tp in to_write]
 
 
+def sync_selected_groups(cfg: MirrorsConfig, group: GroupConfig, mappings: list[TopicMapping],
+                         checkpoints: dict[tuple[str, str, int], Checkpoint], report: RoundReport,
+                         force: bool = False) -> None:
+    """:func:`sync_group_offsets` for the consumer groups :func:`emit_checkpoints` just translated (those in
+    ``report``: the group's ``offsets.groups`` that commit on the source) and no other: the checkpoints
+    topic also holds earlier checkpoints of groups no longer selected (another failover's, MirrorMaker 2's),
+    which must not move their destination offsets."""
+    wanted = {r.group for r in report.groups}
+    remapped = remapped_topics(cfg, group, mappings)
+    untranslatable = frozenset(m.destination_topic for m in mappings if m.source_topic in remapped)
+    sync_group_offsets(cfg, group, {k: v for k, v in checkpoints.items() if k[0] in wanted}, report, force,
+                       untranslatable)
+
+
 def emit_heartbeat(cfg: MirrorsConfig, group: GroupConfig) -> bool:
     """One MM2 heartbeat to the source's heartbeats topic (created compacted if missing)."""
     src = cfg.cluster(group.source)
@@ -322,12 +411,8 @@ def run_round(cfg: MirrorsConfig, group: GroupConfig, force: bool = False) -> Ro
         with clients.acting_on(group.destination, cfg.cluster(group.destination)):
             checkpoints = emit_checkpoints(cfg, group, store, mappings, report)
     if group.offsets.sync_group_offsets:
-        wanted = {r.group for r in report.groups}
-        remapped = remapped_topics(cfg, group, mappings)
-        untranslatable = frozenset(m.destination_topic for m in mappings if m.source_topic in remapped)
         with clients.acting_on(group.destination, cfg.cluster(group.destination)):
-            sync_group_offsets(cfg, group, {k: v for k, v in checkpoints.items() if k[0] in wanted}, report, force,
-                               untranslatable)
+            sync_selected_groups(cfg, group, mappings, checkpoints, report, force)
     if group.heartbeats.enabled:
         report.heartbeat = emit_heartbeat(cfg, group)
     return report

@@ -15,7 +15,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -353,7 +353,7 @@ def _properties_escape(value: str) -> str:
 
 
 def read_partition(cluster: ClusterConfig, topic: str, partition: int, start: int, end: int,
-                   timeout: float = 60.0) -> Iterator[Any]:
+                   timeout: float = 60.0) -> Generator[Any, None, None]:
     """Committed records of ``topic``/``partition`` with offsets in [start, end), in order (read_committed).
 
     ``end`` should come from :func:`end_offsets`; transaction markers and aborted records occupy offsets

@@ -36,10 +36,11 @@ from typing import Any
 from mirror_core import clients, joblock
 from mirror_core.checkpoint import (
     RoundReport,
+    SourceTranslator,
     emit_checkpoints,
     load_sync_store,
     source_group_offsets,
-    sync_group_offsets,
+    sync_selected_groups,
     topic_mappings,
 )
 from mirror_core.config import GroupConfig, MirrorsConfig, RegexFilter
@@ -255,15 +256,16 @@ def final_sync(cfg: MirrorsConfig, group: GroupConfig, params: FailoverParams) -
                           {"lag_records": behind})
     round_report = RoundReport(group.name)
     checkpoints = emit_checkpoints(cfg, narrowed, store, mappings, round_report)
-    sync_group_offsets(cfg, narrowed, checkpoints, round_report)
+    sync_selected_groups(cfg, narrowed, mappings, checkpoints, round_report)
     by_src = {m.source_topic: m.destination_topic for m in mappings}
     src = source_group_offsets(cfg, narrowed, set(by_src))
     dst = destination_group_offsets(cfg, group, params.consumer_groups)
     rows, problems = [], []
+    translator = SourceTranslator(cfg, narrowed, store)
     for gid in params.consumer_groups:
         for (topic, p), committed in sorted(src.get(gid, {}).items()):
-            tr = store.translate(topic, p, committed)
             dst_topic = by_src[topic]
+            tr = translator.translate(topic, p, committed, dst_topic)
             got = dst.get(gid, {}).get((dst_topic, p))
             ok = tr.downstream_offset is not None and got == tr.downstream_offset
             rows.append({"consumer_group": gid, "source_topic": topic, "destination_topic": dst_topic,

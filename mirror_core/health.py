@@ -15,11 +15,12 @@ from __future__ import annotations
 import hashlib
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mirror_core import clients
-from mirror_core.checkpoint import TopicMapping, load_sync_store, topic_mappings
+from mirror_core.checkpoint import SourceTranslator, TopicMapping, load_sync_store, topic_mappings
 from mirror_core.config import GroupConfig, MirrorsConfig
 from mirror_core.errors import KafkaOperationError
 from mirror_core.offsets import Heartbeat, OffsetSyncStore
@@ -89,8 +90,38 @@ def heartbeat_age(cfg: MirrorsConfig, group: GroupConfig, now_ms: float) -> floa
     return None if newest is None else max(0.0, (now_ms - newest) / 1000)
 
 
+#: ``(source bootstrap, topic, partition) -> offset`` of a committed record found in a partition that had no
+#: offset sync yet (:func:`replication_lag`): while it lies in the partition's [low, high) the partition has
+#: records to mirror, and its source is not read again
+_UNSYNCED_RECORD: dict[tuple[str, str, int], int] = {}
+
+
+def _nothing_to_mirror(cfg: MirrorsConfig, group: GroupConfig, topic: str, partition: int, low: int,
+                       high: int) -> bool:
+    """A partition without offset syncs whose [low, high) holds no committed record (only aborted records or
+    transaction markers): nothing to mirror, although its offsets moved."""
+    key = (str(cfg.cluster(group.source).kafka_properties().get("bootstrap.servers", "")), topic, partition)
+    seen = _UNSYNCED_RECORD.get(key)
+    if seen is not None and low <= seen < high:
+        return False
+    reader = clients.read_partition(cfg.cluster(group.source), topic, partition, low, high, timeout=30)
+    try:
+        first = next(reader, None)
+    finally:
+        reader.close()
+    if first is None:
+        return True
+    if len(_UNSYNCED_RECORD) > 100_000:
+        _UNSYNCED_RECORD.clear()
+    _UNSYNCED_RECORD[key] = first.offset()
+    return False
+
+
 def replication_lag(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore | None = None,
                     mappings: list[TopicMapping] | None = None) -> LagReport:
+    """Per source partition: its end (last stable offset), the upstream position the destination holds (the
+    newest offset sync), the records between, and their age. A partition without syncs counts from its log
+    start, unless it holds no committed record at all (nothing to mirror: lag 0, mirrored to its end)."""
     store = store or load_sync_store(cfg, group)
     mappings = mappings if mappings is not None else topic_mappings(cfg, group)
     now_ms = time.time() * 1000
@@ -100,6 +131,8 @@ def replication_lag(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncSto
         for p, (low, high) in clients.end_offsets(cfg.cluster(group.source), m.source_topic).items():
             latest = store.latest(m.source_topic, p)
             mirrored_to = latest.upstream_offset if latest else None
+            if mirrored_to is None and high > low and _nothing_to_mirror(cfg, group, m.source_topic, p, low, high):
+                mirrored_to = high
             start = mirrored_to if mirrored_to is not None else low
             lag = max(0, high - max(start, low))
             seconds: float | None
@@ -133,6 +166,7 @@ def consumer_group_lag(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSync
     mappings = mappings if mappings is not None else topic_mappings(cfg, group)
     by_src = {m.source_topic: m for m in mappings}
     remapped = remapped_topics(cfg, group, mappings)
+    translator = SourceTranslator(cfg, group, store)
     out = []
     ends_cache: dict[str, dict[int, tuple[int, int]]] = {}
     for gid, offs in source_group_offsets(cfg, group, set(by_src)).items():
@@ -148,7 +182,7 @@ def consumer_group_lag(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSync
             if latest is not None:
                 # the position after the last mirrored record: a trailing commit marker is not lag
                 dst_end = min(dst_end, latest.downstream_offset)
-            tr = store.translate(topic, p, committed)
+            tr = translator.translate(topic, p, committed, dst_topic)
             lag = None if tr.downstream_offset is None else max(0, dst_end - tr.downstream_offset)
             out.append(GroupLag(gid, dst_topic, p, committed, tr.downstream_offset, dst_end, lag, tr.reason))
     return out
@@ -249,7 +283,7 @@ def _compare(src: Any, dst: Any, m: TopicMapping, p: int, urange: tuple[int, int
     hs, hd = hashlib.sha256(), hashlib.sha256()
     ns = nd = 0
     first: int | None = None
-    d_iter = iter(clients.read_partition(dst, m.destination_topic, p, drange[0] or 0, drange[1] or 0)) \
+    d_iter: Iterator[Any] = iter(clients.read_partition(dst, m.destination_topic, p, drange[0] or 0, drange[1] or 0)) \
         if drange[0] is not None and drange[1] is not None else iter(())
     for sm in clients.read_partition(src, m.source_topic, p, urange[0], urange[1]):
         sd = record_digest(sm.key(), sm.value(), sm.headers(), sm.timestamp()[1], *framed)

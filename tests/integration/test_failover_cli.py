@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from mirror_core import joblock
+from mirror_core import clients, joblock
 from mirror_core.cli import app
 from mirror_core.config import load_config
 from tests.dags import support
@@ -55,3 +55,59 @@ def test_failover_by_hand(clusters: Any, unique: Any, tmp_path: Path) -> None:
     out = CliRunner().invoke(app, ["failover", str(s.config), "--group", s.name, "--step", "resume"])
     assert out.exit_code == 0 and "removed" in out.output
     assert not Path(fin["details"]["stop_marker"]).exists()
+
+
+def _commit(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
+    c.close()
+
+
+def test_a_sync_places_positions_before_the_first_record_and_moves_only_its_own_groups(
+        clusters: Any, unique: Any, tmp_path: Path) -> None:
+    """Two things a failover's sync met on real topics. (1) Positions no offset sync covers although nothing
+    lies between them and the mirrored records: a group at 0 on a partition that starts with an aborted
+    transaction (its first record at 4), on a partition that holds only an aborted transaction, and on an
+    empty partition. All three were untranslatable (the sync refused the failover), and the aborted-only
+    partition counted as lag that never went (preflight: "not mirrored yet"). (2) The checkpoints topic also
+    holds another group's checkpoint (an earlier failover's): the sync of this group must not move that
+    group's destination offsets."""
+    from confluent_kafka import Producer
+
+    s = support.scenario(clusters, unique, tmp_path, partitions=4, records=0)
+    p = Producer({"bootstrap.servers": s.src, "transactional.id": unique("aborted")})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(3):
+        for part in (0, 2):
+            p.produce(s.topic, key=b"gone-%d" % i, value=b"never committed", partition=part)
+    assert p.flush(30) == 0  # on the log, then aborted (an abort purges what was not sent yet)
+    p.abort_transaction(30)
+    s.partitions = 2  # records on partitions 0 and 1 only: 2 holds the aborted records, 3 nothing
+    support.produce(s, 40)
+    s.partitions = 4
+    assert step(s, "drain")["ok"]
+    dst_topic = f"{s.topic}.mirror"
+    ends = clients.end_offsets(load_config(s.config).cluster("src"), s.topic)
+    assert ends == {0: (0, 24), 1: (0, 20), 2: (0, 4), 3: (0, 0)}  # 3 aborted records and their marker
+    assert step(s, "lag", "--max-lag-records", "0")["details"]["lag_records"] == 0
+
+    # another group moved earlier, then rewound on the destination on purpose (to read again)
+    other = f"{s.consumer_group}-earlier"
+    _commit(s.src, other, s.topic, {0: 7, 1: 9})
+    assert step(s, "sync", "--consumer-group", other)["ok"]
+    _commit(s.dst, other, dst_topic, {0: 0, 1: 0})
+
+    _commit(s.src, s.consumer_group, s.topic, {0: 0, 1: 12, 2: 0, 3: 0})
+    assert step(s, "preflight", "--consumer-group", s.consumer_group)["ok"]
+    sync = step(s, "sync", "--consumer-group", s.consumer_group)
+    assert sync["ok"], sync["summary"]
+    got = {o["partition"]: o["destination_committed"] for o in sync["details"]["offsets"]}
+    assert got == {0: 0, 1: 12, 2: 0, 3: 0}, sync["details"]["offsets"]
+    resumed = support.resume_on_destination(s, dst_topic)
+    assert resumed[0] == support.keys(s.src, s.topic, 0) and len(resumed[0]) == 20  # no aborted record
+    assert resumed[1] == support.keys(s.src, s.topic, 1, start=12)
+    assert resumed[2] == resumed[3] == []
+    assert support.committed(s.dst, other, dst_topic, 2) == {0: 0, 1: 0}  # left where it was put
