@@ -794,12 +794,17 @@ class MirrorRuntime:
                  self.group.name, n)
         return n
 
-    def overlaps(self, batch_id: int) -> bool:
+    def overlaps(self, batch_id: int, plan: WriterPlan | None = None) -> bool:
         """Whether batch ``batch_id``'s write runs on while Spark goes on (``spark.overlap_writes``): a batch of
         at most :data:`OVERLAP_MAX_RECORDS` offsets, as a running mirror's are. A larger one (a backlog, a
         drain) is written before Spark goes on: Spark's part is small next to its write, and on two cores
-        the overlap slowed 100-byte drains by 7-21 % (Spark's planning then competes with the writers)."""
+        the overlap slowed 100-byte drains by 7-21 % (Spark's planning then competes with the writers).
+        Nor a batch with a partition whose end moved back (``plan.rewound``, read from its first offset): the
+        written log keeps the old topic's larger end for it until the batch is written, so a crash during an
+        overlapped write would leave Spark's record of the batch and a log that calls the new records written."""
         if not self.group.spark.reads_directly or not self.group.spark.overlap_writes:
+            return False
+        if plan is not None and plan.rewound:
             return False
         n = self.batch_records(batch_id)
         return n is not None and n <= OVERLAP_MAX_RECORDS

@@ -312,7 +312,7 @@ def build_query(spark: SparkSession, cfg: MirrorsConfig, group: GroupConfig, *, 
             rt.wait_for_write()
             waited, t0 = time.monotonic() - t0, time.monotonic()
             plan = rt.writer_plan(batch_id)
-            overlap = rt.overlaps(batch_id)  # a large batch (a backlog) is written before Spark goes on
+            overlap = rt.overlaps(batch_id, plan)  # a large batch (a backlog) is written before Spark goes on
             t1 = time.monotonic()
             rt.write_direct_behind(plan, batch_id,
                                    lambda rows: report(batch_id, rows, t0, t1, "driver", "direct", plan.transactions,
