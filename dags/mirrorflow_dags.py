@@ -166,7 +166,8 @@ def failover_dag(path: str, owner: GroupConfig, flow: GroupConfig, purpose: str)
              }, doc_md=f"""### {purpose.capitalize()} of {flow.name}: `{flow.source}` -> `{flow.destination}`
 Manual. `preflight` -> `wait_for_lag` (deferrable) -> **approve_stop_producers** -> `wait_for_quiet`
 {'-> `final_drain` ' if not continuous else ''}-> `final_sync` (checkpoints + group offsets) -> `verify_parity`
--> **approve_switch_consumers** -> `finalize` (stream `{stream_id}` stopped and paused) -> `report`.
+-> **approve_switch_consumers** -> `finalize` (group offsets synced again, stream `{stream_id}` stopped and
+paused) -> `report`.
 A Reject at either approval ends the run: nothing changes after it, and the report says where it stopped.
 
 {FAILOVER_PARAMS_DOC}
@@ -188,9 +189,10 @@ A Reject at either approval ends the run: nothing changes after it, and the repo
             task_id="approve_switch_consumers", subject=f"Switch consumers to {flow.destination}",
             body=("{{ ti.xcom_pull(task_ids='final_sync', key='step_report')['summary'] }}; "
                   "{{ ti.xcom_pull(task_ids='verify_parity', key='step_report')['summary'] }}.\n\n"
-                  f"Approve to stop the mirror `{flow.source}` -> `{flow.destination}` for good; then start the "
-                  f"consumers on `{flow.destination}`. Reject to stop here (destination offsets are synced, "
-                  "the mirror keeps its state)."))
+                  f"Stop the consumers of these groups on `{flow.source}`, then Approve: `finalize` moves their "
+                  f"offsets on `{flow.destination}` up to where they stopped and stops the mirror `{flow.source}` -> "
+                  f"`{flow.destination}` for good. Start the consumers on `{flow.destination}` once it has "
+                  "ended. Reject to stop here (destination offsets are synced, the mirror keeps its state)."))
         finalize = FinalizeFailoverOperator(task_id="finalize", stream_dag_id=stream_id, **kw)
         steps = [("preflight", "preflight"), ("wait_for_lag", "lag"), ("approve_stop_producers", "approval"),
                  ("wait_for_quiet", "quiet"), ("final_sync", "sync"), ("verify_parity", "verify"),

@@ -480,10 +480,12 @@ def failover(
         elif step == "verify":
             rep = fo.verify(cfg, g)
         else:
+            # with consumer groups (stopped on the source by now): their offsets follow them first
+            resynced = fo.resync(cfg, g, params) if consumer_groups else None
             fo.request_stream_stop(g, f"failover of group {g.name} to {g.destination}")
             stopped = fo.wait_stream_ended(g, wait, say=lambda line: err.print(f"{g.name}: {line}", markup=False,
                                                                                highlight=False))
-            rep = fo.finalize(cfg, g, stream_stopped=stopped)
+            rep = fo.finalize(cfg, g, stream_stopped=stopped, resynced=resynced)
     if as_json:
         print(json.dumps(rep.as_dict(), indent=2, default=str))
     else:

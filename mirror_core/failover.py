@@ -395,10 +395,21 @@ def reverse_group(cfg: MirrorsConfig, group: GroupConfig) -> GroupConfig | None:
     return None
 
 
-def finalize(cfg: MirrorsConfig, group: GroupConfig, stream_stopped: bool | None = None) -> StepReport:
+def resync(cfg: MirrorsConfig, group: GroupConfig, params: FailoverParams) -> StepReport:
+    """:func:`final_sync` once more, as ``finalize``'s first step: the approval before it asks for the consumers to
+    be stopped on the source, and what they read there since ``final_sync`` would otherwise be read again on the
+    destination. Their destination offsets follow them forward (never back); a group that already has members on
+    the destination is left as it is, and the report says so."""
+    rep = final_sync(cfg, group, params)
+    return StepReport("resync", group.name, rep.ok, rep.summary, rep.details, rep.at)
+
+
+def finalize(cfg: MirrorsConfig, group: GroupConfig, stream_stopped: bool | None = None,
+             resynced: StepReport | None = None) -> StepReport:
     """Stop the group's stream for good (stop marker) and make the reverse group ready to start.
 
-    ``stream_stopped``: the adapter's answer to "has the job ended?" (None: it could not tell)."""
+    ``stream_stopped``: the adapter's answer to "has the job ended?" (None: it could not tell). ``resynced``: the
+    consumer groups' offsets synced again at the start of the step (:func:`resync`), which must have passed."""
     marker = request_stream_stop(group, f"failover of group {group.name} to {group.destination}")
     rev = reverse_group(cfg, group)
     details: dict[str, Any] = {"stop_marker": str(marker), "stream_stopped": stream_stopped,
@@ -409,6 +420,12 @@ def finalize(cfg: MirrorsConfig, group: GroupConfig, stream_stopped: bool | None
     summary = ("stream stopped" if stream_stopped else "stream asked to stop" if stream_stopped is None
                else "the stream job is still running")
     summary += f"; reverse group {rev.name!r} ready to start" if rev else "; no reverse group in the config"
+    if resynced is not None:
+        details["resync"] = {"ok": resynced.ok, "summary": resynced.summary,
+                             "offsets": resynced.details.get("offsets", [])}
+        ok = ok and resynced.ok
+        summary = (f"consumer offsets synced again: {resynced.summary}; " if resynced.ok else
+                   f"consumer offsets NOT synced again: {resynced.summary}; ") + summary
     return StepReport("finalize", group.name, ok, summary, details)
 
 

@@ -242,8 +242,9 @@ def push_report(op: BaseOperator, context: Any, rep: Any) -> dict[str, Any]:
 
 
 class FinalizeFailoverOperator(MirrorflowOperator):
-    """Stop the group's stream for good (stop marker, stream DAG paused, its job ended) and make the
-    reverse group ready. The job has ended when no task of the stream DAG runs and no job holds the group's
+    """Sync the consumer groups' offsets once more (their consumers were stopped on the source before the
+    approval; :func:`mirror_core.failover.resync`), stop the group's stream for good (stop marker, stream DAG
+    paused, its job ended) and make the reverse group ready. The job has ended when no task of the stream DAG runs and no job holds the group's
     checkpoint (its lock, :mod:`mirror_core.joblock`): a job whose task died, or one started by hand, sees the
     stop marker at its next micro-batch."""
 
@@ -256,15 +257,24 @@ class FinalizeFailoverOperator(MirrorflowOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from mirror_core import failover
+        from mirror_core.errors import ConfigError
 
+        try:
+            params = failover.FailoverParams.from_mapping(dict(context["params"]))
+        except ConfigError as exc:
+            raise AirflowFailException(f"invalid params: {exc}") from None
         cfg, group = self.load()
+        # the consumers were stopped on the source before the approval: their offsets follow them (before the
+        # stream stops, which takes up to its stop timeout)
+        resynced = failover.resync(cfg, group, params)
+        self.log.info("resync: %s", resynced.summary)
         marker = failover.request_stream_stop(group, f"failover of group {group.name} to {group.destination}")
         self.log.info("stop marker written: %s", marker)
         paused = pause_dag(self.stream_dag_id, self.log)
         stopped = failover.wait_stream_ended(group, self.stop_timeout,
                                              lambda: stream_jobs_running(context["ti"], self.stream_dag_id),
                                              say=self.log.info)
-        rep = failover.finalize(cfg, group, stream_stopped=stopped)
+        rep = failover.finalize(cfg, group, stream_stopped=stopped, resynced=resynced)
         rep = failover.StepReport(rep.step, rep.group, rep.ok, rep.summary,
                                   dict(rep.details) | {"stream_dag_paused": paused}, rep.at)
         return push_report(self, context, rep)

@@ -252,19 +252,28 @@ def test_finalize_waits_for_a_job_still_on_the_checkpoint(monkeypatch: pytest.Mo
     config = _own_checkpoint_config(tmp_path)
     lock = joblock.lock_path(str(tmp_path / "checkpoints"), "demo")
     assert lock is not None
+    from mirror_core import failover
+
+    # no clusters here: the offsets' second sync (tested on real clusters in test_failover_cli) stands in
+    synced = []
+    monkeypatch.setattr(failover, "resync", lambda cfg, group, params: synced.append(params.consumer_groups) or
+                        failover.StepReport("resync", group.name, True, "2 partition offsets synced", {"offsets": []}))
     with support.job_holding(lock, 3 if job_ends else 600) as job:
         monkeypatch.setattr(operators, "pause_dag", lambda dag_id, log: True)
         op = operators.FinalizeFailoverOperator(task_id="finalize", config_path=str(config), group_name="demo",
                                                 stream_dag_id="mirrorflow__demo__stream",
                                                 stop_timeout=15 if job_ends else 3)
         ti = _TaskInstance()
+        context = {"ti": ti, "params": {"consumer_groups": ["demo-app"]}}
         if job_ends:
-            op.execute({"ti": ti})
+            op.execute(context)
             assert job.poll() is not None  # finalize ended its wait only once the job had
             assert ti.pushed["step_report"]["details"]["stream_stopped"] is True
+            assert ti.pushed["step_report"]["summary"].startswith("consumer offsets synced again")
+            assert synced == [("demo-app",)]
         else:
             with pytest.raises(AirflowFailException, match="the stream job is still running"):
-                op.execute({"ti": ti})
+                op.execute(context)
             assert ti.pushed["step_report"]["details"]["stream_stopped"] is False
 
 

@@ -36,21 +36,26 @@ def test_failover_by_hand(clusters: Any, unique: Any, tmp_path: Path) -> None:
     sync = step(s, "sync", *cg)
     assert sorted((o["partition"], o["source_committed"]) for o in sync["details"]["offsets"]) == [(0, 5), (1, 12)]
     assert step(s, "verify")["details"]["records_verified"] == 40
+    # the consumers read on until they were stopped on the source: finalize moves their offsets after them
+    support.commit_source_group(s, {0: 9, 1: 15})
     # a job still on the group's checkpoint (one started by hand, say): finalize waits until it has ended
     lock = joblock.lock_path(load_config(s.config).group(s.name).spark.checkpoint_dir, s.name)
     assert lock is not None
     with support.job_holding(lock, 3) as job:
-        res = CliRunner().invoke(app, ["failover", str(s.config), "--group", s.name, "--step", "finalize", "--json"])
+        res = CliRunner().invoke(app, ["failover", str(s.config), "--group", s.name, "--step", "finalize", "--json",
+                                       *cg])
         assert res.exit_code == 0, res.output
         assert job.poll() is not None  # finalize returned only once the job had ended
     assert f"waiting for the job still running on the group's checkpoint to end: a streaming job, pid {job.pid}" \
         in res.output
     fin = json.loads(res.output[res.output.index("{"):])
-    assert fin["details"]["stream_stopped"] is True and fin["summary"].startswith("stream stopped")
+    assert fin["details"]["stream_stopped"] is True and "stream stopped" in fin["summary"]
+    assert fin["details"]["resync"]["ok"] and sorted(
+        (o["partition"], o["source_committed"]) for o in fin["details"]["resync"]["offsets"]) == [(0, 9), (1, 15)]
     assert Path(fin["details"]["stop_marker"]).exists()
     resumed = support.resume_on_destination(s, f"{s.topic}.mirror")
-    assert resumed[0] == support.keys(s.src, s.topic, 0, start=5)
-    assert resumed[1] == support.keys(s.src, s.topic, 1, start=12)
+    assert resumed[0] == support.keys(s.src, s.topic, 0, start=9)  # not from 5: no re-read
+    assert resumed[1] == support.keys(s.src, s.topic, 1, start=15)
     # a stopped group's stream does not start again until the marker is removed
     out = CliRunner().invoke(app, ["failover", str(s.config), "--group", s.name, "--step", "resume"])
     assert out.exit_code == 0 and "removed" in out.output
