@@ -38,7 +38,7 @@ from mirror_core.offsets import (
     checkpoint_for,
 )
 from mirror_core.policy import GroupFilter
-from mirror_core.positions import sync_destination
+from mirror_core.positions import REFRESH_HEADER, is_refresh, sync_destination, sync_headers
 from mirror_core.topics import create_topics
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,8 @@ class RoundReport:
     mirror_group: str
     groups: list[GroupReport] = field(default_factory=list)
     heartbeat: bool = False
+    #: idle partitions whose newest offset sync was written again (:func:`refresh_idle_syncs`)
+    syncs_refreshed: int = 0
 
 
 def topic_mappings(cfg: MirrorsConfig, group: GroupConfig) -> list[TopicMapping]:
@@ -102,6 +104,9 @@ class _SyncTail:
     store: OffsetSyncStore
     next_offset: dict[int, int] = field(default_factory=dict)
     first_offset: dict[int, int] = field(default_factory=dict)
+    #: per (source topic, partition): when its newest sync in the store was written (ms) and the destination it
+    #: names (None: a sync from before syncs named it)
+    written_at: dict[tuple[str, int], tuple[int, str | None]] = field(default_factory=dict)
 
 
 #: (destination bootstrap servers, offset-sync topic, group) -> what this process has read of it for the group
@@ -117,7 +122,14 @@ def load_sync_store(cfg: MirrorsConfig, group: GroupConfig) -> OffsetSyncStore:
     Incremental: a process that asks again (``checkpoint --loop``, lag samples) reads only the syncs
     written since, so a round's cost does not grow with the topic's retention. The history is read afresh
     when the topic was re-created (its end moved back) or retention removed records from where the kept
-    history starts (so memory stays bounded by what the topic retains)."""
+    history starts (so memory stays bounded by what the topic retains). A refresh copy
+    (:func:`refresh_idle_syncs`) counts only when it is not older than the partition's newest sync: one that
+    landed after a newer sync of the writer's would otherwise rewrite the history back to it."""
+    return _sync_tail(cfg, group).store
+
+
+def _sync_tail(cfg: MirrorsConfig, group: GroupConfig) -> _SyncTail:
+    """:func:`load_sync_store`'s read, with what it keeps about the topic."""
     dst = cfg.cluster(group.destination)
     key = (str(dst.kafka_properties().get("bootstrap.servers", "")), group.offset_syncs, group.name)
     ours = sync_filter(group)
@@ -127,7 +139,7 @@ def load_sync_store(cfg: MirrorsConfig, group: GroupConfig) -> OffsetSyncStore:
         except KafkaOperationError as exc:
             if exc.code == "UNKNOWN_TOPIC_OR_PART":
                 _SYNC_TAILS.pop(key, None)
-                return OffsetSyncStore()
+                return _SyncTail(OffsetSyncStore())
             raise
         tail = _SYNC_TAILS.get(key)
         if tail is None or set(ends) != set(tail.next_offset) or any(
@@ -138,13 +150,64 @@ def load_sync_store(cfg: MirrorsConfig, group: GroupConfig) -> OffsetSyncStore:
             for p, (_low, high) in ends.items():
                 for m in clients.read_partition(dst, group.offset_syncs, p, tail.next_offset[p], high):
                     sync = OffsetSync.from_record(m.key(), m.value())
-                    if ours(sync, sync_destination(m.headers())):
-                        tail.store.add(sync)
+                    dest = sync_destination(m.headers())
+                    if not ours(sync, dest):
+                        continue
+                    if is_refresh(m.headers()):
+                        newest = tail.store.latest(sync.topic, sync.partition)
+                        if newest is not None and sync.upstream_offset < newest.upstream_offset:
+                            continue
+                    tail.store.add(sync)
+                    tail.written_at[(sync.topic, sync.partition)] = (m.timestamp()[1], dest)
                 tail.next_offset[p] = high
         except BaseException:
             _SYNC_TAILS.pop(key, None)  # half read: the next call starts over
             raise
-        return tail.store
+        return tail
+
+
+#: an idle partition whose newest offset sync is older than this gets a copy of it (:func:`refresh_idle_syncs`):
+#: well inside the sync topic's 7-day retention, so that rounds missed for days still leave it in time
+SYNC_REFRESH_AGE_S = 24 * 3600.0
+
+
+def refresh_idle_syncs(cfg: MirrorsConfig, group: GroupConfig, mappings: list[TopicMapping],
+                       age_s: float = SYNC_REFRESH_AGE_S, now_ms: float | None = None) -> int:
+    """Write again the newest offset sync of each of the group's partitions that has nothing left to mirror
+    (the source's last stable offset at the sync's upstream position) and whose newest sync is ``age_s`` or
+    older; returns how many. A writer syncs a partition only when it writes it, and the sync topic keeps 7 days:
+    an idle partition would lose its whole history (lag counted from the log start, its groups' positions
+    untranslatable; MirrorMaker 2 compacts its sync topic instead). A copy carries :data:`REFRESH_HEADER`: the
+    writers' position lookups pass over it, and the translation history takes it only when it is not older than
+    the partition's newest sync, so a copy that lands after a newer sync (a record arrived meanwhile) changes
+    nothing."""
+    tail = _sync_tail(cfg, group)
+    now = time.time() * 1000 if now_ms is None else now_ms
+    stale = {k: v for k, v in tail.written_at.items() if now - v[0] >= age_s * 1000}
+    topics = {m.source_topic for m in mappings}
+    stale = {k: v for k, v in stale.items() if k[0] in topics}
+    if not stale:
+        return 0
+    src = cfg.cluster(group.source)
+    ends = {t: clients.end_offsets(src, t) for t in sorted({t for t, _ in stale})}
+    producer = clients.producer(cfg.cluster(group.destination), **{"enable.idempotence": True, "acks": "all"})
+    failed: list[str] = []
+    n = 0
+    for (topic, p), (_at, dest) in sorted(stale.items()):
+        newest = tail.store.latest(topic, p)
+        low_high = ends[topic].get(p)
+        if newest is None or low_high is None or low_high[1] > newest.upstream_offset:
+            continue  # records to mirror: the writer syncs the partition with them
+        headers = ([] if dest is None else sync_headers(dest)) + [(REFRESH_HEADER, b"1")]
+        producer.produce(group.offset_syncs, key=newest.key_bytes(), value=newest.value_bytes(), partition=0,
+                         headers=headers, on_delivery=_note_failure(failed))  # type: ignore[arg-type]
+        n += 1
+    with clients.fatal_unmasked():
+        unacked = producer.flush(30)
+    if unacked or failed:
+        raise KafkaOperationError(f"offset-sync refreshes to {group.offset_syncs} not written: "
+                                  f"{failed[0] if failed else 'not acknowledged within 30 s'}")
+    return n
 
 
 #: a position with no committed source record between it and the partition's first retained sync
@@ -415,6 +478,8 @@ def run_round(cfg: MirrorsConfig, group: GroupConfig, force: bool = False) -> Ro
             sync_selected_groups(cfg, group, mappings, checkpoints, report, force)
     if group.heartbeats.enabled:
         report.heartbeat = emit_heartbeat(cfg, group)
+    with clients.acting_on(group.destination, cfg.cluster(group.destination)):
+        report.syncs_refreshed = refresh_idle_syncs(cfg, group, mappings)
     return report
 
 

@@ -257,6 +257,9 @@ def _print_round(rep: Any) -> None:
         table.add_row(g.group, str(g.checkpoints), written, skipped)
     out.print(table)
     out.print(f"heartbeat: {'sent' if rep.heartbeat else 'off'}")
+    if rep.syncs_refreshed:
+        out.print(f"offset syncs of {rep.syncs_refreshed} idle partitions written again (kept past the sync topic's "
+                  "retention)")
 
 
 @app.command()

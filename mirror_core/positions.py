@@ -64,6 +64,17 @@ def sync_headers(destination_topic: str) -> list[tuple[str, bytes]]:
     return [(DESTINATION_HEADER, destination_topic.encode())]
 
 
+#: header of a copy of a partition's newest sync, written by the offset round so that an idle partition keeps
+#: its position past the sync topic's retention (:func:`mirror_core.checkpoint.refresh_idle_syncs`): a lookup
+#: never takes one for a writer's position (a copy can land after a newer sync the writer committed meanwhile)
+REFRESH_HEADER = "mirrorflow.refresh"
+
+
+def is_refresh(headers: list[tuple[str, bytes | None]] | None) -> bool:
+    """Whether a sync record is a refresh copy (:data:`REFRESH_HEADER`)."""
+    return any(name == REFRESH_HEADER for name, _ in headers or ())
+
+
 def sync_destination(headers: list[tuple[str, bytes | None]] | None) -> str | None:
     """The destination a sync record names, or None for a sync written before syncs named it."""
     for name, value in headers or ():
@@ -276,7 +287,7 @@ def _scan(c: Consumer, syncs_topic: str, p: int, start: int, end: int, topic: st
                 # not ours to judge: something else wrote to the topic; it never stops the mirror
                 log.warning("%s[%d]@%d is not an offset sync, skipped: %s", syncs_topic, p, msg.offset(), exc)
                 continue
-            if sync.topic != topic or sync.partition not in partitions:
+            if sync.topic != topic or sync.partition not in partitions or is_refresh(msg.headers()):
                 continue
             if destination is None:
                 found[sync.partition] = sync  # later records in the log supersede earlier ones

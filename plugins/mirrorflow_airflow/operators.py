@@ -143,10 +143,14 @@ class CheckpointOperator(MirrorflowOperator):
             update={"enabled": False})}))
         out = {"group": group.name, "consumer_groups": [
             {"group": g.group, "checkpoints": g.checkpoints, "written": [list(w) for w in g.written],
-             "skipped": [[t, p, why] for t, p, why in g.skipped]} for g in rep.groups]}
+             "skipped": [[t, p, why] for t, p, why in g.skipped]} for g in rep.groups],
+            "syncs_refreshed": rep.syncs_refreshed}
         for g in rep.groups:
             self.log.info("%s: %d checkpoints, offsets written %s, skipped %s", g.group, g.checkpoints,
                           g.written or "-", g.skipped or "-")
+        if rep.syncs_refreshed:
+            self.log.info("offset syncs of %d idle partitions written again (kept past the sync topic's retention)",
+                          rep.syncs_refreshed)
         return out
 
 

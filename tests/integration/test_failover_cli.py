@@ -116,3 +116,47 @@ def test_a_sync_places_positions_before_the_first_record_and_moves_only_its_own_
     assert resumed[1] == support.keys(s.src, s.topic, 1, start=12)
     assert resumed[2] == resumed[3] == []
     assert support.committed(s.dst, other, dst_topic, 2) == {0: 0, 1: 0}  # left where it was put
+
+
+def test_an_idle_partition_keeps_its_position_past_the_sync_topics_retention(clusters: Any, unique: Any,
+                                                                             tmp_path: Path) -> None:
+    """A writer syncs a partition only when it writes it, and the sync topic keeps 7 days. The offset round
+    writes the newest sync of an idle partition again (here: any age), so when retention removes everything
+    before those copies the partition still counts as mirrored and its groups' positions still translate.
+    The copies are never a writer's position, and one older than the newest sync changes no history."""
+    from confluent_kafka import Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from mirror_core import checkpoint, positions
+    from mirror_core.offsets import OffsetSync
+
+    s = support.scenario(clusters, unique, tmp_path, partitions=2, records=40)
+    assert step(s, "drain")["ok"]
+    cfg = load_config(s.config)
+    g = cfg.group(s.name)
+    dst_topic = f"{s.topic}.mirror"
+    support.produce(s, 1, start=1000)  # a record on partition 0 not mirrored yet: that partition is not idle
+    mappings = checkpoint.topic_mappings(cfg, g)
+    assert checkpoint.refresh_idle_syncs(cfg, g, mappings, age_s=3600) == 0  # syncs of seconds ago: kept as they are
+    assert checkpoint.refresh_idle_syncs(cfg, g, mappings, age_s=0) == 1  # partition 1 only
+    # retention takes everything the writer wrote: only the copy is left
+    admin = AdminClient({"bootstrap.servers": s.dst})
+    end = clients.end_offsets(cfg.cluster("dst"), g.offset_syncs)[0][1]
+    admin.delete_records([TopicPartition(g.offset_syncs, 0, end - 1)])[TopicPartition(g.offset_syncs, 0, end - 1)] \
+        .result(30)
+    _commit(s.src, s.consumer_group, s.topic, {1: 20})
+    # partition 0 (no sync left) counts from its log start: its 21 records; partition 1 (the copy) nothing
+    assert step(s, "lag", "--max-lag-records", "100")["details"]["lag_records"] == 21
+    store = checkpoint.load_sync_store(cfg, g)
+    assert store.latest(s.topic, 1) == OffsetSync(s.topic, 1, 20, 20) and store.latest(s.topic, 0) is None
+    assert checkpoint.SourceTranslator(cfg, g, store).translate(s.topic, 1, 20, dst_topic).downstream_offset == 20
+    # a writer's lookup passes over the copy: its position was a writer's own, or none
+    consumer_config = clients.kafka_config(cfg.cluster("dst"))
+    assert positions.last_committed_sync(consumer_config, g.offset_syncs, s.topic, 1, destination=dst_topic) is None
+    # a copy of an older sync landing after a newer one (a record arrived meanwhile) rewrites no history
+    p = Producer({"bootstrap.servers": s.dst, "enable.idempotence": True})
+    old = OffsetSync(s.topic, 1, 5, 5)
+    p.produce(g.offset_syncs, key=old.key_bytes(), value=old.value_bytes(), partition=0,
+              headers=positions.sync_headers(dst_topic) + [(positions.REFRESH_HEADER, b"1")])
+    assert p.flush(30) == 0
+    assert checkpoint.load_sync_store(cfg, g).latest(s.topic, 1) == OffsetSync(s.topic, 1, 20, 20)

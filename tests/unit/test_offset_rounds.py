@@ -48,6 +48,9 @@ class _Msg:
     def value(self) -> bytes | None:
         return self._v
 
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1_700_000_000_000 + self._o)  # (CreateTime, ms)
+
     def headers(self) -> list[tuple[str, bytes]] | None:
         return None  # a sync without the destination header (as an earlier release wrote): every group's
 
