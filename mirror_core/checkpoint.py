@@ -189,7 +189,8 @@ def refresh_idle_syncs(cfg: MirrorsConfig, group: GroupConfig, mappings: list[To
     if not stale:
         return 0
     src = cfg.cluster(group.source)
-    ends = {t: clients.end_offsets(src, t) for t in sorted({t for t, _ in stale})}
+    with clients.acting_on(group.source, src):
+        ends = {t: clients.end_offsets(src, t) for t in sorted({t for t, _ in stale})}
     producer = clients.producer(cfg.cluster(group.destination), **{"enable.idempotence": True, "acks": "all"})
     failed: list[str] = []
     n = 0
