@@ -56,7 +56,10 @@ def config_path(env: dict[str, str] | None = None) -> Path:
     """``$MIRRORFLOW_CONFIG``, else config/mirrors.yaml, else config/local.yaml."""
     env = dict(os.environ) if env is None else env
     if env.get("MIRRORFLOW_CONFIG"):
-        return Path(env["MIRRORFLOW_CONFIG"]).resolve()
+        # absolute, symlinks kept: a relative checkpoint_dir is relative to the directory of the path as given
+        # (config.resolve_state_dirs), the same for the CLI and the Spark job; resolving links would give a
+        # Kubernetes ConfigMap mount's timestamped directory, which changes with every update
+        return Path(os.path.abspath(env["MIRRORFLOW_CONFIG"]))
     mirrors = ROOT / "config" / "mirrors.yaml"
     return mirrors if mirrors.exists() else ROOT / "config" / "local.yaml"
 

@@ -38,7 +38,7 @@ from mirror_core.offsets import (
     checkpoint_for,
 )
 from mirror_core.policy import GroupFilter
-from mirror_core.positions import REFRESH_HEADER, is_refresh, sync_destination, sync_headers
+from mirror_core.positions import REFRESH_HEADER, is_refresh, lookup_consumer, sync_destination, sync_headers
 from mirror_core.topics import create_topics
 
 log = logging.getLogger(__name__)
@@ -197,8 +197,10 @@ def refresh_idle_syncs(cfg: MirrorsConfig, group: GroupConfig, mappings: list[To
     for (topic, p), (_at, dest) in sorted(stale.items()):
         newest = tail.store.latest(topic, p)
         low_high = ends[topic].get(p)
-        if newest is None or low_high is None or low_high[1] > newest.upstream_offset:
-            continue  # records to mirror: the writer syncs the partition with them
+        if newest is None or low_high is None or low_high[1] != newest.upstream_offset:
+            # records to mirror (the writer syncs the partition with them), or an end below the sync (the topic
+            # was re-created: the old incarnation's history is not kept alive)
+            continue
         headers = ([] if dest is None else sync_headers(dest)) + [(REFRESH_HEADER, b"1")]
         producer.produce(group.offset_syncs, key=newest.key_bytes(), value=newest.value_bytes(), partition=0,
                          headers=headers, on_delivery=_note_failure(failed))  # type: ignore[arg-type]
@@ -232,48 +234,88 @@ class SourceTranslator:
     A writer only syncs a partition once it mirrors a record, so without this such positions were
     untranslatable: no checkpoint, no group offset, and a failover's sync refused them. A position below the
     source's log start, or with committed records between it and the first sync (history retention removed
-    their syncs), stays untranslatable. Ends are read once per topic and kept for the translator's life."""
+    their syncs), or whose first sync lies beyond the source's end (an earlier incarnation of the topic), stays
+    untranslatable, as does any once the translator has read the source :data:`PROBES_MAX` times."""
 
     def __init__(self, cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore):
         self.cfg, self.group, self.store = cfg, group, store
-        self._ends: dict[tuple[str, str], dict[int, tuple[int, int]]] = {}
+        self._ends: dict[str, dict[int, tuple[int, int]]] = {}
+        self.probes = 0
 
-    def _end(self, side: str, topic: str, partition: int) -> tuple[int, int] | None:
-        if (side, topic) not in self._ends:
-            cluster = self.cfg.cluster(self.group.source if side == "source" else self.group.destination)
-            try:
-                self._ends[(side, topic)] = clients.end_offsets(cluster, topic)
-            except KafkaOperationError as exc:
-                if exc.code != "UNKNOWN_TOPIC_OR_PART":
-                    raise
-                self._ends[(side, topic)] = {}
-        return self._ends[(side, topic)].get(partition)
+    def _source_ends(self, topic: str, fresh: bool = False) -> dict[int, tuple[int, int]]:
+        if fresh or topic not in self._ends:
+            self._ends[topic] = _ends_or_none(self.cfg.cluster(self.group.source), self.group.source, topic)
+        return self._ends[topic]
 
-    def nothing_committed(self, topic: str, partition: int, start: int, end: int) -> bool:
-        """No committed record of the source partition in [start, end) (transaction markers and aborted
-        records do not count)."""
-        reader = clients.read_partition(self.cfg.cluster(self.group.source), topic, partition, start, end,
-                                        timeout=30)
+    def _nothing_committed(self, topic: str, partition: int, start: int, end: int) -> bool:
+        """No committed source record in [start, end) for certain: False when there is one, when the source did
+        not answer (said in the log), or when this translator has read the source :data:`PROBES_MAX` times."""
+        self.probes += 1
+        if self.probes > PROBES_MAX:
+            return False
         try:
-            return next(reader, None) is None
-        finally:
-            reader.close()
+            with clients.acting_on(self.group.source, self.cfg.cluster(self.group.source)):
+                return first_committed(self.cfg.cluster(self.group.source), topic, partition, start, end) is None
+        except KafkaOperationError as exc:
+            log.warning("%s: %s[%d]: could not read the source to place offset %d: %s", self.group.name, topic,
+                        partition, start, exc)
+            return False
 
     def translate(self, topic: str, partition: int, committed: int, destination_topic: str) -> Translation:
         tr = self.store.translate(topic, partition, committed)
-        if tr.reason not in (NO_SYNCS, TOO_OLD):
+        if tr.reason not in (NO_SYNCS, TOO_OLD) or self.probes >= PROBES_MAX:
             return tr
-        ends = self._end("source", topic, partition)
-        if ends is None or committed < ends[0]:
-            return tr  # below the log start: a consumer there resets anyway; nothing to tell
         first = self.store.oldest(topic, partition)
-        bound = first.upstream_offset if first is not None else ends[1]
-        if committed > bound or not self.nothing_committed(topic, partition, committed, bound):
-            return tr
         if first is not None:
+            ends = self._source_ends(topic).get(partition)
+            # below the log start a consumer resets anyway; a first sync beyond the source's end is an earlier
+            # incarnation's (topic re-created): nothing to tell
+            if ends is None or committed < ends[0] or first.upstream_offset > ends[1] or \
+                    not self._nothing_committed(topic, partition, committed, first.upstream_offset):
+                return tr
             return Translation(first.downstream_offset, True, BEFORE_FIRST)
-        dst = self._end("destination", destination_topic, partition)
-        return tr if dst is None else Translation(dst[1], False, NOTHING_TO_MIRROR)
+        # no sync at all: the destination's end first, then the source's, so that a record committed on the
+        # source (and perhaps mirrored) before the destination's end was read lies below the source's end, where
+        # the read below sees it
+        dst = _ends_or_none(self.cfg.cluster(self.group.destination), self.group.destination,
+                            destination_topic).get(partition)
+        ends = self._source_ends(topic, fresh=True).get(partition)
+        if dst is None or ends is None or not ends[0] <= committed <= ends[1] or \
+                not self._nothing_committed(topic, partition, committed, ends[1]):
+            return tr
+        return Translation(dst[1], False, NOTHING_TO_MIRROR)
+
+
+def _ends_or_none(cluster: Any, alias: str, topic: str) -> dict[int, tuple[int, int]]:
+    """:func:`clients.end_offsets` (last stable offsets), or nothing for a topic that does not exist."""
+    try:
+        with clients.acting_on(alias, cluster):
+            return clients.end_offsets(cluster, topic)
+    except KafkaOperationError as exc:
+        if exc.code != "UNKNOWN_TOPIC_OR_PART":
+            raise
+        return {}
+
+
+#: reads of the source a :class:`SourceTranslator` (a round) or a lag sample makes at most, for positions and
+#: partitions no offset sync covers: beyond it they stay untranslatable or unmirrored, as before 7 December
+PROBES_MAX = 64
+#: how long one such read waits for the source
+PROBE_TIMEOUT_S = 10.0
+
+
+def first_committed(cluster: Any, topic: str, partition: int, start: int, end: int,
+                    timeout: float = PROBE_TIMEOUT_S) -> int | None:
+    """The offset of the first committed record of ``topic[partition]`` in [start, end) (``end`` at most its last
+    stable offset), None when there is none (only transaction markers and aborted records, or nothing), read on
+    one of the process's kept lookup consumers. Raises :class:`KafkaOperationError` when the source does not
+    answer within ``timeout``."""
+    if end <= start:
+        return None
+    with lookup_consumer(clients.kafka_config(cluster), "read_committed") as c:
+        for m in clients.scan(c, topic, partition, start, end, timeout):
+            return int(m.offset())
+    return None
 
 
 #: why a remapped topic gets no checkpoint, no group offset and no translated lag

@@ -485,6 +485,10 @@ def failover(
         else:
             # with consumer groups (stopped on the source by now): their offsets follow them first
             resynced = fo.resync(cfg, g, params) if consumer_groups else None
+            if resynced is None:
+                err.print(f"{g.name}: finalize without --consumer-group: no group's offsets are synced again (what "
+                          "their consumers read on the source after `sync` is read again on the destination)",
+                          markup=False, highlight=False)
             fo.request_stream_stop(g, f"failover of group {g.name} to {g.destination}")
             stopped = fo.wait_stream_ended(g, wait, say=lambda line: err.print(f"{g.name}: {line}", markup=False,
                                                                                highlight=False))

@@ -1013,8 +1013,13 @@ def resolve_state_dirs(cfg: MirrorsConfig, path: str | Path, source: str | None 
     lock and stop marker. Raises :class:`ConfigError` for a group whose checkpoint is only found against the
     working directory (``cwd``; where relative paths pointed before 7 December): started there, the job would
     begin a new checkpoint and read its sources again from the earliest offsets."""
-    base = Path(os.path.abspath(Path(path).parent))
-    cwd = Path(os.path.abspath(cwd or Path.cwd()))
+    base = Path(os.path.abspath(Path(path).parent))  # symlinks kept: see dags/mirrorflow_dags.config_path
+    if cwd is None:
+        try:
+            cwd = Path.cwd()
+        except FileNotFoundError:  # a working directory removed under the process: nothing to compare with
+            cwd = base
+    cwd = Path(os.path.abspath(cwd))
     groups, issues = [], []
     for i, g in enumerate(cfg.groups):
         update: dict[str, str] = {}
@@ -1028,11 +1033,12 @@ def resolve_state_dirs(cfg: MirrorsConfig, path: str | Path, source: str | None 
                     and not (Path(update[field]) / g.name).exists():
                 issues.append(ConfigIssue(
                     f"groups[{i}].spark.checkpoint_dir",
-                    f"{value!r} is relative to this file's directory ({base}); the group's checkpoint is at "
-                    f"{old / g.name}, relative to the working directory as before 7 December: move it to "
-                    f"{Path(update[field]) / g.name} (and {g.name}.stopped-by-failover beside it, if there is one) "
-                    "or give the full path; else the job would start a new checkpoint and read the sources again "
-                    "from the earliest offsets"))
+                    f"{value!r} is relative to this file's directory ({base}), and a checkpoint of a group named "
+                    f"{g.name!r} is at {old / g.name}, relative to the working directory as before 7 December. If "
+                    f"it is this group's, move it to {Path(update[field]) / g.name} (and "
+                    f"{g.name}.stopped-by-failover beside it, if there is one), else the job would start a new "
+                    "checkpoint and read the sources again from the earliest offsets; if it is not, run from "
+                    "another directory or give the full path"))
         groups.append(g.model_copy(update={"spark": g.spark.model_copy(update=update)}) if update else g)
     if issues:
         raise ConfigError(issues, source)

@@ -399,8 +399,12 @@ def resync(cfg: MirrorsConfig, group: GroupConfig, params: FailoverParams) -> St
     """:func:`final_sync` once more, as ``finalize``'s first step: the approval before it asks for the consumers to
     be stopped on the source, and what they read there since ``final_sync`` would otherwise be read again on the
     destination. Their destination offsets follow them forward (never back); a group that already has members on
-    the destination is left as it is, and the report says so."""
-    rep = final_sync(cfg, group, params)
+    the destination is left as it is, and the report says so, as it does when the clusters did not answer (the
+    stream is stopped all the same: the approval was given)."""
+    try:
+        rep = final_sync(cfg, group, params)
+    except Exception as exc:  # noqa: BLE001 - reported; finalize stops the stream all the same (it was approved)
+        return StepReport("resync", group.name, False, f"could not sync them again: {exc}", {})
     return StepReport("resync", group.name, rep.ok, rep.summary, rep.details, rep.at)
 
 

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import struct
 import time
 from collections.abc import Iterator
@@ -20,13 +21,22 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mirror_core import clients
-from mirror_core.checkpoint import SourceTranslator, TopicMapping, load_sync_store, topic_mappings
+from mirror_core.checkpoint import (
+    PROBES_MAX,
+    SourceTranslator,
+    TopicMapping,
+    first_committed,
+    load_sync_store,
+    topic_mappings,
+)
 from mirror_core.config import GroupConfig, MirrorsConfig
 from mirror_core.errors import KafkaOperationError
 from mirror_core.offsets import Heartbeat, OffsetSyncStore
 from mirror_core.policy import build_replication_policy
 from mirror_core.replicate import PROVENANCE_HEADER, SCHEMA_SERDES
 from mirror_core.wire import GUID_FRAME_LEN, ID_FRAME_LEN, MAGIC_GUID, MAGIC_ID, SCHEMA_ID_HEADERS
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -98,22 +108,26 @@ _UNSYNCED_RECORD: dict[tuple[str, str, int], int] = {}
 
 def _nothing_to_mirror(cfg: MirrorsConfig, group: GroupConfig, topic: str, partition: int, low: int,
                        high: int) -> bool:
-    """A partition without offset syncs whose [low, high) holds no committed record (only aborted records or
-    transaction markers): nothing to mirror, although its offsets moved."""
-    key = (str(cfg.cluster(group.source).kafka_properties().get("bootstrap.servers", "")), topic, partition)
+    """A partition without offset syncs whose [low, high) holds no committed record for certain (only aborted
+    records or transaction markers): nothing to mirror, although its offsets moved. False when it holds one, or
+    when the source did not answer (said in the log)."""
+    src = cfg.cluster(group.source)
+    key = (str(src.kafka_properties().get("bootstrap.servers", "")), topic, partition)
     seen = _UNSYNCED_RECORD.get(key)
     if seen is not None and low <= seen < high:
         return False
-    reader = clients.read_partition(cfg.cluster(group.source), topic, partition, low, high, timeout=30)
     try:
-        first = next(reader, None)
-    finally:
-        reader.close()
+        with clients.acting_on(group.source, src):
+            first = first_committed(src, topic, partition, low, high)
+    except KafkaOperationError as exc:
+        log.warning("%s: %s[%d]: could not read the source to see whether it holds records: %s", group.name, topic,
+                    partition, exc)
+        return False
     if first is None:
         return True
     if len(_UNSYNCED_RECORD) > 100_000:
         _UNSYNCED_RECORD.clear()
-    _UNSYNCED_RECORD[key] = first.offset()
+    _UNSYNCED_RECORD[key] = first
     return False
 
 
@@ -127,12 +141,15 @@ def replication_lag(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncSto
     now_ms = time.time() * 1000
     idle_age = heartbeat_age(cfg, group, now_ms)
     report = LagReport()
+    probes = 0
     for m in mappings:
         for p, (low, high) in clients.end_offsets(cfg.cluster(group.source), m.source_topic).items():
             latest = store.latest(m.source_topic, p)
             mirrored_to = latest.upstream_offset if latest else None
-            if mirrored_to is None and high > low and _nothing_to_mirror(cfg, group, m.source_topic, p, low, high):
-                mirrored_to = high
+            if mirrored_to is None and high > low and probes < PROBES_MAX:
+                probes += 1
+                if _nothing_to_mirror(cfg, group, m.source_topic, p, low, high):
+                    mirrored_to = high
             start = mirrored_to if mirrored_to is not None else low
             lag = max(0, high - max(start, low))
             seconds: float | None

@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[demo] {msg}", file=sys.stderr, flush=True)
 
     t0 = time.monotonic()
-    os.chdir(ROOT)  # the config's relative paths (Spark checkpoints) are relative to the repository
+    os.chdir(ROOT)  # Spark's own scratch files and logs land under the repository, as with `make demo`
     home = Path(tempfile.mkdtemp(prefix="mirrorflow-demo-airflow-"))
     os.environ.update(airflow_environment(home))
     config = demo_config(home)

@@ -93,8 +93,20 @@ def test_a_sync_places_positions_before_the_first_record_and_moves_only_its_own_
     s.partitions = 2  # records on partitions 0 and 1 only: 2 holds the aborted records, 3 nothing
     support.produce(s, 40)
     s.partitions = 4
-    assert step(s, "drain")["ok"]
+    # the destination topic holds records of its own on partitions 0 and 3 before the mirror writes: the
+    # positions placed below are then not all 0
     dst_topic = f"{s.topic}.mirror"
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from mirror_core.topics import create_topics
+
+    create_topics(AdminClient({"bootstrap.servers": s.dst}), [NewTopic(dst_topic, 4, 1)])
+    own = Producer({"bootstrap.servers": s.dst, "enable.idempotence": True})
+    for part, n in ((0, 2), (3, 3)):
+        for i in range(n):
+            own.produce(dst_topic, key=b"own-%d" % i, value=b"written on the destination", partition=part)
+    assert own.flush(30) == 0
+    assert step(s, "drain")["ok"]
     ends = clients.end_offsets(load_config(s.config).cluster("src"), s.topic)
     assert ends == {0: (0, 24), 1: (0, 20), 2: (0, 4), 3: (0, 0)}  # 3 aborted records and their marker
     assert step(s, "lag", "--max-lag-records", "0")["details"]["lag_records"] == 0
@@ -110,7 +122,8 @@ def test_a_sync_places_positions_before_the_first_record_and_moves_only_its_own_
     sync = step(s, "sync", "--consumer-group", s.consumer_group)
     assert sync["ok"], sync["summary"]
     got = {o["partition"]: o["destination_committed"] for o in sync["details"]["offsets"]}
-    assert got == {0: 0, 1: 12, 2: 0, 3: 0}, sync["details"]["offsets"]
+    # 0: the mirror's first record, after the destination's own two; 3: the destination's end
+    assert got == {0: 2, 1: 12, 2: 0, 3: 3}, sync["details"]["offsets"]
     resumed = support.resume_on_destination(s, dst_topic)
     assert resumed[0] == support.keys(s.src, s.topic, 0) and len(resumed[0]) == 20  # no aborted record
     assert resumed[1] == support.keys(s.src, s.topic, 1, start=12)

@@ -1,0 +1,87 @@
+"""checkpoint.SourceTranslator: positions no offset sync covers, placed from what the source holds, against
+in-memory stand-ins for the clusters' ends and the source's committed records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mirror_core import checkpoint
+from mirror_core.config import parse_config
+from mirror_core.errors import KafkaOperationError
+from mirror_core.offsets import NO_SYNCS, TOO_OLD, OffsetSync, OffsetSyncStore
+
+
+class _Clusters:
+    """Ends per (alias, topic) and the offsets of the source's committed records; notes every read in order."""
+
+    def __init__(self, ends: dict[tuple[str, str], dict[int, tuple[int, int]]], records: dict[int, list[int]]):
+        self.ends, self.records, self.reads = ends, records, []
+        self.fail = False
+
+    def end_offsets(self, cluster: Any, alias: str, topic: str) -> dict[int, tuple[int, int]]:
+        self.reads.append(("ends", alias))
+        return dict(self.ends.get((alias, topic), {}))
+
+    def first(self, cluster: Any, topic: str, partition: int, start: int, end: int) -> int | None:
+        self.reads.append(("records", start, end))
+        if self.fail:
+            raise KafkaOperationError("source did not answer")
+        return next((o for o in self.records.get(partition, []) if start <= o < end), None)
+
+
+@pytest.fixture
+def world(monkeypatch: pytest.MonkeyPatch) -> Any:
+    def make(ends: dict[tuple[str, str], dict[int, tuple[int, int]]], records: dict[int, list[int]],
+             syncs: list[OffsetSync]) -> tuple[_Clusters, checkpoint.SourceTranslator]:
+        cl = _Clusters(ends, records)
+        monkeypatch.setattr(checkpoint, "_ends_or_none", cl.end_offsets)
+        monkeypatch.setattr(checkpoint, "first_committed", cl.first)
+        cfg = parse_config({"clusters": {"a": {"kafka": {"bootstrap.servers": "a:1"}},
+                                         "b": {"kafka": {"bootstrap.servers": "b:1"}}},
+                            "groups": [{"name": "g", "source": "a", "destination": "b",
+                                        "mirrors": [{"source_topic": "t"}]}]}, env={})
+        store = OffsetSyncStore()
+        store.add_all(syncs)
+        return cl, checkpoint.SourceTranslator(cfg, cfg.groups[0], store)
+    return make
+
+
+def test_a_position_before_the_first_mirrored_record_goes_to_it_only_when_nothing_lies_between(world: Any) -> None:
+    # the log starts with an aborted transaction (0-2) and its marker (3); the first record, 4, is at 7 downstream
+    cl, tr = world({("a", "t"): {0: (0, 10)}}, {0: [4, 5, 6]}, [OffsetSync("t", 0, 4, 7), OffsetSync("t", 0, 7, 10)])
+    got = tr.translate("t", 0, 1, "t")
+    assert (got.downstream_offset, got.exact, got.reason) == (7, True, checkpoint.BEFORE_FIRST)
+    # a committed record between the position and the first sync (its syncs went with retention): no answer
+    cl, tr = world({("a", "t"): {0: (0, 10)}}, {0: [2, 4]}, [OffsetSync("t", 0, 4, 7)])
+    assert tr.translate("t", 0, 1, "t").reason == TOO_OLD
+    # below the log start, or the first sync beyond the source's end (an earlier incarnation): no answer, no read
+    for ends in ({0: (2, 10)}, {0: (0, 3)}):
+        cl, tr = world({("a", "t"): ends}, {}, [OffsetSync("t", 0, 4, 7)])
+        assert tr.translate("t", 0, 1, "t").downstream_offset is None
+        assert not [r for r in cl.reads if r[0] == "records"]
+
+
+def test_a_partition_without_syncs_reads_the_destinations_end_before_the_sources(world: Any) -> None:
+    """A record committed on the source and mirrored before the destination's end was read must lie below the
+    source end the read looks to, or the position would be placed past it (a skipped record)."""
+    cl, tr = world({("a", "t"): {0: (0, 4)}, ("b", "t"): {0: (0, 3)}}, {}, [])
+    got = tr.translate("t", 0, 4, "t")
+    assert (got.downstream_offset, got.exact, got.reason) == (3, False, checkpoint.NOTHING_TO_MIRROR)
+    got = tr.translate("t", 0, 0, "t")  # offsets 0-3 hold only aborted records and markers
+    assert got.downstream_offset == 3
+    assert [r[:2] for r in cl.reads if r[0] == "ends"][:2] == [("ends", "b"), ("ends", "a")]
+    # a record arrived (and was mirrored) since: the fresh source end covers it, the position stays unplaced
+    cl.ends[("a", "t")] = {0: (0, 6)}
+    cl.records[0] = [4]
+    assert tr.translate("t", 0, 4, "t").reason == NO_SYNCS
+
+
+def test_an_unanswered_or_exhausted_source_leaves_positions_unplaced(world: Any) -> None:
+    cl, tr = world({("a", "t"): {0: (0, 4)}, ("b", "t"): {0: (0, 3)}}, {}, [])
+    cl.fail = True
+    assert tr.translate("t", 0, 0, "t").reason == NO_SYNCS
+    cl.fail = False
+    tr.probes = checkpoint.PROBES_MAX
+    assert tr.translate("t", 0, 0, "t").reason == NO_SYNCS
