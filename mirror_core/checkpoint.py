@@ -189,8 +189,7 @@ def refresh_idle_syncs(cfg: MirrorsConfig, group: GroupConfig, mappings: list[To
     if not stale:
         return 0
     src = cfg.cluster(group.source)
-    with clients.acting_on(group.source, src):
-        ends = {t: clients.end_offsets(src, t) for t in sorted({t for t, _ in stale})}
+    ends = {t: _ends_or_none(src, group.source, t) for t in sorted({t for t, _ in stale})}  # gone: nothing kept
     producer = clients.producer(cfg.cluster(group.destination), **{"enable.idempotence": True, "acks": "all"})
     failed: list[str] = []
     n = 0
