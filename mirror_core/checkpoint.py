@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -234,26 +235,29 @@ class SourceTranslator:
     untranslatable: no checkpoint, no group offset, and a failover's sync refused them. A position below the
     source's log start, or with committed records between it and the first sync (history retention removed
     their syncs), or whose first sync lies beyond the source's end (an earlier incarnation of the topic), stays
-    untranslatable, as does any once the translator has read the source :data:`PROBES_MAX` times."""
+    untranslatable, as does any once the translator's reads of the source are used up (:class:`ProbeBudget`)."""
 
     def __init__(self, cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore):
         self.cfg, self.group, self.store = cfg, group, store
         self._ends: dict[str, dict[int, tuple[int, int]]] = {}
-        self.probes = 0
+        #: per source topic: the destination topic's ends, then the source's, read in that order (see translate)
+        self._pairs: dict[str, tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]]]] = {}
+        self.probes = ProbeBudget()
 
-    def _source_ends(self, topic: str, fresh: bool = False) -> dict[int, tuple[int, int]]:
-        if fresh or topic not in self._ends:
+    def _source_ends(self, topic: str) -> dict[int, tuple[int, int]]:
+        if topic not in self._ends:
             self._ends[topic] = _ends_or_none(self.cfg.cluster(self.group.source), self.group.source, topic)
         return self._ends[topic]
 
     def _nothing_committed(self, topic: str, partition: int, start: int, end: int) -> bool:
         """No committed source record in [start, end) for certain: False when there is one, when the source did
-        not answer (said in the log), or when this translator has read the source :data:`PROBES_MAX` times."""
-        self.probes += 1
-        if self.probes > PROBES_MAX:
+        not answer (said in the log), or when this translator's reads are used up (:class:`ProbeBudget`)."""
+        if end <= start:
+            return True  # nothing to read
+        if not self.probes.take():
             return False
         try:
-            with clients.acting_on(self.group.source, self.cfg.cluster(self.group.source)):
+            with clients.acting_on(self.group.source, self.cfg.cluster(self.group.source)), self.probes.timed():
                 return first_committed(self.cfg.cluster(self.group.source), topic, partition, start, end) is None
         except KafkaOperationError as exc:
             log.warning("%s: %s[%d]: could not read the source to place offset %d: %s", self.group.name, topic,
@@ -262,7 +266,7 @@ class SourceTranslator:
 
     def translate(self, topic: str, partition: int, committed: int, destination_topic: str) -> Translation:
         tr = self.store.translate(topic, partition, committed)
-        if tr.reason not in (NO_SYNCS, TOO_OLD) or self.probes >= PROBES_MAX:
+        if tr.reason not in (NO_SYNCS, TOO_OLD):
             return tr
         first = self.store.oldest(topic, partition)
         if first is not None:
@@ -273,12 +277,15 @@ class SourceTranslator:
                     not self._nothing_committed(topic, partition, committed, first.upstream_offset):
                 return tr
             return Translation(first.downstream_offset, True, BEFORE_FIRST)
-        # no sync at all: the destination's end first, then the source's, so that a record committed on the
-        # source (and perhaps mirrored) before the destination's end was read lies below the source's end, where
-        # the read below sees it
-        dst = _ends_or_none(self.cfg.cluster(self.group.destination), self.group.destination,
-                            destination_topic).get(partition)
-        ends = self._source_ends(topic, fresh=True).get(partition)
+        # no sync at all: the destination's ends first, then the source's (once per topic, in that order), so that
+        # a record committed on the source (and perhaps mirrored) before the destination's end was read lies below
+        # the source's end, where the read below sees it
+        if topic not in self._pairs:
+            dst_ends = _ends_or_none(self.cfg.cluster(self.group.destination), self.group.destination,
+                                     destination_topic)
+            self._pairs[topic] = (dst_ends, _ends_or_none(self.cfg.cluster(self.group.source), self.group.source,
+                                                          topic))
+        dst, ends = (side.get(partition) for side in self._pairs[topic])
         if dst is None or ends is None or not ends[0] <= committed <= ends[1] or \
                 not self._nothing_committed(topic, partition, committed, ends[1]):
             return tr
@@ -297,10 +304,34 @@ def _ends_or_none(cluster: Any, alias: str, topic: str) -> dict[int, tuple[int, 
 
 
 #: reads of the source a :class:`SourceTranslator` (a round) or a lag sample makes at most, for positions and
-#: partitions no offset sync covers: beyond it they stay untranslatable or unmirrored, as before 7 December
+#: partitions no offset sync covers, and the time they may take together: beyond either, such positions stay
+#: untranslatable and such partitions unmirrored, as before 7 December
 PROBES_MAX = 64
+PROBES_BUDGET_S = 30.0
 #: how long one such read waits for the source
 PROBE_TIMEOUT_S = 10.0
+
+
+class ProbeBudget:
+    """What is left of :data:`PROBES_MAX` reads and :data:`PROBES_BUDGET_S` seconds."""
+
+    def __init__(self, reads: int = PROBES_MAX, seconds: float = PROBES_BUDGET_S):
+        self.reads, self.seconds = reads, seconds
+
+    def take(self) -> bool:
+        """One read more, if any is left."""
+        if self.reads <= 0 or self.seconds <= 0:
+            return False
+        self.reads -= 1
+        return True
+
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds -= time.monotonic() - t0
 
 
 def first_committed(cluster: Any, topic: str, partition: int, start: int, end: int,

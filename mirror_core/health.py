@@ -22,7 +22,7 @@ from typing import Any
 
 from mirror_core import clients
 from mirror_core.checkpoint import (
-    PROBES_MAX,
+    ProbeBudget,
     SourceTranslator,
     TopicMapping,
     first_committed,
@@ -107,17 +107,19 @@ _UNSYNCED_RECORD: dict[tuple[str, str, int], int] = {}
 
 
 def _nothing_to_mirror(cfg: MirrorsConfig, group: GroupConfig, topic: str, partition: int, low: int,
-                       high: int) -> bool:
+                       high: int, budget: ProbeBudget) -> bool:
     """A partition without offset syncs whose [low, high) holds no committed record for certain (only aborted
-    records or transaction markers): nothing to mirror, although its offsets moved. False when it holds one, or
-    when the source did not answer (said in the log)."""
+    records or transaction markers): nothing to mirror, although its offsets moved. False when it holds one, when
+    the source did not answer (said in the log), or when ``budget`` is used up."""
     src = cfg.cluster(group.source)
     key = (str(src.kafka_properties().get("bootstrap.servers", "")), topic, partition)
     seen = _UNSYNCED_RECORD.get(key)
     if seen is not None and low <= seen < high:
         return False
+    if not budget.take():
+        return False
     try:
-        with clients.acting_on(group.source, src):
+        with clients.acting_on(group.source, src), budget.timed():
             first = first_committed(src, topic, partition, low, high)
     except KafkaOperationError as exc:
         log.warning("%s: %s[%d]: could not read the source to see whether it holds records: %s", group.name, topic,
@@ -141,15 +143,14 @@ def replication_lag(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncSto
     now_ms = time.time() * 1000
     idle_age = heartbeat_age(cfg, group, now_ms)
     report = LagReport()
-    probes = 0
+    budget = ProbeBudget()
     for m in mappings:
         for p, (low, high) in clients.end_offsets(cfg.cluster(group.source), m.source_topic).items():
             latest = store.latest(m.source_topic, p)
             mirrored_to = latest.upstream_offset if latest else None
-            if mirrored_to is None and high > low and probes < PROBES_MAX:
-                probes += 1
-                if _nothing_to_mirror(cfg, group, m.source_topic, p, low, high):
-                    mirrored_to = high
+            if mirrored_to is None and high > low and _nothing_to_mirror(cfg, group, m.source_topic, p, low, high,
+                                                                         budget):
+                mirrored_to = high
             start = mirrored_to if mirrored_to is not None else low
             lag = max(0, high - max(start, low))
             seconds: float | None

@@ -71,11 +71,20 @@ def test_a_partition_without_syncs_reads_the_destinations_end_before_the_sources
     assert (got.downstream_offset, got.exact, got.reason) == (3, False, checkpoint.NOTHING_TO_MIRROR)
     got = tr.translate("t", 0, 0, "t")  # offsets 0-3 hold only aborted records and markers
     assert got.downstream_offset == 3
-    assert [r[:2] for r in cl.reads if r[0] == "ends"][:2] == [("ends", "b"), ("ends", "a")]
-    # a record arrived (and was mirrored) since: the fresh source end covers it, the position stays unplaced
-    cl.ends[("a", "t")] = {0: (0, 6)}
-    cl.records[0] = [4]
+    assert [r for r in cl.reads if r[0] == "ends"] == [("ends", "b"), ("ends", "a")]  # once per topic, in order
+    # a record committed at 4 and mirrored (destination end 4, not 3) before the destination's end was read: the
+    # source's end, read after it, covers the record, and the position stays unplaced instead of going past it
+    cl, tr = world({("a", "t"): {0: (0, 5)}, ("b", "t"): {0: (0, 4)}}, {0: [4]}, [])
     assert tr.translate("t", 0, 4, "t").reason == NO_SYNCS
+
+
+def test_empty_partitions_use_no_reads_and_many_are_placed(world: Any) -> None:
+    """A consumer committed 0 on each of 100 empty partitions: nothing to read, so none of the budget's reads is
+    used, and every position is placed (the failover's sync would refuse the ones left unplaced)."""
+    n = 100
+    cl, tr = world({("a", "t"): {p: (0, 0) for p in range(n)}, ("b", "t"): {p: (0, 0) for p in range(n)}}, {}, [])
+    assert all(tr.translate("t", p, 0, "t").reason == checkpoint.NOTHING_TO_MIRROR for p in range(n))
+    assert not [r for r in cl.reads if r[0] == "records"] and len(cl.reads) == 2
 
 
 def test_an_unanswered_or_exhausted_source_leaves_positions_unplaced(world: Any) -> None:
@@ -83,5 +92,11 @@ def test_an_unanswered_or_exhausted_source_leaves_positions_unplaced(world: Any)
     cl.fail = True
     assert tr.translate("t", 0, 0, "t").reason == NO_SYNCS
     cl.fail = False
-    tr.probes = checkpoint.PROBES_MAX
+    reads = len(cl.reads)
+    tr.probes = checkpoint.ProbeBudget(reads=0)
     assert tr.translate("t", 0, 0, "t").reason == NO_SYNCS
+    tr.probes = checkpoint.ProbeBudget(seconds=0)
+    assert tr.translate("t", 0, 0, "t").reason == NO_SYNCS
+    assert len(cl.reads) == reads  # no read of the source once the budget is spent
+    tr.probes = checkpoint.ProbeBudget()
+    assert tr.translate("t", 0, 0, "t").reason == checkpoint.NOTHING_TO_MIRROR
