@@ -173,3 +173,11 @@ def test_an_idle_partition_keeps_its_position_past_the_sync_topics_retention(clu
               headers=positions.sync_headers(dst_topic) + [(positions.REFRESH_HEADER, b"1")])
     assert p.flush(30) == 0
     assert checkpoint.load_sync_store(cfg, g).latest(s.topic, 1) == OffsetSync(s.topic, 1, 20, 20)
+    # a newest sync beyond the source's end (written for an earlier incarnation of a re-created topic) is not
+    # kept alive: the old history goes with the retention
+    ahead = OffsetSync(s.topic, 1, 50, 50)
+    p.produce(g.offset_syncs, key=ahead.key_bytes(), value=ahead.value_bytes(), partition=0,
+              headers=positions.sync_headers(dst_topic))
+    assert p.flush(30) == 0
+    assert checkpoint.load_sync_store(cfg, g).latest(s.topic, 1) == ahead
+    assert checkpoint.refresh_idle_syncs(cfg, g, mappings, age_s=0) == 0
