@@ -17,8 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,9 +183,8 @@ def refresh_idle_syncs(cfg: MirrorsConfig, group: GroupConfig, mappings: list[To
     nothing."""
     tail = _sync_tail(cfg, group)
     now = time.time() * 1000 if now_ms is None else now_ms
-    stale = {k: v for k, v in tail.written_at.items() if now - v[0] >= age_s * 1000}
     topics = {m.source_topic for m in mappings}
-    stale = {k: v for k, v in stale.items() if k[0] in topics}
+    stale = {k: v for k, v in tail.written_at.items() if k[0] in topics and now - v[0] >= age_s * 1000}
     if not stale:
         return 0
     src = cfg.cluster(group.source)
@@ -250,19 +248,9 @@ class SourceTranslator:
         return self._ends[topic]
 
     def _nothing_committed(self, topic: str, partition: int, start: int, end: int) -> bool:
-        """No committed source record in [start, end) for certain: False when there is one, when the source did
-        not answer (said in the log), or when this translator's reads are used up (:class:`ProbeBudget`)."""
-        if end <= start:
-            return True  # nothing to read
-        if not self.probes.take():
-            return False
-        try:
-            with clients.acting_on(self.group.source, self.cfg.cluster(self.group.source)), self.probes.timed():
-                return first_committed(self.cfg.cluster(self.group.source), topic, partition, start, end) is None
-        except KafkaOperationError as exc:
-            log.warning("%s: %s[%d]: could not read the source to place offset %d: %s", self.group.name, topic,
-                        partition, start, exc)
-            return False
+        """No committed source record in [start, end) for certain (see :meth:`ProbeBudget.first`)."""
+        answered, first = self.probes.first(self.cfg, self.group, topic, partition, start, end)
+        return answered and first is None
 
     def translate(self, topic: str, partition: int, committed: int, destination_topic: str) -> Translation:
         tr = self.store.translate(topic, partition, committed)
@@ -313,23 +301,30 @@ PROBE_TIMEOUT_S = 10.0
 
 
 class ProbeBudget:
-    """What is left of :data:`PROBES_MAX` reads and :data:`PROBES_BUDGET_S` seconds."""
+    """What is left of :data:`PROBES_MAX` reads and :data:`PROBES_BUDGET_S` seconds, and the reads themselves."""
 
     def __init__(self, reads: int = PROBES_MAX, seconds: float = PROBES_BUDGET_S):
         self.reads, self.seconds = reads, seconds
 
-    def take(self) -> bool:
-        """One read more, if any is left."""
+    def first(self, cfg: MirrorsConfig, group: GroupConfig, topic: str, partition: int, start: int, end: int
+              ) -> tuple[bool, int | None]:
+        """:func:`first_committed` on ``group``'s source, out of this budget: ``(True, offset or None)``, or
+        ``(False, None)`` when the budget is spent or the source did not answer (said in the log). A range with
+        nothing to read costs nothing."""
+        if end <= start:
+            return True, None
         if self.reads <= 0 or self.seconds <= 0:
-            return False
+            return False, None
         self.reads -= 1
-        return True
-
-    @contextmanager
-    def timed(self) -> Iterator[None]:
+        src = cfg.cluster(group.source)
         t0 = time.monotonic()
         try:
-            yield
+            with clients.acting_on(group.source, src):
+                return True, first_committed(src, topic, partition, start, end)
+        except KafkaOperationError as exc:
+            log.warning("%s: %s[%d]: could not read the source from offset %d: %s", group.name, topic, partition,
+                        start, exc)
+            return False, None
         finally:
             self.seconds -= time.monotonic() - t0
 

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import hashlib
-import logging
 import struct
 import time
 from collections.abc import Iterator
@@ -25,7 +24,6 @@ from mirror_core.checkpoint import (
     ProbeBudget,
     SourceTranslator,
     TopicMapping,
-    first_committed,
     load_sync_store,
     topic_mappings,
 )
@@ -35,8 +33,6 @@ from mirror_core.offsets import Heartbeat, OffsetSyncStore
 from mirror_core.policy import build_replication_policy
 from mirror_core.replicate import PROVENANCE_HEADER, SCHEMA_SERDES
 from mirror_core.wire import GUID_FRAME_LEN, ID_FRAME_LEN, MAGIC_GUID, MAGIC_ID, SCHEMA_ID_HEADERS
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -116,17 +112,9 @@ def _nothing_to_mirror(cfg: MirrorsConfig, group: GroupConfig, topic: str, parti
     seen = _UNSYNCED_RECORD.get(key)
     if seen is not None and low <= seen < high:
         return False
-    if not budget.take():
-        return False
-    try:
-        with clients.acting_on(group.source, src), budget.timed():
-            first = first_committed(src, topic, partition, low, high)
-    except KafkaOperationError as exc:
-        log.warning("%s: %s[%d]: could not read the source to see whether it holds records: %s", group.name, topic,
-                    partition, exc)
-        return False
+    answered, first = budget.first(cfg, group, topic, partition, low, high)
     if first is None:
-        return True
+        return answered
     if len(_UNSYNCED_RECORD) > 100_000:
         _UNSYNCED_RECORD.clear()
     _UNSYNCED_RECORD[key] = first

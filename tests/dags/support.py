@@ -108,8 +108,13 @@ def produce(s: Scenario, records: int, start: int | None = None) -> None:
 
 
 def commit_source_group(s: Scenario, offsets: dict[int, int]) -> None:
-    c = Consumer({"bootstrap.servers": s.src, "group.id": s.consumer_group})
-    c.commit(offsets=[TopicPartition(s.topic, p, o) for p, o in offsets.items()], asynchronous=False)
+    commit(s.src, s.consumer_group, s.topic, offsets)
+
+
+def commit(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> None:
+    """Commit ``group``'s ``offsets`` of ``topic`` (partition -> offset) on the cluster at ``bootstrap``."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
     c.close()
 
 

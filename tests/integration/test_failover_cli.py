@@ -62,14 +62,6 @@ def test_failover_by_hand(clusters: Any, unique: Any, tmp_path: Path) -> None:
     assert not Path(fin["details"]["stop_marker"]).exists()
 
 
-def _commit(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> None:
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
-    c.close()
-
-
 def test_a_sync_places_positions_before_the_first_record_and_moves_only_its_own_groups(
         clusters: Any, unique: Any, tmp_path: Path) -> None:
     """Two things a failover's sync met on real topics. (1) Positions no offset sync covers although nothing
@@ -113,11 +105,11 @@ def test_a_sync_places_positions_before_the_first_record_and_moves_only_its_own_
 
     # another group moved earlier, then rewound on the destination on purpose (to read again)
     other = f"{s.consumer_group}-earlier"
-    _commit(s.src, other, s.topic, {0: 7, 1: 9})
+    support.commit(s.src, other, s.topic, {0: 7, 1: 9})
     assert step(s, "sync", "--consumer-group", other)["ok"]
-    _commit(s.dst, other, dst_topic, {0: 0, 1: 0})
+    support.commit(s.dst, other, dst_topic, {0: 0, 1: 0})
 
-    _commit(s.src, s.consumer_group, s.topic, {0: 0, 1: 12, 2: 0, 3: 0})
+    support.commit(s.src, s.consumer_group, s.topic, {0: 0, 1: 12, 2: 0, 3: 0})
     assert step(s, "preflight", "--consumer-group", s.consumer_group)["ok"]
     sync = step(s, "sync", "--consumer-group", s.consumer_group)
     assert sync["ok"], sync["summary"]
@@ -157,7 +149,7 @@ def test_an_idle_partition_keeps_its_position_past_the_sync_topics_retention(clu
     end = clients.end_offsets(cfg.cluster("dst"), g.offset_syncs)[0][1]
     admin.delete_records([TopicPartition(g.offset_syncs, 0, end - 1)])[TopicPartition(g.offset_syncs, 0, end - 1)] \
         .result(30)
-    _commit(s.src, s.consumer_group, s.topic, {1: 20})
+    support.commit(s.src, s.consumer_group, s.topic, {1: 20})
     # partition 0 (no sync left) counts from its log start: its 21 records; partition 1 (the copy) nothing
     assert step(s, "lag", "--max-lag-records", "100")["details"]["lag_records"] == 21
     store = checkpoint.load_sync_store(cfg, g)
