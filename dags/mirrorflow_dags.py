@@ -123,7 +123,7 @@ def stream_dag(path: str, group: GroupConfig) -> DAG:
 
 {how} Task `mirror_stream` runs `spark_jobs/mirror_stream.py` with spark-submit (connection
 `{group.spark.airflow_conn_id}`, else master `{group.spark.master}`). A failover of the group stops it for
-good (its stop marker): the task is then skipped.
+good (its stop, a record on the destination): the task is then skipped.
 """) as dag:
         _stream_task(path, group, "mirror_stream", once=not continuous, retries=group.spark.retries,
                      retry_delay=timedelta(seconds=group.spark.retry_delay), retry_exponential_backoff=2.0,

@@ -108,7 +108,8 @@ def required_acls(cfg: MirrorsConfig, group: GroupConfig) -> list[Grant]:
         add("source", "GROUP", m.consumer_group, "LITERAL", MIRROR_GROUP_OPS,
             f"{m.name}: commit the mirror's source offsets (lag tools see it)")
     for topic, why in ((group.offset_syncs, "offset syncs (exactly-once positions, translation)"),
-                       (group.checkpoints_topic, "checkpoints"), (group.dlq_topic, "dead letters")):
+                       (group.checkpoints_topic, "checkpoints"), (group.dlq_topic, "dead letters"),
+                       (group.stops, "a failover's stop of the stream (the job reads it; finalize writes it)")):
         add("destination", "TOPIC", topic, "LITERAL", DESTINATION_TOPIC_OPS, why)
     # the stem config.transactional_id gives every mirror of the group (names joined with ':')
     txn_prefix = transactional_id(group.name, "", "", "").split(":", 1)[0] + ":"

@@ -423,7 +423,7 @@ def failover(
     config: ConfigArg,
     group: Annotated[str, typer.Option("--group", "-g", help="The group whose consumers move to its destination.")],
     step: Annotated[str, typer.Option("--step", help="preflight | lag | quiet | drain | sync | verify | finalize | "
-                                      "resume (remove the stop marker).")],
+                                      "resume (remove the group's stop).")],
     consumer_groups: Annotated[list[str] | None, typer.Option(
         "--consumer-group", "-c", help="A source consumer group to move (repeat for several).")] = None,
     max_lag_records: Annotated[int, typer.Option(help="lag: records under which producers may stop.")] = 1000,
@@ -454,8 +454,8 @@ def failover(
         "consumer_groups": list(consumer_groups or []) or (["-"] if not needs_groups else []),
         "max_lag_records": max_lag_records, "max_lag_seconds": max_lag_seconds, "quiet_seconds": quiet_seconds})
     if step == "resume":
-        cleared = fo.clear_stream_stop(g)
-        out.print(f"{g.name}: stop marker {'removed' if cleared else 'was not there'} ({fo.stop_marker(g)})",
+        cleared = fo.clear_stream_stop(cfg, g)
+        out.print(f"{g.name}: stop {'removed' if cleared else 'was not there'} ({fo.stops.where(cfg, g)})",
                   markup=False, highlight=False)
         return
     if step == "drain":
@@ -489,7 +489,7 @@ def failover(
                 err.print(f"{g.name}: finalize without --consumer-group: no group's offsets are synced again (what "
                           "their consumers read on the source after `sync` is read again on the destination)",
                           markup=False, highlight=False)
-            fo.request_stream_stop(g, f"failover of group {g.name} to {g.destination}")
+            fo.request_stream_stop(cfg, g, f"failover of group {g.name} to {g.destination}")
             stopped = fo.wait_stream_ended(g, wait, say=lambda line: err.print(f"{g.name}: {line}", markup=False,
                                                                                highlight=False))
             rep = fo.finalize(cfg, g, stream_stopped=stopped, resynced=resynced)

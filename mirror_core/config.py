@@ -413,8 +413,8 @@ class SparkConfig(_Frozen):
     retry_delay: Duration = 10.0
     master: str = "local[2]"
     trigger: str = "1 second"
-    #: where the group's Spark checkpoint (``<checkpoint_dir>/<group>``), its lock and a failover's stop marker
-    #: live: a URI Spark's Hadoop file system reads, or a path; a relative path is relative to the config file's
+    #: where the group's Spark checkpoint (``<checkpoint_dir>/<group>``) and its lock live (and the key of a
+    #: failover's stop, :mod:`mirror_core.stops`): a URI Spark's Hadoop file system reads, or a path; a relative path is relative to the config file's
     #: directory (:func:`resolve_state_dirs`)
     checkpoint_dir: str = ".state/checkpoints"
     max_offsets_per_trigger: int | None = Field(default=None, gt=0)
@@ -639,6 +639,7 @@ class GroupConfig(MirrorSettings):
     replication_policy_separator: str = "."
     dead_letter_topic: str | None = None
     offset_syncs_topic: str | None = None
+    stops_topic: str | None = None
     schemas: SchemasConfig = SchemasConfig()
     offsets: OffsetsConfig = OffsetsConfig()
     heartbeats: HeartbeatsConfig = HeartbeatsConfig()
@@ -656,7 +657,7 @@ class GroupConfig(MirrorSettings):
             )
         return v
 
-    @field_validator("dead_letter_topic", "offset_syncs_topic")
+    @field_validator("dead_letter_topic", "offset_syncs_topic", "stops_topic")
     @classmethod
     def _topic(cls, v: str | None) -> str | None:
         return _check_topic(v)
@@ -675,6 +676,12 @@ class GroupConfig(MirrorSettings):
     @property
     def offset_syncs(self) -> str:
         return self.offset_syncs_topic or f"mirrorflow-offset-syncs.{self.source}.internal"
+
+    @property
+    def stops(self) -> str:
+        """The compacted topic on the destination where a failover stops the group's stream for good
+        (:mod:`mirror_core.stops`)."""
+        return self.stops_topic or "mirrorflow-stops.internal"
 
     @property
     def checkpoints_topic(self) -> str:
@@ -1010,7 +1017,7 @@ def resolve_state_dirs(cfg: MirrorsConfig, path: str | Path, source: str | None 
     """``cfg`` (read from the file at ``path``) with each group's relative ``spark.checkpoint_dir`` and
     ``spark.secrets_dir`` made absolute against the file's directory, so that every process that reads the
     file (the CLI from any directory, Airflow's tasks and DAG processor, the Spark job) finds the same checkpoint,
-    lock and stop marker. Raises :class:`ConfigError` for a group whose checkpoint is only found against the
+    lock and stop. Raises :class:`ConfigError` for a group whose checkpoint is only found against the
     working directory (``cwd``; where relative paths pointed before 7 December): started there, the job would
     begin a new checkpoint and read its sources again from the earliest offsets."""
     base = Path(os.path.abspath(Path(path).parent))  # symlinks kept: see dags/mirrorflow_dags.config_path

@@ -16,8 +16,9 @@ The order, and what each step guarantees before the next one may run:
 4. :func:`final_sync`: lag is 0; checkpoints are emitted and the groups' translated offsets written to
    the (idle) destination groups; every partition they committed on has an exact translation.
 5. :func:`verify`: parity of every mirrored partition (counts and checksums); a mismatch fails.
-6. :func:`finalize`: the group's stream is asked to stop (a stop marker next to its checkpoint, which
-   the job and the stream DAG honour) and the reverse group, if the config has one, is made ready.
+6. :func:`finalize`: the group's stream is asked to stop for good (a record in the stops topic on its
+   destination, :mod:`mirror_core.stops`, which the job, ``run`` and the stream DAG honour wherever they run)
+   and the reverse group, if the config has one, is made ready.
 7. :func:`render_report`: a markdown report and a JSON summary of where the run got to.
 
 This module never imports Airflow; adapters pass in what only they know (is the stream job running?).
@@ -30,10 +31,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from mirror_core import clients, joblock
+from mirror_core import clients, joblock, stops
 from mirror_core.checkpoint import (
     RoundReport,
     SourceTranslator,
@@ -313,44 +313,29 @@ def verify(cfg: MirrorsConfig, group: GroupConfig) -> StepReport:
 # --------------------------------------------------------------------------- 6. finalize
 
 
-def stop_marker(group: GroupConfig) -> Path:
-    """The file that tells the group's stream job (and its DAG) to stop and stay stopped, beside the checkpoint
-    (a ``file:`` checkpoint's path; a remote checkpoint's marker is a local file under its URI's path)."""
-    base = joblock.local_path(group.spark.checkpoint_dir)
-    return (base if base is not None else Path(group.spark.checkpoint_dir)) / f"{group.name}.stopped-by-failover"
+def stream_stop_requested(cfg: MirrorsConfig, group: GroupConfig) -> str | None:
+    """Why the group's stream must not run (a failover's reason and time), or None
+    (:func:`mirror_core.stops.requested`; raises :class:`mirror_core.stops.StopSignalError` when the
+    destination does not answer)."""
+    return stops.requested(cfg, group)
 
 
-def stream_stop_requested(group: GroupConfig) -> str | None:
-    """Why the stream must not run (the marker's text), or None."""
-    p = stop_marker(group)
-    try:
-        return p.read_text().strip() or f"stop requested ({p})"
-    except OSError:
-        return None
+def request_stream_stop(cfg: MirrorsConfig, group: GroupConfig, reason: str) -> str:
+    """Stop the group's stream for good: a record in the stops topic on its destination, which the running job,
+    ``run`` and the stream DAG read (idempotent: a stop in force is kept as it is). Returns where it is."""
+    stops.request(cfg, group, reason, utc_now())
+    return stops.where(cfg, group)
 
 
-def request_stream_stop(group: GroupConfig, reason: str) -> Path:
-    """Write the stop marker (idempotent: an existing marker is kept as it is)."""
-    p = stop_marker(group)
-    if not p.exists():
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(f"{reason} at {utc_now()}\n")
-    return p
-
-
-def clear_stream_stop(group: GroupConfig) -> bool:
-    """Remove the stop marker (a failback, or a failover that was called off); True if there was one."""
-    try:
-        stop_marker(group).unlink()
-        return True
-    except FileNotFoundError:
-        return False
+def clear_stream_stop(cfg: MirrorsConfig, group: GroupConfig) -> bool:
+    """Remove the group's stop (a failback, or a failover that was called off); True if there was one."""
+    return stops.clear(cfg, group)
 
 
 def wait_stream_ended(group: GroupConfig, timeout: float, tasks_running: Callable[[], int] | None = None,
                       say: Callable[[str], None] = lambda _line: None, poll: float = 2.0) -> bool | None:
     """Wait (at most ``timeout`` seconds) until the group's stream job has ended: no job holds its checkpoint
-    (:mod:`mirror_core.joblock`; a job sees the stop marker at its next micro-batch) and, when the caller can count
+    (:mod:`mirror_core.joblock`; a job sees its stop within a second) and, when the caller can count
     them (``tasks_running``: Airflow's running stream tasks), none runs. True: ended; False: still running at the
     timeout; None: nothing tells (a checkpoint not on this machine, and no task count). ``say`` gets a line when
     what it waits for changes, and every 30 s while it does not."""
@@ -410,20 +395,29 @@ def resync(cfg: MirrorsConfig, group: GroupConfig, params: FailoverParams) -> St
 
 def finalize(cfg: MirrorsConfig, group: GroupConfig, stream_stopped: bool | None = None,
              resynced: StepReport | None = None) -> StepReport:
-    """Stop the group's stream for good (stop marker) and make the reverse group ready to start.
+    """Stop the group's stream for good (its stop, :func:`request_stream_stop`) and make the reverse group ready to start.
 
     ``stream_stopped``: the adapter's answer to "has the job ended?" (None: it could not tell). ``resynced``: the
     consumer groups' offsets synced again at the start of the step (:func:`resync`), which must have passed."""
-    marker = request_stream_stop(group, f"failover of group {group.name} to {group.destination}")
+    where = request_stream_stop(cfg, group, f"failover of group {group.name} to {group.destination}")
     rev = reverse_group(cfg, group)
-    details: dict[str, Any] = {"stop_marker": str(marker), "stream_stopped": stream_stopped,
+    details: dict[str, Any] = {"stop": where, "stream_stopped": stream_stopped,
                                "reverse_group": rev.name if rev else None}
-    if rev is not None:
-        details["reverse_stop_marker_cleared"] = clear_stream_stop(rev)
     ok = stream_stopped is not False
     summary = ("stream stopped" if stream_stopped else "stream asked to stop" if stream_stopped is None
                else "the stream job is still running")
-    summary += f"; reverse group {rev.name!r} ready to start" if rev else "; no reverse group in the config"
+    if rev is not None:
+        try:
+            details["reverse_stop_cleared"] = clear_stream_stop(cfg, rev)
+            summary += f"; reverse group {rev.name!r} ready to start"
+        except stops.StopSignalError as exc:
+            # the failover itself is done; the reverse group's own stop (an earlier failover's) is still there
+            details["reverse_stop_cleared"] = None
+            summary += (f"; reverse group {rev.name!r} NOT ready: {exc} (`mirrorflow failover --group {rev.name} "
+                        "--step resume` removes its stop)")
+            ok = False
+    else:
+        summary += "; no reverse group in the config"
     if resynced is not None:
         details["resync"] = {"ok": resynced.ok, "summary": resynced.summary,
                              "offsets": resynced.details.get("offsets", [])}

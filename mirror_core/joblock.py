@@ -77,7 +77,7 @@ def local_path(location: str) -> Path | None:
 
 
 def lock_path(checkpoint_dir: str, group: str) -> Path | None:
-    """The lock's file for ``group``'s checkpoint (beside it, as the failover's stop marker), or None when
+    """The lock's file for ``group``'s checkpoint (beside it), or None when
     the checkpoint is not on this machine's file system."""
     base = local_path(checkpoint_dir)
     return None if base is None else base / f"{group}.lock"
@@ -176,7 +176,7 @@ def _read_holder(fd: int) -> Holder:
 
 def patience(stop_timeout: float) -> float:
     """How long a job waits for a streaming job that holds its checkpoint: a job asked to stop (its task's process
-    gone, a stop marker) notices within a second or a micro-batch, ends within its stop timeout, then exits."""
+    gone, a failover's stop) notices within a second or a micro-batch, ends within its stop timeout, then exits."""
     return 1.5 * stop_timeout + 5.0
 
 

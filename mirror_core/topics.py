@@ -126,6 +126,7 @@ def internal_topics(group: GroupConfig, destination: ClusterState) -> list[tuple
         (group.offset_syncs, 1, {"cleanup.policy": "delete", "retention.ms": str(7 * 24 * 3600 * 1000)},
          "offset-sync history (kept, not compacted, for exact translation)"),
         (group.checkpoints_topic, 1, {"cleanup.policy": "compact"}, "MM2-format checkpoints"),
+        (group.stops, 1, {"cleanup.policy": "compact"}, "a failover's stop of the group's stream"),
     ]
     if any(m.settings.on_error == "dead_letter" for m in resolve_mirrors(group)):
         out.append((group.dlq_topic, 1, {}, "dead letters (records that could not be mirrored)"))

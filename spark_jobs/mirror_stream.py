@@ -422,10 +422,14 @@ def main(argv: list[str] | None = None) -> int:
     group = with_master(cfg.group(args.group), os.environ.get(SUBMITTED_MASTER_ENV))
     if args.stop_timeout is None:
         stopper.timeout = group.spark.stop_timeout
-    from mirror_core import metrics
-    from mirror_core.failover import stream_stop_requested
+    from mirror_core import metrics, stops
 
-    stopped = stream_stop_requested(group)
+    stop_watch = stops.Watch(cfg, group)  # a failover's stop, read from the destination wherever the job runs
+    try:
+        stopped = stop_watch()
+    except stops.StopSignalError as exc:
+        log.error("%s: cannot start the mirror: %s", group.name, exc)
+        return stopper.finished(1)
     if stopped:
         log.info("%s: not started: %s", group.name, stopped)
         return 0
@@ -433,11 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     if lock is not None:
         try:
             # kept until this process exits (the kernel releases it, however the process ends); the wait ends
-            # on a stop, or on a stop marker written meanwhile (a failover behind the drain this job waits for)
+            # on a stop, or on a failover's stop written meanwhile (a failover behind the drain this job waits for)
             if not joblock.take(joblock.JobLock(lock), joblock.Holder.me(args.once), group=group.name,
                                 patience=joblock.patience(stopper.timeout),
-                                stop=lambda: stopper.requested or stream_stop_requested(group) is not None):
-                stopped = stream_stop_requested(group)
+                                stop=lambda: stopper.requested or stop_watch() is not None):
+                stopped = stop_watch()
                 if stopped:
                     log.info("%s: not started: %s", group.name, stopped)
                 return stopper.finished(0)
@@ -447,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         except joblock.CheckpointLockError as exc:
             log.error("%s: cannot start the mirror: %s", group.name, exc)
             return stopper.finished(1)
-        stopped = stream_stop_requested(group)  # a failover may have stopped the group meanwhile
+        stopped = stop_watch()  # a failover may have stopped the group meanwhile
         if stopped:
             log.info("%s: not started: %s", group.name, stopped)
             return stopper.finished(0)
@@ -474,10 +478,11 @@ def main(argv: list[str] | None = None) -> int:
         return stopper.finished(0)
     rt.stop_requested = lambda: stopper.requested  # a batch that keeps writing (spark.keep_writing_for) ends
     query = build_query(spark, cfg, group, once=args.once, runtime=rt, prepared=True)
-    rc = run_until_done(query, group.name, stopper, lambda: stream_stop_requested(group))
+    rc = run_until_done(query, group.name, stopper, stop_watch)
     rc = finish_writes(rt, group.name, rc)
     rt.stop_warm_up(timeout=1.0)
     rt.close()
+    stop_watch.close()
     spark.stop()  # the JVM ends its Python workers; then this process ends the JVM
     return stopper.finished(rc)
 
@@ -571,7 +576,7 @@ class Stopper:
 def run_until_done(query: StreamingQuery, group_name: str, stopper: Stopper | None = None,
                    stop_requested: Any = None) -> int:
     """Wait for the query; a stop request (a signal, the parent's death, or ``stop_requested()`` returning a
-    reason: a failover's stop marker) lets the running micro-batch finish (within the stop's graceful
+    reason: a failover's stop, :class:`mirror_core.stops.Watch`) lets the running micro-batch finish (within the stop's graceful
     budget), then stops the query. Returns the exit code: 0 when it finished or was stopped, 1 when it
     failed (one clear line naming the record that stopped it)."""
     if stopper is None:
@@ -583,7 +588,7 @@ def run_until_done(query: StreamingQuery, group_name: str, stopper: Stopper | No
                 break
             reason = stop_requested() if stop_requested is not None else None
             if reason:
-                stopper.request(reason)  # a failover's stop marker
+                stopper.request(reason)  # a failover's stop
         if stopper.requested:
             wait_for_batch_end(query, timeout=stopper.graceful_left())
             query.stop()

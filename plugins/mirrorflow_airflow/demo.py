@@ -203,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         from mirror_core.config import load_config
         from mirror_core.failover import clear_stream_stop
 
-        if clear_stream_stop(load_config(config).group(GROUP)):
-            say(f"removed the stop marker a previous demo's failover left for group {GROUP}")
+        demo_cfg = load_config(config)
+        if clear_stream_stop(demo_cfg, demo_cfg.group(GROUP)):
+            say(f"removed the stop a previous demo's failover left for group {GROUP}")
 
         say(f"Airflow (SQLite) in {home}; DAGs generated from {CONFIG.relative_to(ROOT)} (the stream as a drain)")
         from airflow.dag_processing.dagbag import DagBag

@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from mirror_core.config import CONNECTIONS_FILE_ENV, SUBMITTED_MASTER_ENV, with_master
 from mirror_core.process import OWNER_ENV, owner_token
@@ -26,7 +26,7 @@ from mirrorflow_airflow.sensors import STEP_REPORT_KEY
 
 #: Airflow ``http`` connection of Airflow's own public API (host = base URL, login / password), used
 #: by the failover's finalize to pause the stream DAG; without it the pause is done through the
-#: metadata database when the task may reach it (``dag.test()``), else only the stop marker acts.
+#: metadata database when the task may reach it (``dag.test()``), else only the group's stop (mirror_core.stops) acts.
 AIRFLOW_API_CONN_ID = "mirrorflow_airflow_api"
 
 
@@ -247,10 +247,10 @@ def push_report(op: BaseOperator, context: Any, rep: Any) -> dict[str, Any]:
 
 class FinalizeFailoverOperator(MirrorflowOperator):
     """Sync the consumer groups' offsets once more (their consumers were stopped on the source before the
-    approval; :func:`mirror_core.failover.resync`), stop the group's stream for good (stop marker, stream DAG
+    approval; :func:`mirror_core.failover.resync`), stop the group's stream for good (its stop record, stream DAG
     paused, its job ended) and make the reverse group ready. The job has ended when no task of the stream DAG runs and no job holds the group's
     checkpoint (its lock, :mod:`mirror_core.joblock`): a job whose task died, or one started by hand, sees the
-    stop marker at its next micro-batch."""
+    stop within a second."""
 
     template_fields: Sequence[str] = ("config_path", "group_name", "stream_dag_id")
 
@@ -272,8 +272,8 @@ class FinalizeFailoverOperator(MirrorflowOperator):
         # stream stops, which takes up to its stop timeout)
         resynced = failover.resync(cfg, group, params)
         self.log.info("resync: %s", resynced.summary)
-        marker = failover.request_stream_stop(group, f"failover of group {group.name} to {group.destination}")
-        self.log.info("stop marker written: %s", marker)
+        where = failover.request_stream_stop(cfg, group, f"failover of group {group.name} to {group.destination}")
+        self.log.info("stream stopped for good: %s", where)
         paused = pause_dag(self.stream_dag_id, self.log)
         stopped = failover.wait_stream_ended(group, self.stop_timeout,
                                              lambda: stream_jobs_running(context["ti"], self.stream_dag_id),
@@ -286,7 +286,7 @@ class FinalizeFailoverOperator(MirrorflowOperator):
 
 def stream_jobs_running(ti: Any, stream_dag_id: str) -> int:
     """How many ``mirror_stream`` task instances of the stream DAG are running (a running one is a live
-    Spark job; a queued or retried one will see the stop marker and skip). Counting tasks, not runs: a
+    Spark job; a queued or retried one will see the stop and skip). Counting tasks, not runs: a
     continuous DAG that could not be paused starts new runs, which end at once."""
     states = ti.get_task_states(dag_id=stream_dag_id, task_ids=["mirror_stream"])
     return sum(1 for by_task in states.values() for state in by_task.values() if str(state) == "running")
@@ -406,7 +406,8 @@ class MirrorStreamOperator(SparkSubmitOperator):
       group's ``spark.master`` is used (the provider would otherwise silently submit to yarn).
     * Clusters that name Airflow connections are resolved here and handed to the job in a 0600 file
       named by an environment variable: never on the command line.
-    * A group stopped by a failover (its stop marker) is skipped, not launched.
+    * A group stopped by a failover (its stop, :mod:`mirror_core.stops`) is skipped, not launched; when the
+      destination does not answer whether it is, the task fails (and is retried).
     * spark-submit's JVM keeps its temporary files in a private directory, removed when the task ends
       (:func:`spark_jobs.jvm_archive.submit_tmpdir`).
     * The job is told this task's process (``MIRRORFLOW_OWNER``) and stops when it ends: a worker killed
@@ -483,11 +484,15 @@ class MirrorStreamOperator(SparkSubmitOperator):
                          SUBMITTED_MASTER_ENV: master}
 
     def execute(self, context: Any) -> None:
+        from mirror_core.errors import MirrorError
         from mirror_core.failover import stream_stop_requested
 
         hook = MirrorflowHook(self.config_path)
-        _, group = hook.get_group(self.group_name)
-        reason = stream_stop_requested(group)
+        cfg, group = hook.get_group(self.group_name)
+        try:
+            reason = stream_stop_requested(cfg, group)
+        except MirrorError as exc:
+            raise AirflowException(str(exc)) from None
         if reason:
             raise AirflowSkipException(f"not started: {reason}")
         self.prepare_submit(group)

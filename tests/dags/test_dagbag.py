@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.fakes import FakeBoard, fake_boards
+
 ROOT = Path(__file__).resolve().parents[2]
 DAGS = ROOT / "dags"
 
@@ -207,12 +209,39 @@ def test_a_stream_job_is_told_the_task_process_it_belongs_to(monkeypatch: pytest
     from mirror_core import process
 
     bag = _dagbag(_own_checkpoint_config(tmp_path), monkeypatch)
+    fake_boards(monkeypatch)  # no clusters here: the destination's stops topic, in memory
     task = bag.dags["mirrorflow__demo__stream"].get_task("mirror_stream")
     submitted: list[dict[str, str]] = []
     monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: submitted.append(dict(self.env_vars)))
     task.execute({})
     owner = submitted[0][process.OWNER_ENV]
     assert process.owner_alive(owner) is True and owner.rsplit(":", 2)[1] == str(os.getpid())
+
+
+def test_a_stream_task_is_skipped_after_a_failover_and_fails_when_it_cannot_tell(monkeypatch: pytest.MonkeyPatch,
+                                                                                 tmp_path: Path) -> None:
+    """The stream task reads the group's stop on the destination before it submits anything: stopped, it is
+    skipped; the destination not answering, it fails with that one line (and is retried), launching nothing."""
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+
+    from mirror_core import stops
+    from mirror_core.config import load_config
+
+    config = _own_checkpoint_config(tmp_path)
+    bag = _dagbag(config, monkeypatch)
+    boards = fake_boards(monkeypatch)
+    task = bag.dags["mirrorflow__demo__stream"].get_task("mirror_stream")
+    submitted: list[Any] = []
+    monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: submitted.append(context))
+    boards["dst"] = FakeBoard()
+    boards["dst"].stops[stops.key(load_config(config).group("demo"))] = "failover of group demo to dst at 12:00"
+    with pytest.raises(AirflowSkipException, match="not started: failover of group demo to dst at 12:00"):
+        task.execute({})
+    boards["dst"].down = True
+    with pytest.raises(AirflowException, match="^cannot read the failover stops from topic mirrorflow-stops.internal"):
+        task.execute({})
+    assert submitted == []
 
 
 def _own_checkpoint_config(tmp_path: Path) -> Path:
@@ -256,6 +285,7 @@ def test_finalize_waits_for_a_job_still_on_the_checkpoint(monkeypatch: pytest.Mo
 
     # no clusters here: the offsets' second sync (tested on real clusters in test_failover_cli) stands in
     synced = []
+    boards = fake_boards(monkeypatch)
     monkeypatch.setattr(failover, "resync", lambda cfg, group, params: synced.append(params.consumer_groups) or
                         failover.StepReport("resync", group.name, True, "2 partition offsets synced", {"offsets": []}))
     with support.job_holding(lock, 3 if job_ends else 600) as job:
@@ -271,6 +301,7 @@ def test_finalize_waits_for_a_job_still_on_the_checkpoint(monkeypatch: pytest.Mo
             assert ti.pushed["step_report"]["details"]["stream_stopped"] is True
             assert ti.pushed["step_report"]["summary"].startswith("consumer offsets synced again")
             assert synced == [("demo-app",)]
+            assert list(boards["dst"].stops) == [f"{tmp_path / 'checkpoints'}/demo"]  # stopped for good
         else:
             with pytest.raises(AirflowFailException, match="the stream job is still running"):
                 op.execute(context)

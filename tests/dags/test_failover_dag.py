@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from mirror_core.config import load_config
-from mirror_core.failover import stop_marker
+from mirror_core.failover import stream_stop_requested
 from tests.dags import support
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
@@ -54,7 +54,8 @@ def test_failover_reject_reject_then_approve(clusters: Any, unique: Any, tmp_pat
     support.commit_source_group(s, {0: 15, 1: 25})
     dags = support.load_dags(s.config, monkeypatch)
     dst_topic = f"{s.topic}.mirror"
-    group = load_config(s.config).group(s.name)
+    cfg = load_config(s.config)
+    group = cfg.group(s.name)
     dr = dags[s.dag_id("stream")].test()
     assert dr.state == "success", support.task_states(dr)
     set_paused(s.dag_id("stream"), False)  # switched on, as a user does (new DAGs start paused)
@@ -71,7 +72,7 @@ def test_failover_reject_reject_then_approve(clusters: Any, unique: Any, tmp_pat
     assert {t: states[t] for t in ("wait_for_quiet", "final_drain", "final_sync", "verify_parity", "finalize")} == {
         t: "skipped" for t in ("wait_for_quiet", "final_drain", "final_sync", "verify_parity", "finalize")}
     assert support.committed(s.dst, s.consumer_group, dst_topic, 2) == {0: -1001, 1: -1001}
-    assert not stop_marker(group).exists()
+    assert stream_stop_requested(cfg, group) is None
 
     # 2. Reject "switch consumers": offsets were synced before it, nothing after (stream left running)
     support.produce(s, 10)  # new records while the producers "still run": the final drain mirrors them
@@ -81,7 +82,7 @@ def test_failover_reject_reject_then_approve(clusters: Any, unique: Any, tmp_pat
     report = support.xcom(dr.dag_id, dr.run_id, "report")
     assert report["stopped_at"] == "approve_switch_consumers" and report["steps"]["verify"]["ok"]
     assert support.task_states(dr)["finalize"] == "skipped"
-    assert not stop_marker(group).exists()
+    assert stream_stop_requested(cfg, group) is None
     assert is_paused(s.dag_id("stream")) is not True
     assert support.committed(s.dst, s.consumer_group, dst_topic, 2) == {
         p: o["destination_committed"] for p, o in ((o["partition"], o) for o in report["offsets"])}
@@ -101,7 +102,8 @@ def test_failover_reject_reject_then_approve(clusters: Any, unique: Any, tmp_pat
     assert resumed[0] == support.keys(s.src, s.topic, 0, start=30)  # 0 gaps, 0 re-reads
     assert resumed[1] == support.keys(s.src, s.topic, 1, start=33)
     assert resumed[0] and resumed[1]
-    assert stop_marker(group).exists() and is_paused(s.dag_id("stream")) is True
+    assert (stream_stop_requested(cfg, group) or "").startswith(f"failover of group {s.name} to dst at ")
+    assert is_paused(s.dag_id("stream")) is True
     finalize = support.xcom(dr.dag_id, dr.run_id, "finalize", key="step_report")
     assert finalize["details"]["stream_stopped"] is True
     dr = dags[s.dag_id("stream")].test()  # a stream run after the failover launches no job

@@ -59,7 +59,8 @@ def wait_for(what: str, check: Any, timeout: float) -> Any:
 def test_a_killed_job_is_relaunched_and_catches_up(clusters: Any, unique: Any, tmp_path: Path, airflow_db: Path,
                                                     monkeypatch: Any) -> None:
     s = support.scenario(clusters, unique, tmp_path, partitions=2, records=50, mode="continuous", retries=3)
-    group = load_config(s.config).group(s.name)
+    cfg = load_config(s.config)
+    group = cfg.group(s.name)
     dag = support.load_dags(s.config, monkeypatch)[s.dag_id("stream")]
     events: dict[str, Any] = {}
 
@@ -79,7 +80,7 @@ def test_a_killed_job_is_relaunched_and_catches_up(clusters: Any, unique: Any, t
         except BaseException as exc:  # noqa: BLE001 - reported by the test below
             events["error"] = exc
         finally:
-            request_stream_stop(group, "test over")  # the job stops after its batch; the run ends
+            request_stream_stop(cfg, group, "test over")  # the job stops after its batch; the run ends
             deadline = time.monotonic() + 180
             while driver_pids(s.name) and time.monotonic() < deadline:
                 time.sleep(1)

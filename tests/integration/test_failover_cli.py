@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from mirror_core import clients, joblock
+from mirror_core import clients, joblock, stops
 from mirror_core.cli import app
 from mirror_core.config import load_config
 from tests.dags import support
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def step(s: support.Scenario, name: str, *extra: str) -> dict[str, Any]:
@@ -52,14 +56,21 @@ def test_failover_by_hand(clusters: Any, unique: Any, tmp_path: Path) -> None:
     assert fin["details"]["stream_stopped"] is True and "stream stopped" in fin["summary"]
     assert fin["details"]["resync"]["ok"] and sorted(
         (o["partition"], o["source_committed"]) for o in fin["details"]["resync"]["offsets"]) == [(0, 9), (1, 15)]
-    assert Path(fin["details"]["stop_marker"]).exists()
+    cfg = load_config(s.config)
+    assert fin["details"]["stop"] == stops.where(cfg, cfg.group(s.name))
+    assert (stops.requested(cfg, cfg.group(s.name)) or "").startswith(f"failover of group {s.name} to dst at ")
+    assert not list(Path(cfg.group(s.name).spark.checkpoint_dir).glob("*stopped-by-failover"))
     resumed = support.resume_on_destination(s, f"{s.topic}.mirror")
     assert resumed[0] == support.keys(s.src, s.topic, 0, start=9)  # not from 5: no re-read
     assert resumed[1] == support.keys(s.src, s.topic, 1, start=15)
-    # a stopped group's stream does not start again until the marker is removed
+    # a stopped group's stream does not start again (it reads its stop on the destination) until resumed
+    job = subprocess.run([sys.executable, "-m", "spark_jobs.mirror_stream", str(s.config), "--group", s.name, "--once"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, cwd=ROOT)
+    assert job.returncode == 0 and f"{s.name}: not started: failover of group {s.name} to dst at " in job.stdout, \
+        job.stdout[-3000:]
     out = CliRunner().invoke(app, ["failover", str(s.config), "--group", s.name, "--step", "resume"])
-    assert out.exit_code == 0 and "removed" in out.output
-    assert not Path(fin["details"]["stop_marker"]).exists()
+    assert out.exit_code == 0 and f"{s.name}: stop removed (key " in out.output, out.output
+    assert stops.requested(cfg, cfg.group(s.name)) is None
 
 
 def test_a_sync_places_positions_before_the_first_record_and_moves_only_its_own_groups(

@@ -394,7 +394,7 @@ def test_a_job_waiting_behind_a_drain_does_not_start_once_a_failover_stopped_the
             wait_until("the job waiting for the drain", lambda: "waiting for the job already running on its "
                        "checkpoint to end: a drain (--once)" in job_log.read_text(), timeout=60, proc=job)
             t0 = time.monotonic()
-            failover.request_stream_stop(group, f"failover of group {group.name} to dst")
+            failover.request_stream_stop(cfg, group, f"failover of group {group.name} to dst")
             assert job.wait(30) == 0, job_log.read_text()[-3000:]
             took = time.monotonic() - t0
             assert drain.poll() is None  # the drain runs on

@@ -1,4 +1,4 @@
-"""Pure parts of the failover: params, the lag sample contract, the report, the stop marker."""
+"""Pure parts of the failover: params, the lag sample contract, the report, the group's stop."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mirror_core import failover
+from mirror_core import failover, stops
 from mirror_core.config import parse_config
 from mirror_core.errors import ConfigError
 from mirror_core.health import LagReport, PartitionLag
+from tests.fakes import FakeBoard, fake_boards
 
 
 def _cfg(tmp_path: Path, reverse: bool = True):  # noqa: ANN202
@@ -65,35 +66,87 @@ def test_report_says_where_a_rejected_run_stopped(tmp_path: Path) -> None:
     assert "| c | t | 0 | 5 | 5 |" in md
 
 
-def test_stop_marker_is_idempotent_and_finalize_readies_the_reverse_group(tmp_path: Path) -> None:
+@pytest.fixture
+def boards(monkeypatch: pytest.MonkeyPatch) -> dict[str, FakeBoard]:
+    return fake_boards(monkeypatch)
+
+
+def test_a_stop_is_idempotent_and_finalize_readies_the_reverse_group(tmp_path: Path, boards) -> None:
     cfg = _cfg(tmp_path)
     ab, ba = cfg.group("ab"), cfg.group("ba")
-    failover.request_stream_stop(ba, "an earlier failback")
+    failover.request_stream_stop(cfg, ba, "an earlier failback")
+    assert boards["a"].stops == {f"{tmp_path / 'ckpt'}/ba": boards["a"].stops[f"{tmp_path / 'ckpt'}/ba"]}
     assert failover.reverse_group(cfg, ab) == ba
     rep = failover.finalize(cfg, ab, stream_stopped=True)
-    assert rep.ok and rep.details["reverse_group"] == "ba" and rep.details["reverse_stop_marker_cleared"]
-    first = failover.stream_stop_requested(ab)
-    assert first and first.startswith("failover of group ab to b")
+    assert rep.ok and rep.details["reverse_group"] == "ba" and rep.details["reverse_stop_cleared"] is True
+    assert rep.details["stop"] == f"key '{tmp_path / 'ckpt'}/ab' of topic mirrorflow-stops.internal on b"
+    first = failover.stream_stop_requested(cfg, ab)
+    assert first and first.startswith("failover of group ab to b at ")
+    writes = boards["b"].writes
     assert failover.finalize(cfg, ab, stream_stopped=True).ok
-    assert failover.stream_stop_requested(ab) == first  # not rewritten
-    assert failover.stream_stop_requested(ba) is None
+    assert failover.stream_stop_requested(cfg, ab) == first and boards["b"].writes == writes  # not rewritten
+    assert failover.stream_stop_requested(cfg, ba) is None
     assert not failover.finalize(cfg, ab, stream_stopped=False).ok
     assert failover.reverse_group(_cfg(tmp_path, reverse=False), ab) is None
+    assert not list((tmp_path / "ckpt").glob("*stopped-by-failover"))  # nothing on this host's disk
 
 
-def test_the_stop_marker_of_a_file_uri_checkpoint_is_beside_its_lock(tmp_path: Path) -> None:
-    """A ``file:`` checkpoint's marker is in the directory the URI names (where the job's lock is), not under a
-    directory called ``file:`` in the working directory."""
-    from mirror_core import joblock
+def test_a_stop_belongs_to_the_checkpoint_not_to_the_group_name(tmp_path: Path, boards) -> None:
+    """Two deployments mirroring into one cluster under one group name keep their stops apart; a process that
+    reaches the same local checkpoint through a link finds its stop; a remote checkpoint's key is its URI."""
+    cfg = _cfg(tmp_path, reverse=False)
+    failover.request_stream_stop(cfg, cfg.group("ab"), "failover")
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "ckpt")
+    other = yaml.safe_load(yaml.safe_dump(cfg.model_dump(mode="json", exclude_none=True)))
+    for where, stopped in ((str(tmp_path / "elsewhere"), False), (str(tmp_path / "link"), True),
+                           (f"file://{tmp_path}/ckpt", True), ("s3a://bucket/ckpt", False)):
+        other["groups"][0]["spark"]["checkpoint_dir"] = where
+        o = parse_config(other, env={})
+        assert (failover.stream_stop_requested(o, o.group("ab")) is not None) is stopped, where
+    other["groups"][0]["spark"]["checkpoint_dir"] = "s3a://bucket/ckpt/"
+    o = parse_config(other, env={})
+    failover.request_stream_stop(o, o.group("ab"), "failover")
+    assert "s3a://bucket/ckpt/ab" in boards["b"].stops
 
-    group = parse_config({"clusters": {"a": {"kafka": {"bootstrap.servers": "a:1"}},
-                                       "b": {"kafka": {"bootstrap.servers": "b:1"}}},
-                          "groups": [{"name": "ab", "source": "a", "destination": "b", "mirrors": [{"source_topic": "t"}],
-                                      "spark": {"checkpoint_dir": f"file://{tmp_path}/ckpt"}}]}, env={}).group("ab")
-    marker = failover.request_stream_stop(group, "a test")
-    assert marker == tmp_path / "ckpt" / "ab.stopped-by-failover" and marker.is_file()
-    assert marker.parent == joblock.lock_path(group.spark.checkpoint_dir, "ab").parent
-    assert failover.stream_stop_requested(group).startswith("a test")
+
+def test_a_stop_file_from_before_is_honoured_and_resume_removes_it(tmp_path: Path, boards) -> None:
+    cfg = _cfg(tmp_path, reverse=False)
+    group = cfg.group("ab")
+    old = tmp_path / "ckpt" / "ab.stopped-by-failover"
+    old.parent.mkdir()
+    old.write_text("failover of group ab to b at 2026-12-01T10:00:00Z\n")
+    assert stops.legacy_file(group) == old
+    assert failover.stream_stop_requested(cfg, group) == "failover of group ab to b at 2026-12-01T10:00:00Z"
+    assert failover.clear_stream_stop(cfg, group) and not old.exists()
+    assert failover.stream_stop_requested(cfg, group) is None
+    assert not failover.clear_stream_stop(cfg, group)
+
+
+def test_an_unanswered_destination_is_not_permission_to_run(tmp_path: Path, boards, caplog) -> None:
+    """Launching, the job and the DAG refuse when the stops cannot be read; a running job goes on with one
+    warning line; finalize says when the reverse group's stop could not be removed."""
+    cfg = _cfg(tmp_path)
+    ab, ba = cfg.group("ab"), cfg.group("ba")
+    watch = stops.Watch(cfg, ab)
+    assert watch() is None  # the job started
+    boards["b"].down = True
+    with pytest.raises(stops.StopSignalError, match="cannot read the failover stops from topic"):
+        failover.stream_stop_requested(cfg, ab)
+    with pytest.raises(stops.StopSignalError):
+        stops.Watch(cfg, ab)()  # the first look decides whether a job starts
+    with caplog.at_level("WARNING", logger="mirror_core.stops"):
+        assert watch() is None and watch() is None
+    assert len(caplog.records) == 1 and "the job goes on" in caplog.records[0].getMessage()
+    boards["b"].down = False
+    failover.request_stream_stop(cfg, ab, "failover")
+    assert watch() == boards["b"].stops[stops.key(ab)]
+    failover.request_stream_stop(cfg, ba, "an earlier failback")
+    boards["a"].down = True
+    rep = failover.finalize(cfg, ab, stream_stopped=True)
+    assert not rep.ok and rep.details["reverse_stop_cleared"] is None
+    assert "reverse group 'ba' NOT ready: cannot read the failover stops" in rep.summary
+    assert "mirrorflow failover --group ba --step resume" in rep.summary
 
 
 def test_the_wait_for_the_stream_job_tells_only_what_the_checkpoint_shows(tmp_path: Path) -> None:

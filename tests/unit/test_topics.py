@@ -139,8 +139,10 @@ def test_internal_topics_replication_factor_is_clamped_to_the_destination_broker
     """Internal topics want RF 3, but never more than the destination has brokers (a 1-broker dev cluster)."""
     plan = by_topic(plan_topics(group('[{source_topic: orders}]'), SRC, ClusterState({}, broker_count=brokers)))
     internal = [a for a in plan.values() if a.mirror == "g (internal)"]
-    assert len(internal) == 3 and all(a.kind == "create" for a in internal)
-    assert {a.replication_factor for a in internal} == {rf}
+    assert sorted(a.topic for a in internal) == ["g.mirrorflow.dlq", "mirrorflow-offset-syncs.src.internal",
+                                                  "mirrorflow-stops.internal", "src.checkpoints.internal"]
+    assert all(a.kind == "create" for a in internal) and {a.replication_factor for a in internal} == {rf}
+    assert plan["mirrorflow-stops.internal"].configs == {"cleanup.policy": "compact"}
 
 
 def test_acls_already_on_the_destination_are_not_planned_again():

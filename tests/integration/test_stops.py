@@ -1,0 +1,102 @@
+"""A failover's stop of a group's stream on real clusters: a record in a compacted topic on the destination,
+which any host that reaches the destination reads (an Airflow worker, a Spark driver elsewhere), whatever its
+checkpoint is (an S3 one included, whose stop was a local file before 7 December)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from mirror_core import failover, stops
+from mirror_core.config import MirrorsConfig, parse_config
+
+pytestmark = pytest.mark.integration
+
+
+def make_config(clusters: Any, topic: str, checkpoint_dir: str, dst_bootstrap: str | None = None) -> MirrorsConfig:
+    raw = yaml.safe_load(clusters.config_yaml(f"""
+groups:
+  - name: orders
+    source: src
+    destination: dst
+    stops_topic: {topic}
+    spark: {{checkpoint_dir: "{checkpoint_dir}"}}
+    mirrors: [{{source_topic: orders}}]
+  - name: back
+    source: dst
+    destination: src
+    stops_topic: {topic}
+    spark: {{checkpoint_dir: "{checkpoint_dir}"}}
+    mirrors: [{{source_topic: orders}}]
+"""))
+    if dst_bootstrap is not None:
+        raw["clusters"]["dst"]["kafka"]["bootstrap.servers"] = dst_bootstrap
+    return parse_config(raw, env={})
+
+
+def test_a_stop_is_a_compacted_record_any_host_reads(clusters: Any, unique: Any, tmp_path: Path) -> None:
+    topic = unique("stops")
+    cfg = make_config(clusters, topic, "s3a://bucket/checkpoints")  # no local file could carry it
+    group = cfg.group("orders")
+    admin = AdminClient({"bootstrap.servers": clusters.dst_bootstrap})
+    assert failover.stream_stop_requested(cfg, group) is None
+    assert topic not in admin.list_topics(timeout=30).topics  # reading made nothing
+    assert not failover.clear_stream_stop(cfg, group)
+
+    running = stops.Watch(cfg, group)  # a job's view, kept from before the failover
+    assert running() is None
+    where = failover.request_stream_stop(cfg, group, "failover of group orders to dst")
+    assert where == f"key 's3a://bucket/checkpoints/orders' of topic {topic} on dst"
+    md = admin.list_topics(topic, timeout=30).topics[topic]
+    assert len(md.partitions) == 1
+    conf = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)])
+    assert next(iter(conf.values())).result(30)["cleanup.policy"].value == "compact"
+    reason = failover.stream_stop_requested(cfg, group)
+    assert reason is not None and reason.startswith("failover of group orders to dst at ")
+    assert running() == reason  # the running job sees it at its next look
+    failover.request_stream_stop(cfg, group, "a second finalize")
+    assert failover.stream_stop_requested(cfg, group) == reason  # kept as it was
+
+    # a group of the same name on another checkpoint (another deployment) is not stopped
+    other = make_config(clusters, topic, "s3a://bucket/elsewhere")
+    assert failover.stream_stop_requested(other, other.group("orders")) is None
+    # a record that is not ours counts as a stop, its text the reason
+    p = Producer({"bootstrap.servers": clusters.dst_bootstrap})
+    p.produce(topic, key=b"s3a://bucket/elsewhere/orders", value=b"stopped by hand", partition=0)
+    assert p.flush(30) == 0
+    assert failover.stream_stop_requested(other, other.group("orders")) == "stopped by hand"
+
+    assert failover.clear_stream_stop(cfg, group)
+    assert running() is None and failover.stream_stop_requested(cfg, group) is None
+    assert failover.stream_stop_requested(other, other.group("orders")) == "stopped by hand"
+
+
+def test_finalize_readies_the_reverse_group_on_the_other_cluster(clusters: Any, unique: Any, tmp_path: Path) -> None:
+    """The reverse group's stop (an earlier failback's) lives on its own destination, the source here."""
+    topic = unique("stops")
+    cfg = make_config(clusters, topic, str(tmp_path / "ckpt"))
+    failover.request_stream_stop(cfg, cfg.group("back"), "failback of group back to src")
+    src_admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
+    assert topic in src_admin.list_topics(timeout=30).topics
+    rep = failover.finalize(cfg, cfg.group("orders"), stream_stopped=True)
+    assert rep.ok and rep.details["reverse_stop_cleared"] is True, rep.summary
+    assert failover.stream_stop_requested(cfg, cfg.group("back")) is None
+    assert failover.stream_stop_requested(cfg, cfg.group("orders")) is not None
+
+
+def test_an_unanswered_destination_is_one_line_naming_it(clusters: Any, unique: Any) -> None:
+    cfg = make_config(clusters, unique("stops"), "s3a://bucket/checkpoints", dst_bootstrap="127.0.0.1:1")
+    board = stops.KafkaBoard(cfg.cluster("dst"), "dst", cfg.group("orders").stops, timeout=2)
+    t0 = time.monotonic()
+    with pytest.raises(stops.StopSignalError) as err:
+        board.read()
+    board.close()
+    assert time.monotonic() - t0 < 10
+    assert str(err.value).startswith(f"cannot read the failover stops from topic {cfg.group('orders').stops} on dst: ")
+    assert "\n" not in str(err.value)
