@@ -3,7 +3,7 @@
 The source principal reads and describes the mirrored topics, commits the mirror's own consumer
 groups and describes the consumer groups whose offsets are checkpointed. The destination principal
 creates, writes, reads and configures the mirrored and internal topics (offset syncs, checkpoints,
-dead letters), uses the group's transactional ids and writes the mirrored consumer groups' offsets.
+dead letters, a failover's stops), uses the group's transactional ids and writes the mirrored consumer groups' offsets.
 Nothing else: no cluster-level permission on either side.
 
 A regex flow is granted by the literal prefix of its ``include`` pattern (``payments\\..*`` ->

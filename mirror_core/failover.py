@@ -335,7 +335,7 @@ def clear_stream_stop(cfg: MirrorsConfig, group: GroupConfig) -> bool:
 def wait_stream_ended(group: GroupConfig, timeout: float, tasks_running: Callable[[], int] | None = None,
                       say: Callable[[str], None] = lambda _line: None, poll: float = 2.0) -> bool | None:
     """Wait (at most ``timeout`` seconds) until the group's stream job has ended: no job holds its checkpoint
-    (:mod:`mirror_core.joblock`; a job sees its stop within a second) and, when the caller can count
+    (:mod:`mirror_core.joblock`; a job sees its stop within seconds) and, when the caller can count
     them (``tasks_running``: Airflow's running stream tasks), none runs. True: ended; False: still running at the
     timeout; None: nothing tells (a checkpoint not on this machine, and no task count). ``say`` gets a line when
     what it waits for changes, and every 30 s while it does not."""
@@ -399,13 +399,18 @@ def finalize(cfg: MirrorsConfig, group: GroupConfig, stream_stopped: bool | None
 
     ``stream_stopped``: the adapter's answer to "has the job ended?" (None: it could not tell). ``resynced``: the
     consumer groups' offsets synced again at the start of the step (:func:`resync`), which must have passed."""
-    where = request_stream_stop(cfg, group, f"failover of group {group.name} to {group.destination}")
+    try:  # the adapters wrote it before their wait: this finds it (or writes it, called on its own)
+        where, written = request_stream_stop(cfg, group, f"failover of group {group.name} to {group.destination}"), True
+    except stops.StopSignalError as exc:
+        where, written = f"NOT written: {exc}", False
     rev = reverse_group(cfg, group)
     details: dict[str, Any] = {"stop": where, "stream_stopped": stream_stopped,
                                "reverse_group": rev.name if rev else None}
-    ok = stream_stopped is not False
+    ok = stream_stopped is not False and written
     summary = ("stream stopped" if stream_stopped else "stream asked to stop" if stream_stopped is None
                else "the stream job is still running")
+    if not written:
+        summary = f"the stream's stop {where}; {summary}"
     if rev is not None:
         try:
             details["reverse_stop_cleared"] = clear_stream_stop(cfg, rev)

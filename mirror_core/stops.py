@@ -4,13 +4,13 @@
 launch check, ``mirrorflow run`` and the running Spark driver read it, and a ``resume`` removes it. These may
 run on different hosts (Celery or Kubernetes workers, a driver in a Spark cluster), and every one of them
 reaches the destination: so the stop lives there, in a compacted topic (``stops_topic``, one partition),
-keyed by the group's checkpoint location (:func:`key`): what stops for good is the job that runs on that
+keyed by the group's checkpoint location (:func:`keys`): what stops for good is the job that runs on that
 checkpoint. Two deployments that mirror into one cluster under one group name keep apart that way, as long as
 their checkpoints differ.
 
 Until 7 December the stop was a file beside a local checkpoint, and for an S3 or HDFS checkpoint a local file
-relative to the working directory, which only processes on one host saw. Such a file is still honoured
-(:func:`legacy_file`) and removed by a resume.
+relative to the working directory, which only processes on one host saw. A local checkpoint's file is still
+honoured (:func:`legacy_file`) and removed by a resume.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import socket
+import threading
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -52,23 +53,48 @@ class Board(Protocol):
     def close(self) -> None: ...
 
 
+def keys(group: GroupConfig) -> tuple[str, ...]:
+    """The stop's keys: the group's checkpoint location (``<spark.checkpoint_dir>/<group>``) as the config gives
+    it (made absolute against the config file's directory), which every host computes alike, and for a local
+    checkpoint reached through a link, that location with its links resolved. A stop is written under the first;
+    it is honoured (and removed) under any key that is one of these or, on this host, resolves to the second
+    (another process may have reached the checkpoint through another link)."""
+    from .joblock import local_path
+
+    base = local_path(group.spark.checkpoint_dir)
+    if base is None:
+        return (f"{group.spark.checkpoint_dir.rstrip('/')}/{group.name}",)
+    given = f"{os.path.normpath(base)}/{group.name}"
+    resolved = f"{os.path.realpath(base)}/{group.name}"
+    return (given,) if resolved == given else (given, resolved)
+
+
 def key(group: GroupConfig) -> str:
-    """The stop's key: the group's checkpoint location (``<spark.checkpoint_dir>/<group>``); a local one with
-    its links resolved, as every process on the host that reaches it through another link finds it."""
+    """The key a stop is written under (:func:`keys`)."""
+    return keys(group)[0]
+
+
+def legacy_file(group: GroupConfig) -> Path | None:
+    """Where a stop was written before 7 December, for a local checkpoint: a file beside it. (A remote
+    checkpoint's was a path relative to the working directory of whoever wrote it, which no other process can
+    find: such a stop has to be written again, by finalize or ``--step finalize``.)"""
     from .joblock import local_path
 
     base = local_path(group.spark.checkpoint_dir)
-    where = os.path.realpath(base) if base is not None else group.spark.checkpoint_dir.rstrip("/")
-    return f"{where}/{group.name}"
+    return None if base is None else base / f"{group.name}.stopped-by-failover"
 
 
-def legacy_file(group: GroupConfig) -> Path:
-    """Where a stop was written before 7 December: a file beside a local checkpoint (a remote checkpoint's was
-    a local path made of its URI)."""
-    from .joblock import local_path
-
-    base = local_path(group.spark.checkpoint_dir)
-    return (base if base is not None else Path(group.spark.checkpoint_dir)) / f"{group.name}.stopped-by-failover"
+def _legacy_reason(group: GroupConfig) -> str | None:
+    path = legacy_file(group)
+    if path is None:
+        return None
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StopSignalError(f"cannot read {path}: {exc.strerror}") from None
+    return f"{text or 'stopped'} (the file {path}, from before 7 December; `--step resume` removes it)"
 
 
 class KafkaBoard:
@@ -85,27 +111,36 @@ class KafkaBoard:
         return f"topic {self.topic} on {self.alias}"
 
     def read(self) -> dict[str, str]:
-        from confluent_kafka import KafkaException, TopicPartition
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
         try:
-            if self._consumer is None:
-                self._consumer = clients.consumer(self.cluster, "mirrorflow-stops", **{
-                    "isolation.level": "read_committed", "enable.partition.eof": True})
-            c = self._consumer
-            md = c.list_topics(self.topic, timeout=self.timeout).topics.get(self.topic)
-            if md is None or md.error is not None or 0 not in md.partitions:
-                self._next, self._stops = 0, {}  # never written (or deleted): no stop
-                return {}
-            low, high = c.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=self.timeout)
-            if high < self._next:  # the topic was deleted and made again
-                self._next, self._stops = 0, {}
-            for m in clients.scan(c, self.topic, 0, max(self._next, low), high, self.timeout):
-                k = (m.key() or b"").decode("utf-8", "replace")
-                if m.value() is None:
-                    self._stops.pop(k, None)
-                else:
-                    self._stops[k] = _reason(m.value())
-            self._next = max(self._next, high)
+            with clients.acting_on(self.alias, self.cluster):
+                if self._consumer is None:
+                    self._consumer = clients.consumer(self.cluster, "mirrorflow-stops", **{
+                        "isolation.level": "read_committed", "enable.partition.eof": True})
+                c = self._consumer
+                md = c.list_topics(self.topic, timeout=self.timeout).topics.get(self.topic)
+                if md is None:
+                    raise KafkaOperationError("the cluster did not describe the topic")
+                if md.error is not None:
+                    if md.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                        self._next, self._stops = 0, {}  # never written (or deleted): no stop
+                        return {}
+                    # refused (a missing ACL) or not served: not knowing is not "no stop"
+                    raise KafkaOperationError(md.error.str(), md.error.name())
+                low, high = c.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=self.timeout)
+                if high < self._next:  # the topic was deleted and made again
+                    self._next, self._stops = 0, {}
+                try:
+                    for m in clients.scan(c, self.topic, 0, max(self._next, low), high, self.timeout):
+                        k = (m.key() or b"").decode("utf-8", "replace")
+                        if m.value() is None:
+                            self._stops.pop(k, None)
+                        else:
+                            self._stops[k] = _reason(m.value())
+                finally:
+                    c.unassign()  # no fetching between looks
+                self._next = max(self._next, high)
         except (KafkaException, KafkaOperationError) as exc:
             raise StopSignalError(f"cannot read the failover stops from {self.where()}: {_why(exc)}") from None
         return dict(self._stops)
@@ -116,19 +151,25 @@ class KafkaBoard:
 
         from .topics import create_topics
 
+        failed: list[str] = []
         try:
-            admin = clients.admin(self.cluster)
-            md = admin.list_topics(timeout=self.timeout)
-            if self.topic not in md.topics:
-                create_topics(admin, [NewTopic(self.topic, 1, min(3, len(md.brokers)),
-                                               config={"cleanup.policy": "compact"})], self.timeout, exist_ok=True)
-            value = None if reason is None else json.dumps({"reason": reason, "by": socket.gethostname()}).encode()
-            failed: list[str] = []
-            p = clients.producer(self.cluster, **{"enable.idempotence": True, "acks": "all"})
-            p.produce(self.topic, key=key.encode(), value=value, partition=0,
-                      on_delivery=lambda err, _msg: failed.append(err.str()) if err is not None else None)
-            with clients.fatal_unmasked():
-                unacked = p.flush(self.timeout)
+            with clients.acting_on(self.alias, self.cluster):
+                admin = clients.admin(self.cluster)
+                md = admin.list_topics(self.topic, timeout=self.timeout)
+                t = md.topics.get(self.topic)
+                if t is None or t.error is not None:
+                    create_topics(admin, [NewTopic(self.topic, 1, min(3, len(md.brokers)),
+                                                   config={"cleanup.policy": "compact"})], self.timeout, exist_ok=True)
+                elif reason is not None:
+                    policy = topic_policy(admin, self.topic, self.timeout)
+                    if "compact" not in policy:
+                        raise StopSignalError(not_compacted(self.topic, self.alias, policy))
+                value = None if reason is None else json.dumps({"reason": reason, "by": socket.gethostname()}).encode()
+                p = clients.producer(self.cluster, **{"enable.idempotence": True, "acks": "all"})
+                p.produce(self.topic, key=key.encode(), value=value, partition=0,
+                          on_delivery=lambda err, _msg: failed.append(err.str()) if err is not None else None)
+                with clients.fatal_unmasked():
+                    unacked = p.flush(self.timeout)
         except (KafkaException, KafkaOperationError) as exc:
             raise StopSignalError(f"cannot write to {self.where()}: {_why(exc)}") from None
         if unacked or failed:
@@ -141,6 +182,20 @@ class KafkaBoard:
             self._consumer = None
 
 
+def topic_policy(admin: Any, topic: str, timeout: float) -> str:
+    """The topic's ``cleanup.policy``."""
+    from confluent_kafka.admin import ConfigResource
+
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    entry = admin.describe_configs([res], request_timeout=timeout)[res].result(timeout).get("cleanup.policy")
+    return str(entry.value) if entry is not None else "delete"
+
+
+def not_compacted(topic: str, alias: str, policy: str) -> str:
+    return (f"topic {topic} on {alias} has cleanup.policy={policy}: a failover's stop written there would expire "
+            "with its retention, and the stopped stream start again; set it to compact")
+
+
 def _reason(value: bytes) -> str:
     try:
         doc = json.loads(value)
@@ -150,6 +205,8 @@ def _reason(value: bytes) -> str:
 
 
 def _why(exc: BaseException) -> str:
+    if isinstance(exc, KafkaOperationError):
+        return str(exc)
     err = exc.args[0] if exc.args else None
     return str(err.str()) if err is not None and hasattr(err, "str") else str(exc)
 
@@ -164,17 +221,33 @@ def where(cfg: MirrorsConfig, group: GroupConfig) -> str:
     return f"key {key(group)!r} of topic {group.stops} on {group.destination}"
 
 
+def _matches(k: str, group: GroupConfig) -> bool:
+    """Is ``k`` the key of the group's checkpoint: one of :func:`keys`, or a local location that resolves to the
+    same directory on this host (a stop written by a process that reached it through another link)?"""
+    own = keys(group)
+    if k in own:
+        return True
+    folder, _, name = k.rpartition("/")
+    return (name == group.name and folder.startswith("/") and own[0].startswith("/")
+            and f"{os.path.realpath(folder)}/{name}" == own[-1])
+
+
+def _in_force(stops: dict[str, str], group: GroupConfig) -> str | None:
+    for k, reason in stops.items():
+        if _matches(k, group):
+            return reason
+    return None
+
+
 def requested(cfg: MirrorsConfig, group: GroupConfig, on: Board | None = None) -> str | None:
     """Why the group's stream must not run (a failover's reason and time), or None. Raises
     :class:`StopSignalError` when the destination does not answer: not knowing is not permission to run."""
-    try:
-        text = legacy_file(group).read_text().strip()
-        return text or f"stop requested ({legacy_file(group)})"
-    except OSError:
-        pass
+    old = _legacy_reason(group)
+    if old is not None:
+        return old
     b = on if on is not None else board(cfg, group)
     try:
-        return b.read().get(key(group))
+        return _in_force(b.read(), group)
     finally:
         if on is None:
             b.close()
@@ -185,7 +258,7 @@ def request(cfg: MirrorsConfig, group: GroupConfig, reason: str, at: str) -> boo
     True when this call wrote it. Raises :class:`StopSignalError`."""
     b = board(cfg, group)
     try:
-        if b.read().get(key(group)) is not None:
+        if _in_force(b.read(), group) is not None:
             return False
         b.put(key(group), f"{reason} at {at}")
         return True
@@ -197,46 +270,68 @@ def clear(cfg: MirrorsConfig, group: GroupConfig) -> bool:
     """Remove the group's stop (a failback, or a failover called off), and a file from before 7 December;
     True if there was one. Raises :class:`StopSignalError`."""
     had = False
-    try:
-        legacy_file(group).unlink()
-        had = True
-    except FileNotFoundError:
-        pass
+    path = legacy_file(group)
+    if path is not None:
+        try:
+            path.unlink()
+            had = True
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StopSignalError(f"cannot remove {path}: {exc.strerror}") from None
     b = board(cfg, group)
     try:
-        if b.read().get(key(group)) is not None:
-            b.put(key(group), None)
-            had = True
+        for k in b.read():
+            if _matches(k, group):
+                b.put(k, None)
+                had = True
     finally:
         b.close()
     return had
 
 
 class Watch:
-    """The running job's view of its stop, asked once a second: one kept board. The first answer is
-    :func:`requested`'s (it raises); after that an unanswered read counts as no stop, with one warning line
-    per kind of failure (the job's own writes fail too then, and say so)."""
+    """A running job's view of its stop. :meth:`first` reads it (and raises when the destination does not
+    answer: the job does not start); then a thread looks again every ``every`` seconds, and a call returns what
+    it last saw at once, so a signal's stop never waits for a slow cluster. A look that fails counts as no news,
+    with one warning line per kind of failure (the job's own writes fail too then, and say so)."""
 
-    def __init__(self, cfg: MirrorsConfig, group: GroupConfig):
-        self.cfg, self.group = cfg, group
+    def __init__(self, cfg: MirrorsConfig, group: GroupConfig, every: float = 1.0):
+        self.cfg, self.group, self.every = cfg, group, every
         self._board = board(cfg, group)
-        self._first = True
+        self._reason: str | None = None
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
         self._warned = ""
 
+    def first(self) -> str | None:
+        self._reason = requested(self.cfg, self.group, self._board)
+        if self._reason is None and self._thread is None:
+            if isinstance(self._board, KafkaBoard):
+                self._board.timeout = WATCH_TIMEOUT_S
+            self._thread = threading.Thread(target=self._run, name="mirrorflow-stop-watch", daemon=True)
+            self._thread.start()
+        return self._reason
+
     def __call__(self) -> str | None:
-        if self._first:
-            reason = requested(self.cfg, self.group, self._board)
-            self._first = False
-            return reason
-        if isinstance(self._board, KafkaBoard):
-            self._board.timeout = WATCH_TIMEOUT_S  # a stop (a signal) waits for the read in progress
-        try:
-            return requested(self.cfg, self.group, self._board)
-        except StopSignalError as exc:
-            if str(exc) != self._warned:
-                log.warning("%s: %s (the job goes on; it looks again in a second)", self.group.name, exc)
-                self._warned = str(exc)
-            return None
+        return self._reason
+
+    def _run(self) -> None:
+        while not self._done.wait(self.every):
+            try:
+                self._reason = requested(self.cfg, self.group, self._board)
+                self._warned = ""
+            except StopSignalError as exc:
+                if str(exc) != self._warned:
+                    log.warning("%s: %s (the job goes on, and looks again)", self.group.name, exc)
+                    self._warned = str(exc)
+            if self._reason is not None:
+                return
 
     def close(self) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(1.0)
+            if self._thread.is_alive():
+                return  # a look still waits for the cluster: its consumer goes with the process
         self._board.close()

@@ -215,6 +215,14 @@ def plan_topics(
         if existing is None:
             actions.append(TopicAction("create", topic=name, mirror=f"{group.name} (internal)", partitions=parts,
                                        replication_factor=rf, configs=cfg, reason=why))
+        elif name == group.stops and "compact" not in existing.configs.get("cleanup.policy", "delete"):
+            # made by someone else with the default policy: a failover's stop would expire with the retention,
+            # and a stream DAG start the stopped mirror again
+            actions.append(TopicAction("alter_configs", topic=name, mirror=f"{group.name} (internal)",
+                                       configs={"cleanup.policy": "compact"},
+                                       reason=f"{why}: must be compacted (has cleanup.policy="
+                                              f"{existing.configs.get('cleanup.policy', 'delete')}), or a stop "
+                                              "expires with the retention"))
         else:
             actions.append(TopicAction("unchanged", topic=name, mirror=f"{group.name} (internal)",
                                        partitions=existing.partitions, replication_factor=existing.replication_factor,

@@ -422,11 +422,22 @@ def main(argv: list[str] | None = None) -> int:
     group = with_master(cfg.group(args.group), os.environ.get(SUBMITTED_MASTER_ENV))
     if args.stop_timeout is None:
         stopper.timeout = group.spark.stop_timeout
+    from mirror_core import stops
+
+    # a failover's stop, read on the destination wherever the job runs: now, then by a thread every second
+    stop_watch = stops.Watch(cfg, group)
+    try:
+        return _run_job(args, cfg, group, stopper, stop_watch)
+    finally:
+        stop_watch.close()
+
+
+def _run_job(args: argparse.Namespace, cfg: MirrorsConfig, group: GroupConfig, stopper: Stopper,
+             stop_watch: Any) -> int:
     from mirror_core import metrics, stops
 
-    stop_watch = stops.Watch(cfg, group)  # a failover's stop, read from the destination wherever the job runs
     try:
-        stopped = stop_watch()
+        stopped = stop_watch.first()
     except stops.StopSignalError as exc:
         log.error("%s: cannot start the mirror: %s", group.name, exc)
         return stopper.finished(1)
@@ -451,7 +462,11 @@ def main(argv: list[str] | None = None) -> int:
         except joblock.CheckpointLockError as exc:
             log.error("%s: cannot start the mirror: %s", group.name, exc)
             return stopper.finished(1)
-        stopped = stop_watch()  # a failover may have stopped the group meanwhile
+        try:  # a failover may have stopped the group meanwhile (the watch looks only once a second)
+            stopped = stops.requested(cfg, group)
+        except stops.StopSignalError as exc:
+            log.error("%s: cannot start the mirror: %s", group.name, exc)
+            return stopper.finished(1)
         if stopped:
             log.info("%s: not started: %s", group.name, stopped)
             return stopper.finished(0)
@@ -482,7 +497,6 @@ def main(argv: list[str] | None = None) -> int:
     rc = finish_writes(rt, group.name, rc)
     rt.stop_warm_up(timeout=1.0)
     rt.close()
-    stop_watch.close()
     spark.stop()  # the JVM ends its Python workers; then this process ends the JVM
     return stopper.finished(rc)
 

@@ -247,10 +247,11 @@ def push_report(op: BaseOperator, context: Any, rep: Any) -> dict[str, Any]:
 
 class FinalizeFailoverOperator(MirrorflowOperator):
     """Sync the consumer groups' offsets once more (their consumers were stopped on the source before the
-    approval; :func:`mirror_core.failover.resync`), stop the group's stream for good (its stop record, stream DAG
-    paused, its job ended) and make the reverse group ready. The job has ended when no task of the stream DAG runs and no job holds the group's
-    checkpoint (its lock, :mod:`mirror_core.joblock`): a job whose task died, or one started by hand, sees the
-    stop within a second."""
+    approval; :func:`mirror_core.failover.resync`), stop the group's stream for good (its stop record on the
+    destination, :mod:`mirror_core.stops`; the stream DAG paused; its job ended) and make the reverse group
+    ready. The job has ended when no task of the stream DAG runs and no job holds the group's checkpoint (its
+    lock, :mod:`mirror_core.joblock`): a job whose task died, or one started by hand, sees the stop within
+    seconds."""
 
     template_fields: Sequence[str] = ("config_path", "group_name", "stream_dag_id")
 
@@ -272,7 +273,10 @@ class FinalizeFailoverOperator(MirrorflowOperator):
         # stream stops, which takes up to its stop timeout)
         resynced = failover.resync(cfg, group, params)
         self.log.info("resync: %s", resynced.summary)
-        where = failover.request_stream_stop(cfg, group, f"failover of group {group.name} to {group.destination}")
+        try:
+            where = failover.request_stream_stop(cfg, group, f"failover of group {group.name} to {group.destination}")
+        except failover.stops.StopSignalError as exc:
+            raise AirflowException(f"the stream's stop not written: {exc}") from None  # retried: idempotent
         self.log.info("stream stopped for good: %s", where)
         paused = pause_dag(self.stream_dag_id, self.log)
         stopped = failover.wait_stream_ended(group, self.stop_timeout,

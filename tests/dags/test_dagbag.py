@@ -245,7 +245,7 @@ def test_a_stream_task_is_skipped_after_a_failover_and_fails_when_it_cannot_tell
 
 
 def _own_checkpoint_config(tmp_path: Path) -> Path:
-    """config/local.yaml with a checkpoint directory of the test's own (no stop marker or lock of a demo run)."""
+    """config/local.yaml with a checkpoint directory of the test's own (no lock of a demo run)."""
     config = tmp_path / "local.yaml"
     text = (ROOT / "config" / "local.yaml").read_text()
     assert '"../.state/checkpoints/demo"' in text

@@ -49,8 +49,8 @@ def test_a_stop_is_a_compacted_record_any_host_reads(clusters: Any, unique: Any,
     assert topic not in admin.list_topics(timeout=30).topics  # reading made nothing
     assert not failover.clear_stream_stop(cfg, group)
 
-    running = stops.Watch(cfg, group)  # a job's view, kept from before the failover
-    assert running() is None
+    running = stops.Watch(cfg, group, every=0.05)  # a job's view, kept from before the failover
+    assert running.first() is None
     where = failover.request_stream_stop(cfg, group, "failover of group orders to dst")
     assert where == f"key 's3a://bucket/checkpoints/orders' of topic {topic} on dst"
     md = admin.list_topics(topic, timeout=30).topics[topic]
@@ -59,7 +59,8 @@ def test_a_stop_is_a_compacted_record_any_host_reads(clusters: Any, unique: Any,
     assert next(iter(conf.values())).result(30)["cleanup.policy"].value == "compact"
     reason = failover.stream_stop_requested(cfg, group)
     assert reason is not None and reason.startswith("failover of group orders to dst at ")
-    assert running() == reason  # the running job sees it at its next look
+    assert wait_for(running) == reason  # the running job sees it at its next look
+    running.close()
     failover.request_stream_stop(cfg, group, "a second finalize")
     assert failover.stream_stop_requested(cfg, group) == reason  # kept as it was
 
@@ -72,9 +73,27 @@ def test_a_stop_is_a_compacted_record_any_host_reads(clusters: Any, unique: Any,
     assert p.flush(30) == 0
     assert failover.stream_stop_requested(other, other.group("orders")) == "stopped by hand"
 
+    kept = stops.KafkaBoard(cfg.cluster("dst"), "dst", topic)  # one consumer across reads, as the job's
+    assert kept.read()[stops.key(group)] == reason
     assert failover.clear_stream_stop(cfg, group)
-    assert running() is None and failover.stream_stop_requested(cfg, group) is None
+    assert failover.stream_stop_requested(cfg, group) is None and stops.key(group) not in kept.read()  # a tombstone
     assert failover.stream_stop_requested(other, other.group("orders")) == "stopped by hand"
+
+    # the topic deleted and made again (fewer records than before): the kept reader starts over
+    admin.delete_topics([topic], operation_timeout=30)[topic].result(30)
+    wait_for(lambda: topic not in admin.list_topics(timeout=30).topics)
+    assert kept.read() == {}
+    failover.request_stream_stop(cfg, group, "failover again")
+    assert kept.read() == {stops.key(group): failover.stream_stop_requested(cfg, group)}
+    kept.close()
+
+
+def wait_for(check: Any, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (got := check()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+    return got
 
 
 def test_finalize_readies_the_reverse_group_on_the_other_cluster(clusters: Any, unique: Any, tmp_path: Path) -> None:

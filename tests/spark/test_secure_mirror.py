@@ -298,6 +298,12 @@ def test_wrong_password_untrusted_certificate_and_missing_acl_are_one_line_each(
     # no ACL granted yet: the destination refuses to create the group's topics
     line = one_error_line(cli("provision", str(cfg_path), "--group", name, env=base))
     assert "cluster 'dst'" in line and "'mirror-destination'" in line and "TOPIC_AUTHORIZATION_FAILED" in line
+    # nor to read a failover's stops there: the job does not start, since not knowing is not "no stop"
+    job = subprocess.run([sys.executable, "-m", "spark_jobs.mirror_stream", str(cfg_path), "--group", name, "--once"],
+                         cwd=ROOT, env=base, capture_output=True, text=True, timeout=120)
+    line = one_error_line(job)
+    assert f"{name}: cannot start the mirror: cannot read the failover stops from topic mirrorflow-stops.internal " \
+           "on dst: cluster 'dst'" in line and "'mirror-destination'" in line and "AUTHORIZATION_FAILED" in line, line
     cfg = parse_config(yaml.safe_load(cfg_path.read_text()), env=base)
     grants = required_acls(cfg, cfg.groups[0])
     for bootstrap, cluster in ((sc.src_bootstrap, "src"), (sc.dst_bootstrap, "dst")):

@@ -373,8 +373,8 @@ def test_a_job_whose_airflow_task_died_stops_and_the_retry_waits_for_it(clusters
 
 def test_a_job_waiting_behind_a_drain_does_not_start_once_a_failover_stopped_the_group(clusters, unique, tmp_path):
     """A streaming job (the stream DAG's next run) waits while a drain holds the group's checkpoint (say, the
-    failover's final drain, or a scheduled one); meanwhile the failover's finalize writes the group's stop marker.
-    The waiting job sees the marker and exits 0 without starting, saying why, while the drain runs on. It used to
+    failover's final drain, or a scheduled one); meanwhile the failover's finalize writes the group's stop.
+    The waiting job sees it and exits 0 without starting, saying why, while the drain runs on. It used to
     wait for the drain to end, holding finalize's wait for the stream's end for as long."""
     from mirror_core import failover, joblock
     from tests.dags import support
@@ -402,7 +402,7 @@ def test_a_job_waiting_behind_a_drain_does_not_start_once_a_failover_stopped_the
             process.kill_all(process.tree(job.pid))
     text = job_log.read_text()
     assert f"{group.name}: not started: failover of group {group.name} to dst at " in text, text[-3000:]
-    print(f"the waiting job ended {took:.1f}s after the stop marker was written")
+    print(f"the waiting job ended {took:.1f}s after the stop was written")
     assert took < 5, took
 
 

@@ -940,7 +940,7 @@ def _state_config(tmp_path: Path, spark: dict[str, Any]) -> Path:
 
 def test_relative_state_dirs_are_relative_to_the_config_file_from_any_working_directory(tmp_path, monkeypatch):
     """The CLI, Airflow's tasks and the Spark job read one config from different directories: each must find
-    the same checkpoint, lock and stop marker (a second checkpoint would read the sources again from the
+    the same checkpoint, lock and stop key (a second checkpoint would read the sources again from the
     earliest offsets, and a job started elsewhere would not see the first one's lock)."""
     path = _state_config(tmp_path, {"checkpoint_dir": "../state/ckpt", "secrets_dir": "secrets"})
     seen = []

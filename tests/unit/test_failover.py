@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -66,6 +69,14 @@ def test_report_says_where_a_rejected_run_stopped(tmp_path: Path) -> None:
     assert "| c | t | 0 | 5 | 5 |" in md
 
 
+def wait_for(check: Callable[[], Any], timeout: float = 5.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (got := check()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+    return got
+
+
 @pytest.fixture
 def boards(monkeypatch: pytest.MonkeyPatch) -> dict[str, FakeBoard]:
     return fake_boards(monkeypatch)
@@ -104,6 +115,14 @@ def test_a_stop_belongs_to_the_checkpoint_not_to_the_group_name(tmp_path: Path, 
         other["groups"][0]["spark"]["checkpoint_dir"] = where
         o = parse_config(other, env={})
         assert (failover.stream_stop_requested(o, o.group("ab")) is not None) is stopped, where
+    # written through the link, found through the directory itself (and removed from there)
+    failover.clear_stream_stop(cfg, cfg.group("ab"))
+    other["groups"][0]["spark"]["checkpoint_dir"] = str(tmp_path / "link")
+    o = parse_config(other, env={})
+    failover.request_stream_stop(o, o.group("ab"), "failover")
+    assert list(boards["b"].stops) == [f"{tmp_path / 'link'}/ab"]
+    assert failover.stream_stop_requested(cfg, cfg.group("ab")) is not None
+    assert failover.clear_stream_stop(cfg, cfg.group("ab")) and boards["b"].stops == {}
     other["groups"][0]["spark"]["checkpoint_dir"] = "s3a://bucket/ckpt/"
     o = parse_config(other, env={})
     failover.request_stream_stop(o, o.group("ab"), "failover")
@@ -117,7 +136,9 @@ def test_a_stop_file_from_before_is_honoured_and_resume_removes_it(tmp_path: Pat
     old.parent.mkdir()
     old.write_text("failover of group ab to b at 2026-12-01T10:00:00Z\n")
     assert stops.legacy_file(group) == old
-    assert failover.stream_stop_requested(cfg, group) == "failover of group ab to b at 2026-12-01T10:00:00Z"
+    assert failover.stream_stop_requested(cfg, group) == (
+        f"failover of group ab to b at 2026-12-01T10:00:00Z (the file {old}, from before 7 December; "
+        "`--step resume` removes it)")
     assert failover.clear_stream_stop(cfg, group) and not old.exists()
     assert failover.stream_stop_requested(cfg, group) is None
     assert not failover.clear_stream_stop(cfg, group)
@@ -128,25 +149,35 @@ def test_an_unanswered_destination_is_not_permission_to_run(tmp_path: Path, boar
     warning line; finalize says when the reverse group's stop could not be removed."""
     cfg = _cfg(tmp_path)
     ab, ba = cfg.group("ab"), cfg.group("ba")
-    watch = stops.Watch(cfg, ab)
-    assert watch() is None  # the job started
+    watch = stops.Watch(cfg, ab, every=0.01)
+    assert watch.first() is None  # the job started; a thread looks from now on
     boards["b"].down = True
     with pytest.raises(stops.StopSignalError, match="cannot read the failover stops from topic"):
         failover.stream_stop_requested(cfg, ab)
     with pytest.raises(stops.StopSignalError):
-        stops.Watch(cfg, ab)()  # the first look decides whether a job starts
+        stops.Watch(cfg, ab).first()  # the first look decides whether a job starts
     with caplog.at_level("WARNING", logger="mirror_core.stops"):
-        assert watch() is None and watch() is None
+        wait_for(lambda: caplog.records)
+        time.sleep(0.1)  # ten looks more, all failing
+        assert watch() is None
     assert len(caplog.records) == 1 and "the job goes on" in caplog.records[0].getMessage()
     boards["b"].down = False
     failover.request_stream_stop(cfg, ab, "failover")
-    assert watch() == boards["b"].stops[stops.key(ab)]
+    assert wait_for(watch) == boards["b"].stops[stops.key(ab)]
+    watch.close()
     failover.request_stream_stop(cfg, ba, "an earlier failback")
     boards["a"].down = True
     rep = failover.finalize(cfg, ab, stream_stopped=True)
     assert not rep.ok and rep.details["reverse_stop_cleared"] is None
     assert "reverse group 'ba' NOT ready: cannot read the failover stops" in rep.summary
     assert "mirrorflow failover --group ba --step resume" in rep.summary
+    # finalize on its own, the destination down: it says the stop is not written, and does not pass
+    failover.clear_stream_stop(cfg, ab)
+    boards["b"].down = True
+    rep = failover.finalize(_cfg(tmp_path, reverse=False), ab, stream_stopped=True)
+    assert not rep.ok and rep.details["stop"].startswith("NOT written: cannot read the failover stops")
+    assert rep.summary.startswith("the stream's stop NOT written: cannot read") and rep.summary.endswith(
+        "stream stopped; no reverse group in the config")
 
 
 def test_the_wait_for_the_stream_job_tells_only_what_the_checkpoint_shows(tmp_path: Path) -> None:

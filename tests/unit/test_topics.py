@@ -145,6 +145,21 @@ def test_internal_topics_replication_factor_is_clamped_to_the_destination_broker
     assert plan["mirrorflow-stops.internal"].configs == {"cleanup.policy": "compact"}
 
 
+def test_a_stops_topic_made_with_the_default_policy_is_compacted():
+    """A stops topic someone made beforehand with cleanup.policy=delete would drop a failover's stop after its
+    retention (and the stream DAG start the stopped mirror again): provisioning compacts it; a compacted one,
+    or one compacted and deleted, is left as it is."""
+    g = group('[{source_topic: orders}]')
+    for configs, planned in (({}, "alter_configs"), ({"cleanup.policy": "delete"}, "alter_configs"),
+                             ({"cleanup.policy": "compact"}, "unchanged"), ({"cleanup.policy": "compact,delete"},
+                                                                            "unchanged")):
+        dst = ClusterState({"mirrorflow-stops.internal": TopicInfo("mirrorflow-stops.internal", 1, 1, configs)}, 1)
+        action = by_topic(plan_topics(g, SRC, dst))["mirrorflow-stops.internal"]
+        assert action.kind == planned, configs
+        if planned == "alter_configs":
+            assert action.configs == {"cleanup.policy": "compact"} and "a stop expires" in action.reason
+
+
 def test_acls_already_on_the_destination_are_not_planned_again():
     x_read, z_read = AclEntry("User:x", "*", "READ", "ALLOW"), AclEntry("User:z", "*", "DESCRIBE", "ALLOW")
     src = ClusterState({"orders": TopicInfo("orders", 6, 1, {}, (AclEntry("User:x", "*", "ALL", "ALLOW"), z_read))}, 1)
