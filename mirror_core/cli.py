@@ -489,10 +489,10 @@ def failover(
                 err.print(f"{g.name}: finalize without --consumer-group: no group's offsets are synced again (what "
                           "their consumers read on the source after `sync` is read again on the destination)",
                           markup=False, highlight=False)
-            fo.request_stream_stop(cfg, g, f"failover of group {g.name} to {g.destination}")
+            where = fo.request_stream_stop(cfg, g, f"failover of group {g.name} to {g.destination}")
             stopped = fo.wait_stream_ended(g, wait, say=lambda line: err.print(f"{g.name}: {line}", markup=False,
                                                                                highlight=False))
-            rep = fo.finalize(cfg, g, stream_stopped=stopped, resynced=resynced)
+            rep = fo.finalize(cfg, g, stream_stopped=stopped, resynced=resynced, stop=where)
     if as_json:
         print(json.dumps(rep.as_dict(), indent=2, default=str))
     else:

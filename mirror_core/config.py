@@ -662,6 +662,14 @@ class GroupConfig(MirrorSettings):
     def _topic(cls, v: str | None) -> str | None:
         return _check_topic(v)
 
+    @field_validator("stops_topic")
+    @classmethod
+    def _stops_topic(cls, v: str | None) -> str | None:
+        if v is not None and not re.search(r"[.-]internal$", v):
+            # a regex flow of the reverse group would mirror it, and a failover's stop with it
+            raise ValueError(f"{v!r} must end in '.internal' or '-internal' (no mirror copies such topics)")
+        return v
+
     @field_validator("replication_policy_separator")
     @classmethod
     def _sep(cls, v: str) -> str:

@@ -394,24 +394,31 @@ def resync(cfg: MirrorsConfig, group: GroupConfig, params: FailoverParams) -> St
 
 
 def finalize(cfg: MirrorsConfig, group: GroupConfig, stream_stopped: bool | None = None,
-             resynced: StepReport | None = None) -> StepReport:
+             resynced: StepReport | None = None, stop: str | None = None) -> StepReport:
     """Stop the group's stream for good (its stop, :func:`request_stream_stop`) and make the reverse group ready to start.
 
     ``stream_stopped``: the adapter's answer to "has the job ended?" (None: it could not tell). ``resynced``: the
-    consumer groups' offsets synced again at the start of the step (:func:`resync`), which must have passed."""
-    try:  # the adapters wrote it before their wait: this finds it (or writes it, called on its own)
-        where, written = request_stream_stop(cfg, group, f"failover of group {group.name} to {group.destination}"), True
-    except stops.StopSignalError as exc:
-        where, written = f"NOT written: {exc}", False
+    consumer groups' offsets synced again at the start of the step (:func:`resync`), which must have passed.
+    ``stop``: where the adapter wrote the stream's stop before its wait (:func:`request_stream_stop`); without
+    it, it is written here. The reverse group is made ready only once the stop is written."""
+    written = stop is not None
+    if stop is None:
+        try:
+            stop, written = request_stream_stop(cfg, group, f"failover of group {group.name} to {group.destination}"), True
+        except stops.StopSignalError as exc:
+            stop = f"NOT written: {exc}"
     rev = reverse_group(cfg, group)
-    details: dict[str, Any] = {"stop": where, "stream_stopped": stream_stopped,
+    details: dict[str, Any] = {"stop": stop, "stream_stopped": stream_stopped,
                                "reverse_group": rev.name if rev else None}
     ok = stream_stopped is not False and written
     summary = ("stream stopped" if stream_stopped else "stream asked to stop" if stream_stopped is None
                else "the stream job is still running")
     if not written:
-        summary = f"the stream's stop {where}; {summary}"
-    if rev is not None:
+        summary = f"the stream's stop {stop}; {summary}"
+    if rev is not None and not written:
+        details["reverse_stop_cleared"] = None
+        summary += f"; reverse group {rev.name!r} left as it was (the stream is not stopped for good)"
+    elif rev is not None:
         try:
             details["reverse_stop_cleared"] = clear_stream_stop(cfg, rev)
             summary += f"; reverse group {rev.name!r} ready to start"

@@ -146,32 +146,39 @@ class KafkaBoard:
         return dict(self._stops)
 
     def put(self, key: str, reason: str | None) -> None:
+        from concurrent.futures import TimeoutError as FutureTimeout
+
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import NewTopic
 
-        from .topics import create_topics
+        from .topics import compacted, create_topics
 
+        # asking for the topic must not make it with the broker's defaults (auto.create.topics.enable): a
+        # stop would then expire with the default retention
+        no_auto = {"allow.auto.create.topics": False}
         failed: list[str] = []
         try:
             with clients.acting_on(self.alias, self.cluster):
-                admin = clients.admin(self.cluster)
+                admin = clients.admin(self.cluster, **no_auto)
                 md = admin.list_topics(self.topic, timeout=self.timeout)
                 t = md.topics.get(self.topic)
                 if t is None or t.error is not None:
                     create_topics(admin, [NewTopic(self.topic, 1, min(3, len(md.brokers)),
                                                    config={"cleanup.policy": "compact"})], self.timeout, exist_ok=True)
-                elif reason is not None:
+                if reason is not None:  # also after a create: someone else's may have won
                     policy = topic_policy(admin, self.topic, self.timeout)
-                    if "compact" not in policy:
+                    if not compacted(policy):
                         raise StopSignalError(not_compacted(self.topic, self.alias, policy))
                 value = None if reason is None else json.dumps({"reason": reason, "by": socket.gethostname()}).encode()
-                p = clients.producer(self.cluster, **{"enable.idempotence": True, "acks": "all"})
+                p = clients.producer(self.cluster, **no_auto, **{
+                    "enable.idempotence": True, "acks": "all", "message.timeout.ms": int(self.timeout * 1000)})
                 p.produce(self.topic, key=key.encode(), value=value, partition=0,
                           on_delivery=lambda err, _msg: failed.append(err.str()) if err is not None else None)
                 with clients.fatal_unmasked():
-                    unacked = p.flush(self.timeout)
-        except (KafkaException, KafkaOperationError) as exc:
-            raise StopSignalError(f"cannot write to {self.where()}: {_why(exc)}") from None
+                    unacked = p.flush(self.timeout + 5)
+        except (KafkaException, KafkaOperationError, FutureTimeout) as exc:
+            why = f"no answer within {self.timeout:.0f} s" if isinstance(exc, FutureTimeout) else _why(exc)
+            raise StopSignalError(f"cannot write to {self.where()}: {why}") from None
         if unacked or failed:
             raise StopSignalError(f"cannot write to {self.where()}: "
                                   f"{failed[0] if failed else f'not acknowledged within {self.timeout:.0f} s'}")
@@ -187,7 +194,7 @@ def topic_policy(admin: Any, topic: str, timeout: float) -> str:
     from confluent_kafka.admin import ConfigResource
 
     res = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    entry = admin.describe_configs([res], request_timeout=timeout)[res].result(timeout).get("cleanup.policy")
+    entry = admin.describe_configs([res], request_timeout=timeout)[res].result(timeout + 5).get("cleanup.policy")
     return str(entry.value) if entry is not None else "delete"
 
 
@@ -221,10 +228,10 @@ def where(cfg: MirrorsConfig, group: GroupConfig) -> str:
     return f"key {key(group)!r} of topic {group.stops} on {group.destination}"
 
 
-def _matches(k: str, group: GroupConfig) -> bool:
-    """Is ``k`` the key of the group's checkpoint: one of :func:`keys`, or a local location that resolves to the
-    same directory on this host (a stop written by a process that reached it through another link)?"""
-    own = keys(group)
+def _matches(k: str, group: GroupConfig, own: tuple[str, ...]) -> bool:
+    """Is ``k`` the key of the group's checkpoint (``own``: its :func:`keys`): one of them, or a local location
+    that resolves to the same directory on this host (a stop written by a process that reached it through
+    another link)?"""
     if k in own:
         return True
     folder, _, name = k.rpartition("/")
@@ -233,19 +240,24 @@ def _matches(k: str, group: GroupConfig) -> bool:
 
 
 def _in_force(stops: dict[str, str], group: GroupConfig) -> str | None:
+    own = keys(group)
     for k, reason in stops.items():
-        if _matches(k, group):
+        if _matches(k, group, own):
             return reason
     return None
 
 
-def requested(cfg: MirrorsConfig, group: GroupConfig, on: Board | None = None) -> str | None:
+def requested(cfg: MirrorsConfig, group: GroupConfig, on: Board | None = None,
+              timeout: float | None = None) -> str | None:
     """Why the group's stream must not run (a failover's reason and time), or None. Raises
-    :class:`StopSignalError` when the destination does not answer: not knowing is not permission to run."""
+    :class:`StopSignalError` when the destination does not answer (within ``timeout`` a request, else
+    :data:`TIMEOUT_S`): not knowing is not permission to run."""
     old = _legacy_reason(group)
     if old is not None:
         return old
     b = on if on is not None else board(cfg, group)
+    if timeout is not None and isinstance(b, KafkaBoard):
+        b.timeout = timeout
     try:
         return _in_force(b.read(), group)
     finally:
@@ -270,19 +282,20 @@ def clear(cfg: MirrorsConfig, group: GroupConfig) -> bool:
     """Remove the group's stop (a failback, or a failover called off), and a file from before 7 December;
     True if there was one. Raises :class:`StopSignalError`."""
     had = False
-    path = legacy_file(group)
-    if path is not None:
-        try:
-            path.unlink()
-            had = True
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise StopSignalError(f"cannot remove {path}: {exc.strerror}") from None
     b = board(cfg, group)
     try:
-        for k in b.read():
-            if _matches(k, group):
+        stops, own = b.read(), keys(group)  # first: a destination that does not answer changes nothing
+        path = legacy_file(group)
+        if path is not None:
+            try:
+                path.unlink()
+                had = True
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise StopSignalError(f"cannot remove {path}: {exc.strerror}") from None
+        for k in stops:
+            if _matches(k, group, own):
                 b.put(k, None)
                 had = True
     finally:
@@ -305,6 +318,8 @@ class Watch:
         self._warned = ""
 
     def first(self) -> str | None:
+        if self._thread is not None:
+            return self._reason  # the thread looks from now on (with the board's consumer)
         self._reason = requested(self.cfg, self.group, self._board)
         if self._reason is None and self._thread is None:
             if isinstance(self._board, KafkaBoard):
@@ -321,10 +336,11 @@ class Watch:
             try:
                 self._reason = requested(self.cfg, self.group, self._board)
                 self._warned = ""
-            except StopSignalError as exc:
-                if str(exc) != self._warned:
-                    log.warning("%s: %s (the job goes on, and looks again)", self.group.name, exc)
-                    self._warned = str(exc)
+            except Exception as exc:  # noqa: BLE001 - whatever failed, the thread must go on looking
+                line = str(exc) if isinstance(exc, StopSignalError) else f"cannot read the failover stops: {exc!r}"
+                if line != self._warned:
+                    log.warning("%s: %s (the job goes on, and looks again)", self.group.name, line)
+                    self._warned = line
             if self._reason is not None:
                 return
 

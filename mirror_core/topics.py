@@ -133,6 +133,12 @@ def internal_topics(group: GroupConfig, destination: ClusterState) -> list[tuple
     return out
 
 
+def compacted(policy: str) -> bool:
+    """Does a topic with this ``cleanup.policy`` keep a key's last record for good (``compact`` alone: with
+    ``compact,delete`` the retention deletes it too)?"""
+    return {p.strip() for p in policy.split(",")} == {"compact"}
+
+
 def plan_topics(
     group: GroupConfig,
     source: ClusterState,
@@ -215,7 +221,7 @@ def plan_topics(
         if existing is None:
             actions.append(TopicAction("create", topic=name, mirror=f"{group.name} (internal)", partitions=parts,
                                        replication_factor=rf, configs=cfg, reason=why))
-        elif name == group.stops and "compact" not in existing.configs.get("cleanup.policy", "delete"):
+        elif name == group.stops and not compacted(existing.configs.get("cleanup.policy", "delete")):
             # made by someone else with the default policy: a failover's stop would expire with the retention,
             # and a stream DAG start the stopped mirror again
             actions.append(TopicAction("alter_configs", topic=name, mirror=f"{group.name} (internal)",

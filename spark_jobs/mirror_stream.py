@@ -463,7 +463,7 @@ def _run_job(args: argparse.Namespace, cfg: MirrorsConfig, group: GroupConfig, s
             log.error("%s: cannot start the mirror: %s", group.name, exc)
             return stopper.finished(1)
         try:  # a failover may have stopped the group meanwhile (the watch looks only once a second)
-            stopped = stops.requested(cfg, group)
+            stopped = stops.requested(cfg, group, timeout=stops.WATCH_TIMEOUT_S)
         except stops.StopSignalError as exc:
             log.error("%s: cannot start the mirror: %s", group.name, exc)
             return stopper.finished(1)

@@ -276,13 +276,14 @@ class FinalizeFailoverOperator(MirrorflowOperator):
         try:
             where = failover.request_stream_stop(cfg, group, f"failover of group {group.name} to {group.destination}")
         except failover.stops.StopSignalError as exc:
-            raise AirflowException(f"the stream's stop not written: {exc}") from None  # retried: idempotent
+            # nothing stopped yet: clearing the task runs the step again (its resync and stop are idempotent)
+            raise AirflowFailException(f"the stream's stop not written: {exc}") from None
         self.log.info("stream stopped for good: %s", where)
         paused = pause_dag(self.stream_dag_id, self.log)
         stopped = failover.wait_stream_ended(group, self.stop_timeout,
                                              lambda: stream_jobs_running(context["ti"], self.stream_dag_id),
                                              say=self.log.info)
-        rep = failover.finalize(cfg, group, stream_stopped=stopped, resynced=resynced)
+        rep = failover.finalize(cfg, group, stream_stopped=stopped, resynced=resynced, stop=where)
         rep = failover.StepReport(rep.step, rep.group, rep.ok, rep.summary,
                                   dict(rep.details) | {"stream_dag_paused": paused}, rep.at)
         return push_report(self, context, rep)

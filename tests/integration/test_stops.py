@@ -19,6 +19,10 @@ from mirror_core.config import MirrorsConfig, parse_config
 pytestmark = pytest.mark.integration
 
 
+def stops_topic(unique: Any) -> str:
+    return f"{unique('stops')}.internal"  # a name no mirror copies, as the config requires
+
+
 def make_config(clusters: Any, topic: str, checkpoint_dir: str, dst_bootstrap: str | None = None) -> MirrorsConfig:
     raw = yaml.safe_load(clusters.config_yaml(f"""
 groups:
@@ -41,7 +45,7 @@ groups:
 
 
 def test_a_stop_is_a_compacted_record_any_host_reads(clusters: Any, unique: Any, tmp_path: Path) -> None:
-    topic = unique("stops")
+    topic = stops_topic(unique)
     cfg = make_config(clusters, topic, "s3a://bucket/checkpoints")  # no local file could carry it
     group = cfg.group("orders")
     admin = AdminClient({"bootstrap.servers": clusters.dst_bootstrap})
@@ -82,10 +86,19 @@ def test_a_stop_is_a_compacted_record_any_host_reads(clusters: Any, unique: Any,
     # the topic deleted and made again (fewer records than before): the kept reader starts over
     admin.delete_topics([topic], operation_timeout=30)[topic].result(30)
     wait_for(lambda: topic not in admin.list_topics(timeout=30).topics)
-    assert kept.read() == {}
     failover.request_stream_stop(cfg, group, "failover again")
-    assert kept.read() == {stops.key(group): failover.stream_stop_requested(cfg, group)}
+    again = failover.stream_stop_requested(cfg, group)
+    assert again is not None and again.startswith("failover again at ")
+    assert wait_for(lambda: settled(kept) == {stops.key(group): again})
     kept.close()
+
+
+def settled(board: stops.KafkaBoard) -> dict[str, str] | None:
+    """What the board reads, or None while its metadata still names a topic just deleted."""
+    try:
+        return board.read()
+    except stops.StopSignalError:
+        return None
 
 
 def wait_for(check: Any, timeout: float = 30.0) -> Any:
@@ -98,7 +111,7 @@ def wait_for(check: Any, timeout: float = 30.0) -> Any:
 
 def test_finalize_readies_the_reverse_group_on_the_other_cluster(clusters: Any, unique: Any, tmp_path: Path) -> None:
     """The reverse group's stop (an earlier failback's) lives on its own destination, the source here."""
-    topic = unique("stops")
+    topic = stops_topic(unique)
     cfg = make_config(clusters, topic, str(tmp_path / "ckpt"))
     failover.request_stream_stop(cfg, cfg.group("back"), "failback of group back to src")
     src_admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
@@ -109,8 +122,31 @@ def test_finalize_readies_the_reverse_group_on_the_other_cluster(clusters: Any, 
     assert failover.stream_stop_requested(cfg, cfg.group("orders")) is not None
 
 
+def test_no_stop_is_written_into_a_topic_that_would_expire_it(clusters: Any, unique: Any) -> None:
+    """A stops topic someone made with the default policy (or compacted and deleted): the stop is refused,
+    saying why, rather than written to expire with the retention; provisioning compacts such a topic."""
+    from confluent_kafka.admin import NewTopic
+
+    from mirror_core.topics import ClusterState, TopicInfo, create_topics, plan_topics
+
+    admin = AdminClient({"bootstrap.servers": clusters.dst_bootstrap})
+    for policy in ("delete", "compact,delete"):
+        topic = stops_topic(unique)
+        create_topics(admin, [NewTopic(topic, 1, 1, config={"cleanup.policy": policy})])
+        cfg = make_config(clusters, topic, "s3a://bucket/checkpoints")
+        with pytest.raises(stops.StopSignalError) as err:
+            failover.request_stream_stop(cfg, cfg.group("orders"), "failover")
+        assert str(err.value) == (f"topic {topic} on dst has cleanup.policy={policy}: a failover's stop written "
+                                  "there would expire with its retention, and the stopped stream start again; set "
+                                  "it to compact")
+        assert failover.stream_stop_requested(cfg, cfg.group("orders")) is None
+        dst = ClusterState({topic: TopicInfo(topic, 1, 1, {"cleanup.policy": policy})}, 1)
+        action = next(a for a in plan_topics(cfg.group("orders"), ClusterState({}, 1), dst).actions if a.topic == topic)
+        assert action.kind == "alter_configs" and action.configs == {"cleanup.policy": "compact"}
+
+
 def test_an_unanswered_destination_is_one_line_naming_it(clusters: Any, unique: Any) -> None:
-    cfg = make_config(clusters, unique("stops"), "s3a://bucket/checkpoints", dst_bootstrap="127.0.0.1:1")
+    cfg = make_config(clusters, stops_topic(unique), "s3a://bucket/checkpoints", dst_bootstrap="127.0.0.1:1")
     board = stops.KafkaBoard(cfg.cluster("dst"), "dst", cfg.group("orders").stops, timeout=2)
     t0 = time.monotonic()
     with pytest.raises(stops.StopSignalError) as err:

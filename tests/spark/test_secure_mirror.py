@@ -72,6 +72,7 @@ def config_text(sc, groups: list[tuple[str, str, str, str, str, int]], tmp: Path
     delivery: {delivery}
     serdes: {{key: string, value: avro}}
     offset_syncs_topic: "{name}.syncs.internal"
+    stops_topic: "{name}.stops.internal"
     dead_letter_topic: "{name}.dlq"
     topics_mirroring:
       partition_count: {{type: mirror_source}}
@@ -302,7 +303,7 @@ def test_wrong_password_untrusted_certificate_and_missing_acl_are_one_line_each(
     job = subprocess.run([sys.executable, "-m", "spark_jobs.mirror_stream", str(cfg_path), "--group", name, "--once"],
                          cwd=ROOT, env=base, capture_output=True, text=True, timeout=120)
     line = one_error_line(job)
-    assert f"{name}: cannot start the mirror: cannot read the failover stops from topic mirrorflow-stops.internal " \
+    assert f"{name}: cannot start the mirror: cannot read the failover stops from topic {name}.stops.internal " \
            "on dst: cluster 'dst'" in line and "'mirror-destination'" in line and "AUTHORIZATION_FAILED" in line, line
     cfg = parse_config(yaml.safe_load(cfg_path.read_text()), env=base)
     grants = required_acls(cfg, cfg.groups[0])

@@ -150,34 +150,69 @@ def test_an_unanswered_destination_is_not_permission_to_run(tmp_path: Path, boar
     cfg = _cfg(tmp_path)
     ab, ba = cfg.group("ab"), cfg.group("ba")
     watch = stops.Watch(cfg, ab, every=0.01)
-    assert watch.first() is None  # the job started; a thread looks from now on
-    boards["b"].down = True
-    with pytest.raises(stops.StopSignalError, match="cannot read the failover stops from topic"):
-        failover.stream_stop_requested(cfg, ab)
-    with pytest.raises(stops.StopSignalError):
-        stops.Watch(cfg, ab).first()  # the first look decides whether a job starts
-    with caplog.at_level("WARNING", logger="mirror_core.stops"):
-        wait_for(lambda: caplog.records)
-        time.sleep(0.1)  # ten looks more, all failing
-        assert watch() is None
-    assert len(caplog.records) == 1 and "the job goes on" in caplog.records[0].getMessage()
-    boards["b"].down = False
-    failover.request_stream_stop(cfg, ab, "failover")
-    assert wait_for(watch) == boards["b"].stops[stops.key(ab)]
-    watch.close()
+    try:
+        assert watch.first() is None  # the job started; a thread looks from now on
+        boards["b"].down = True
+        with pytest.raises(stops.StopSignalError, match="cannot read the failover stops from topic"):
+            failover.stream_stop_requested(cfg, ab)
+        with pytest.raises(stops.StopSignalError):
+            stops.Watch(cfg, ab).first()  # the first look decides whether a job starts
+        with caplog.at_level("WARNING", logger="mirror_core.stops"):
+            wait_for(lambda: caplog.records)
+            time.sleep(0.1)  # ten looks more, all failing
+            assert watch() is None
+        assert len(caplog.records) == 1 and "the job goes on" in caplog.records[0].getMessage()
+        boards["b"].down = False
+        failover.request_stream_stop(cfg, ab, "failover")
+        assert wait_for(watch) == boards["b"].stops[stops.key(ab)]
+    finally:
+        watch.close()
     failover.request_stream_stop(cfg, ba, "an earlier failback")
     boards["a"].down = True
     rep = failover.finalize(cfg, ab, stream_stopped=True)
     assert not rep.ok and rep.details["reverse_stop_cleared"] is None
     assert "reverse group 'ba' NOT ready: cannot read the failover stops" in rep.summary
     assert "mirrorflow failover --group ba --step resume" in rep.summary
-    # finalize on its own, the destination down: it says the stop is not written, and does not pass
+    # finalize on its own, the destination down: it says the stop is not written, does not pass, and leaves
+    # the reverse group's stop where it is (the forward stream is not stopped for good)
+    boards["a"].down = False
     failover.clear_stream_stop(cfg, ab)
     boards["b"].down = True
-    rep = failover.finalize(_cfg(tmp_path, reverse=False), ab, stream_stopped=True)
+    rep = failover.finalize(cfg, ab, stream_stopped=True)
     assert not rep.ok and rep.details["stop"].startswith("NOT written: cannot read the failover stops")
     assert rep.summary.startswith("the stream's stop NOT written: cannot read") and rep.summary.endswith(
-        "stream stopped; no reverse group in the config")
+        "stream stopped; reverse group 'ba' left as it was (the stream is not stopped for good)")
+    assert failover.stream_stop_requested(cfg, ba) is not None
+    # the adapters write the stop before their wait and hand it over: finalize does not read it again
+    rep = failover.finalize(cfg, ab, stream_stopped=True, stop="key 'k' of topic t on b")
+    assert rep.ok and rep.details["stop"] == "key 'k' of topic t on b" and rep.details["reverse_stop_cleared"]
+
+
+def test_the_watch_goes_on_looking_whatever_a_look_raised(tmp_path: Path, boards, caplog) -> None:
+    cfg = _cfg(tmp_path, reverse=False)
+    ab = cfg.group("ab")
+    watch = stops.Watch(cfg, ab, every=0.01)
+    try:
+        assert watch.first() is None
+        boards["b"].read = lambda: 1 / 0  # type: ignore[method-assign]
+        with caplog.at_level("WARNING", logger="mirror_core.stops"):
+            wait_for(lambda: caplog.records)
+        assert "cannot read the failover stops: ZeroDivisionError" in caplog.records[0].getMessage()
+        del boards["b"].read  # the class's again
+        failover.request_stream_stop(cfg, ab, "failover")
+        assert wait_for(watch).startswith("failover at ")
+        assert watch.first() == watch()  # asked again: the thread's answer, no second reader of the board
+    finally:
+        watch.close()
+
+
+def test_a_stops_topic_must_be_one_no_mirror_copies(tmp_path: Path) -> None:
+    raw = yaml.safe_load(yaml.safe_dump(_cfg(tmp_path, reverse=False).model_dump(mode="json", exclude_none=True)))
+    raw["groups"][0]["stops_topic"] = "team.stops"
+    with pytest.raises(ConfigError, match=r"groups\[0\]\.stops_topic.*must end in '\.internal' or '-internal'"):
+        parse_config(raw, env={})
+    raw["groups"][0]["stops_topic"] = "team.mirrorflow-stops.internal"
+    assert parse_config(raw, env={}).group("ab").stops == "team.mirrorflow-stops.internal"
 
 
 def test_the_wait_for_the_stream_job_tells_only_what_the_checkpoint_shows(tmp_path: Path) -> None:

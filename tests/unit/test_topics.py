@@ -147,12 +147,12 @@ def test_internal_topics_replication_factor_is_clamped_to_the_destination_broker
 
 def test_a_stops_topic_made_with_the_default_policy_is_compacted():
     """A stops topic someone made beforehand with cleanup.policy=delete would drop a failover's stop after its
-    retention (and the stream DAG start the stopped mirror again): provisioning compacts it; a compacted one,
-    or one compacted and deleted, is left as it is."""
+    retention (and the stream DAG start the stopped mirror again), and so would one compacted and deleted:
+    provisioning makes it compacted only; a compacted one is left as it is."""
     g = group('[{source_topic: orders}]')
     for configs, planned in (({}, "alter_configs"), ({"cleanup.policy": "delete"}, "alter_configs"),
                              ({"cleanup.policy": "compact"}, "unchanged"), ({"cleanup.policy": "compact,delete"},
-                                                                            "unchanged")):
+                                                                            "alter_configs")):
         dst = ClusterState({"mirrorflow-stops.internal": TopicInfo("mirrorflow-stops.internal", 1, 1, configs)}, 1)
         action = by_topic(plan_topics(g, SRC, dst))["mirrorflow-stops.internal"]
         assert action.kind == planned, configs
