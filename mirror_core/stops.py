@@ -89,7 +89,7 @@ def _legacy_reason(group: GroupConfig) -> str | None:
     if path is None:
         return None
     try:
-        text = path.read_text().strip()
+        text = path.read_text(errors="replace").strip()
     except FileNotFoundError:
         return None
     except OSError as exc:
