@@ -268,6 +268,7 @@ def lag(config: ConfigArg, group: GroupOpt = None, as_json: JsonOpt = False) -> 
     """Replication lag per mirrored partition (records and seconds), totals, and consumer-group lag."""
     from dataclasses import asdict
 
+    from mirror_core import stops
     from mirror_core.checkpoint import load_sync_store, topic_mappings
     from mirror_core.config import load_config
     from mirror_core.health import consumer_group_lag, replication_lag
@@ -278,9 +279,17 @@ def lag(config: ConfigArg, group: GroupOpt = None, as_json: JsonOpt = False) -> 
         store, maps = load_sync_store(cfg, g), topic_mappings(cfg, g)
         rep = replication_lag(cfg, g, store, maps)
         glag = consumer_group_lag(cfg, g, store, maps)
-        result.append({"group": g.name, **rep.as_dict(), "consumer_groups": [asdict(x) for x in glag]})
+        try:  # after a failover the lag grows for good: say why
+            stopped: str | None = stops.requested(cfg, g)
+        except stops.StopSignalError as exc:
+            stopped = f"unknown: {exc}"
+        result.append({"group": g.name, **rep.as_dict(), "consumer_groups": [asdict(x) for x in glag],
+                       "stream_stopped": stopped})
         if not as_json:
             _print_lag(g.name, rep, glag)
+            if stopped:
+                out.print(f"{g.name}: the stream is stopped for good: {stopped} (`mirrorflow failover {config} "
+                          f"--group {g.name} --step resume` lets it start again)", markup=False, highlight=False)
     if as_json:
         print(json.dumps(result, indent=2))
 

@@ -476,9 +476,10 @@ def render_report(group: GroupConfig, reports: Sequence[StepReport], stopped_at:
 
 def to_sample(group: str, lag: LagReport, destination_topics: Mapping[str, str],
               destination_ends: Mapping[tuple[str, int], int], last_checkpoint_at: str | None,
-              taken_at: str | None = None) -> dict[str, Any]:
+              taken_at: str | None = None, stream_stopped: str | None = None) -> dict[str, Any]:
     """The lag sample the Airflow ``record_lag`` task returns (its JSON contract is in the notes):
-    per mirrored partition, lag in records and seconds and both sides' end offsets."""
+    per mirrored partition, lag in records and seconds and both sides' end offsets; ``stream_stopped``: why a
+    failover stopped the group's stream for good (its lag then grows for good), or None."""
     parts = []
     for p in lag.partitions:
         dst_topic = destination_topics.get(p.source_topic, p.source_topic)
@@ -488,7 +489,7 @@ def to_sample(group: str, lag: LagReport, destination_topics: Mapping[str, str],
                       "source_end": int(p.source_end),
                       "destination_end": int(destination_ends.get((dst_topic, p.partition), 0))})
     return {"group": group, "taken_at": taken_at or utc_now(), "partitions": parts,
-            "last_checkpoint_at": last_checkpoint_at}
+            "last_checkpoint_at": last_checkpoint_at, "stream_stopped": stream_stopped}
 
 
 def lag_sample(cfg: MirrorsConfig, group: GroupConfig) -> dict[str, Any]:
@@ -504,8 +505,12 @@ def lag_sample(cfg: MirrorsConfig, group: GroupConfig) -> dict[str, Any]:
                 ends[(topic, p)] = high
         except KafkaOperationError:
             continue
+    try:
+        stopped = stops.requested(cfg, group, timeout=stops.WATCH_TIMEOUT_S)
+    except stops.StopSignalError:
+        stopped = None  # the sample is about lag: a stop it cannot read is left out, not a failed sample
     return to_sample(group.name, lag, dst_topics, ends, last_checkpoint_time(cfg, group, set(dst_topics.values())),
-                     taken_at)
+                     taken_at, stopped)
 
 
 def last_checkpoint_time(cfg: MirrorsConfig, group: GroupConfig, destination_topics: set[str],

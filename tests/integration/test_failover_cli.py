@@ -63,6 +63,15 @@ def test_failover_by_hand(clusters: Any, unique: Any, tmp_path: Path) -> None:
     resumed = support.resume_on_destination(s, f"{s.topic}.mirror")
     assert resumed[0] == support.keys(s.src, s.topic, 0, start=9)  # not from 5: no re-read
     assert resumed[1] == support.keys(s.src, s.topic, 1, start=15)
+    lag = CliRunner().invoke(app, ["lag", str(s.config), "--group", s.name, "--json"])
+    assert lag.exit_code == 0, lag.output
+    assert json.loads(lag.output[lag.output.index("["):])[0]["stream_stopped"].startswith(
+        f"failover of group {s.name} to dst at ")
+    lag = CliRunner().invoke(app, ["lag", str(s.config), "--group", s.name])
+    assert f"{s.name}: the stream is stopped for good: failover of group {s.name} to dst at " in lag.output
+    from mirror_core.failover import lag_sample  # what the Mirrors page shows, from the offset_sync DAG
+
+    assert lag_sample(cfg, cfg.group(s.name))["stream_stopped"].startswith(f"failover of group {s.name} to dst")
     # a stopped group's stream does not start again (it reads its stop on the destination) until resumed
     job = subprocess.run([sys.executable, "-m", "spark_jobs.mirror_stream", str(s.config), "--group", s.name, "--once"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, cwd=ROOT)
@@ -71,6 +80,8 @@ def test_failover_by_hand(clusters: Any, unique: Any, tmp_path: Path) -> None:
     out = CliRunner().invoke(app, ["failover", str(s.config), "--group", s.name, "--step", "resume"])
     assert out.exit_code == 0 and f"{s.name}: stop removed (key " in out.output, out.output
     assert stops.requested(cfg, cfg.group(s.name)) is None
+    lag = CliRunner().invoke(app, ["lag", str(s.config), "--group", s.name, "--json"])
+    assert json.loads(lag.output[lag.output.index("["):])[0]["stream_stopped"] is None
 
 
 def test_a_sync_places_positions_before_the_first_record_and_moves_only_its_own_groups(

@@ -42,9 +42,10 @@ def test_to_sample_is_the_record_lag_contract() -> None:
     lag = LagReport([PartitionLag("g", "g__o__o2", "o", 0, 120, 100, 20, 1.5),
                      PartitionLag("g", "g__o__o2", "o", 1, 7, None, 7, None)])
     sample = failover.to_sample("g", lag, {"o": "o2"}, {("o2", 0): 101, ("o2", 1): 0}, None,
-                                taken_at="2026-01-01T00:00:00Z")
+                                taken_at="2026-01-01T00:00:00Z", stream_stopped="failover of group g to b at 09:00")
     assert sample == {
         "group": "g", "taken_at": "2026-01-01T00:00:00Z", "last_checkpoint_at": None,
+        "stream_stopped": "failover of group g to b at 09:00",
         "partitions": [
             {"source_topic": "o", "destination_topic": "o2", "partition": 0, "lag_records": 20, "lag_seconds": 1.5,
              "source_end": 120, "destination_end": 101},

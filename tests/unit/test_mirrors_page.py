@@ -97,3 +97,22 @@ def test_values_are_escaped():
     html = render(build_page(raw, {}, now=T0), hours=1)
     assert "<script>alert" not in html and "&lt;script&gt;" in html
     assert parse_sample(raw[0]) is not None
+
+
+def test_a_group_a_failover_stopped_says_so_and_why():
+    """After a failover the group's lag grows for good: the page says the stream is stopped and why (escaped:
+    the reason is a record's text on the destination), and samples from before the field was there still load."""
+    stopped = "failover of group prod to dst at 2026-11-26T09:00:00Z <b>"
+    raw = [sample("prod", T0 + timedelta(seconds=60), [("orders", 0, 50, 2.5, 1050, 1000)], stream_stopped=stopped),
+           sample("prod", T0, [("orders", 0, 40, 2.0, 1040, 1000)]),
+           sample("dev", T0, [("orders", 0, 0, 0.0, 10, 10)], stream_stopped=None)]
+    page = build_page(raw, {"prod": "success", "dev": "running"}, now=T0 + timedelta(seconds=90))
+    by = {g.group: g for g in page.groups}
+    assert by["prod"].stream_stopped == stopped and by["dev"].stream_stopped is None
+    html = render(page, hours=6)
+    assert "stopped for good: failover of group prod to dst at 2026-11-26T09:00:00Z &lt;b&gt;" in html
+    assert html.count("stopped for good") == 1
+    assert [g["stream_stopped"] for g in as_json(page)["groups"]] == [None, stopped]
+    # the latest sample decides: a resumed group is no longer shown as stopped
+    later = sample("prod", T0 + timedelta(seconds=120), [("orders", 0, 0, 0.0, 1050, 1050)], stream_stopped=None)
+    assert build_page([*raw, later], {}, now=T0 + timedelta(seconds=130)).groups[1].stream_stopped is None

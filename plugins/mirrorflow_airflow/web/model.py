@@ -2,8 +2,9 @@
 
 The samples are the ``record_lag`` task's XComs of each group's ``offset_sync`` DAG (contract:
 ``{"group", "taken_at", "partitions": [{"source_topic", "destination_topic", "partition",
-"lag_records", "lag_seconds", "source_end", "destination_end"}], "last_checkpoint_at"}``). Only
-those fields are read, so nothing else a sample might carry ever reaches the page.
+"lag_records", "lag_seconds", "source_end", "destination_end"}], "last_checkpoint_at", "stream_stopped"}``;
+``stream_stopped`` is absent from samples taken before 7 December). Only those fields are read, so nothing
+else a sample might carry ever reaches the page.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class LagSample:
     taken_at: datetime
     partitions: tuple[PartitionLag, ...]
     last_checkpoint_at: datetime | None
+    #: why a failover stopped the group's stream for good, or None
+    stream_stopped: str | None = None
 
     @property
     def total_lag_records(self) -> int:
@@ -80,7 +83,9 @@ def parse_sample(raw: Any) -> LagSample | None:
             ))
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
-    return LagSample(group, taken, tuple(out), parse_time(raw.get("last_checkpoint_at")))
+    stopped = raw.get("stream_stopped")
+    return LagSample(group, taken, tuple(out), parse_time(raw.get("last_checkpoint_at")),
+                     stopped if isinstance(stopped, str) and stopped else None)
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,8 @@ class GroupView:
     group: str
     stream_state: str | None  # the stream DAG's latest run state; None: never ran
     stream_dag_id: str
+    #: why a failover stopped the stream for good (the latest sample's), or None
+    stream_stopped: str | None
     offset_sync_dag_id: str
     taken_at: datetime | None
     sample_age_seconds: float | None
@@ -165,6 +172,7 @@ def group_view(group: str, samples: Iterable[LagSample], stream_state: str | Non
     ckpt = latest.last_checkpoint_at if latest else None
     return GroupView(
         group=group, stream_state=stream_state, stream_dag_id=dag_id(group, "stream"),
+        stream_stopped=latest.stream_stopped if latest else None,
         offset_sync_dag_id=dag_id(group, "offset_sync"),
         taken_at=latest.taken_at if latest else None,
         sample_age_seconds=(now - latest.taken_at).total_seconds() if latest else None,

@@ -52,6 +52,7 @@ PAGE = _env.from_string("""<!doctype html>
  .state { padding: 1px 8px; border-radius: 10px; font-size: 12px; color: white; background: #8c959f; }
  .state.running { background: #1a7f37; } .state.success { background: #2da44e; }
  .state.failed { background: #cf222e; } .state.queued { background: #9a6700; }
+ .state.stopped { background: #57606a; }
  a { color: #0969da; text-decoration: none; }
  img.plot { max-width: 100%; margin-top: 8px; }
 </style></head><body>
@@ -64,7 +65,8 @@ Generated {{ page.generated_at.strftime("%Y-%m-%d %H:%M:%S") }} UTC; refreshes e
 {% for g in page.groups %}
 <div class="group" id="group-{{ g.group }}">
  <div class="head"><h2>{{ g.group }}</h2>
-  <span>stream: <a target="_top" href="{{ base }}dags/{{ g.stream_dag_id }}"><span class="state {{ g.stream_state or 'none' }}">{{ g.stream_state or "never ran" }}</span></a></span>
+  <span>stream: <a target="_top" href="{{ base }}dags/{{ g.stream_dag_id }}"><span class="state {{ g.stream_state or 'none' }}">{{ g.stream_state or "never ran" }}</span></a>{% if g.stream_stopped %}
+   <span class="state stopped">stopped for good: {{ g.stream_stopped }}</span>{% endif %}</span>
   <span class="muted">sample {{ g.sample_age_seconds|age }} · <a target="_top" href="{{ base }}dags/{{ g.offset_sync_dag_id }}">offset_sync DAG</a></span>
  </div>
  <div class="kpis">
@@ -99,7 +101,8 @@ def as_json(page: PageModel) -> dict[str, Any]:
         return t.isoformat() if t else None
 
     return {"generated_at": iso(page.generated_at), "groups": [
-        {"group": g.group, "stream_state": g.stream_state, "taken_at": iso(g.taken_at),
+        {"group": g.group, "stream_state": g.stream_state, "stream_stopped": g.stream_stopped,
+         "taken_at": iso(g.taken_at),
          "last_checkpoint_age_seconds": g.last_checkpoint_age_seconds, "total_lag_records": g.total_lag_records,
          "max_lag_seconds": g.max_lag_seconds, "throughput": g.throughput,
          "partitions": [asdict(r) for r in g.rows]} for g in page.groups]}
