@@ -279,17 +279,22 @@ def lag(config: ConfigArg, group: GroupOpt = None, as_json: JsonOpt = False) -> 
         store, maps = load_sync_store(cfg, g), topic_mappings(cfg, g)
         rep = replication_lag(cfg, g, store, maps)
         glag = consumer_group_lag(cfg, g, store, maps)
+        stopped: str | None = None
+        unread: str | None = None
         try:  # after a failover the lag grows for good: say why
-            stopped: str | None = stops.requested(cfg, g)
+            stopped = stops.requested(cfg, g, timeout=stops.WATCH_TIMEOUT_S)
         except stops.StopSignalError as exc:
-            stopped = f"unknown: {exc}"
+            unread = str(exc)
         result.append({"group": g.name, **rep.as_dict(), "consumer_groups": [asdict(x) for x in glag],
-                       "stream_stopped": stopped})
+                       "stream_stopped": stopped, "stream_stop_error": unread})
         if not as_json:
             _print_lag(g.name, rep, glag)
             if stopped:
                 out.print(f"{g.name}: the stream is stopped for good: {stopped} (`mirrorflow failover {config} "
                           f"--group {g.name} --step resume` lets it start again)", markup=False, highlight=False)
+            elif unread:
+                err.print(f"{g.name}: whether a failover stopped the stream is not known: {unread}", markup=False,
+                          highlight=False)
     if as_json:
         print(json.dumps(result, indent=2))
 

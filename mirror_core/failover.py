@@ -505,12 +505,13 @@ def lag_sample(cfg: MirrorsConfig, group: GroupConfig) -> dict[str, Any]:
                 ends[(topic, p)] = high
         except KafkaOperationError:
             continue
+    sample = to_sample(group.name, lag, dst_topics, ends,
+                       last_checkpoint_time(cfg, group, set(dst_topics.values())), taken_at)
     try:
-        stopped = stops.requested(cfg, group, timeout=stops.WATCH_TIMEOUT_S)
+        sample["stream_stopped"] = stops.requested(cfg, group, timeout=stops.WATCH_TIMEOUT_S)
     except stops.StopSignalError:
-        stopped = None  # the sample is about lag: a stop it cannot read is left out, not a failed sample
-    return to_sample(group.name, lag, dst_topics, ends, last_checkpoint_time(cfg, group, set(dst_topics.values())),
-                     taken_at, stopped)
+        del sample["stream_stopped"]  # the sample is about lag: a stop it cannot read is left out (not "none")
+    return sample
 
 
 def last_checkpoint_time(cfg: MirrorsConfig, group: GroupConfig, destination_topics: set[str],

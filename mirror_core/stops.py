@@ -203,12 +203,18 @@ def not_compacted(topic: str, alias: str, policy: str) -> str:
             "with its retention, and the stopped stream start again; set it to compact")
 
 
+#: a reason is shown in terminals, XComs and the Mirrors page: at most this many characters of it
+REASON_MAX = 500
+
+
 def _reason(value: bytes) -> str:
     try:
-        doc = json.loads(value)
-        return str(doc["reason"])
+        text = str(json.loads(value)["reason"])
     except (ValueError, KeyError, TypeError):
-        return value.decode("utf-8", "replace")  # not ours: its text is the reason
+        text = value.decode("utf-8", "replace")  # not ours: its text is the reason
+    # printable only (no terminal escapes from someone else's record), one line, bounded
+    text = "".join(ch if ch.isprintable() else " " for ch in text).strip()
+    return (text[:REASON_MAX] + "...") if len(text) > REASON_MAX else (text or "stopped")
 
 
 def _why(exc: BaseException) -> str:

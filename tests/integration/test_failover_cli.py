@@ -65,8 +65,9 @@ def test_failover_by_hand(clusters: Any, unique: Any, tmp_path: Path) -> None:
     assert resumed[1] == support.keys(s.src, s.topic, 1, start=15)
     lag = CliRunner().invoke(app, ["lag", str(s.config), "--group", s.name, "--json"])
     assert lag.exit_code == 0, lag.output
-    assert json.loads(lag.output[lag.output.index("["):])[0]["stream_stopped"].startswith(
-        f"failover of group {s.name} to dst at ")
+    lagged = json.loads(lag.output[lag.output.index("["):])[0]
+    assert lagged["stream_stopped"].startswith(f"failover of group {s.name} to dst at ")
+    assert lagged["stream_stop_error"] is None
     lag = CliRunner().invoke(app, ["lag", str(s.config), "--group", s.name])
     assert f"{s.name}: the stream is stopped for good: failover of group {s.name} to dst at " in lag.output
     from mirror_core.failover import lag_sample  # what the Mirrors page shows, from the offset_sync DAG

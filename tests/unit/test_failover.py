@@ -207,6 +207,17 @@ def test_the_watch_goes_on_looking_whatever_a_look_raised(tmp_path: Path, boards
         watch.close()
 
 
+def test_a_reason_from_someone_elses_record_is_one_printable_bounded_line() -> None:
+    """A stop's reason reaches terminals, XComs and the Mirrors page: a foreign record's escape codes and
+    length do not."""
+    assert stops._reason(b'{"reason": "failover of group ab to b at 09:00", "by": "host"}') == \
+        "failover of group ab to b at 09:00"
+    assert stops._reason(b"\x1b]0;owned\x07stopped\r\nby hand") == "]0;owned stopped  by hand"
+    long = stops._reason(b"x" * 100_000)
+    assert len(long) == stops.REASON_MAX + 3 and long.endswith("...")
+    assert stops._reason(b"  \x00 ") == "stopped"
+
+
 def test_a_stops_topic_must_be_one_no_mirror_copies(tmp_path: Path) -> None:
     raw = yaml.safe_load(yaml.safe_dump(_cfg(tmp_path, reverse=False).model_dump(mode="json", exclude_none=True)))
     raw["groups"][0]["stops_topic"] = "team.stops"

@@ -113,6 +113,14 @@ def test_a_group_a_failover_stopped_says_so_and_why():
     assert "stopped for good: failover of group prod to dst at 2026-11-26T09:00:00Z &lt;b&gt;" in html
     assert html.count("stopped for good") == 1
     assert [g["stream_stopped"] for g in as_json(page)["groups"]] == [None, stopped]
-    # the latest sample decides: a resumed group is no longer shown as stopped
-    later = sample("prod", T0 + timedelta(seconds=120), [("orders", 0, 0, 0.0, 1050, 1050)], stream_stopped=None)
-    assert build_page([*raw, later], {}, now=T0 + timedelta(seconds=130)).groups[1].stream_stopped is None
+    # a sample whose task could not read the stop leaves the field out: the newest that has it decides
+    unread = sample("prod", T0 + timedelta(seconds=120), [("orders", 0, 60, 3.0, 1060, 1000)])
+    assert build_page([*raw, unread], {}, now=T0 + timedelta(seconds=130)).groups[1].stream_stopped == stopped
+    # a resumed group is no longer shown as stopped
+    later = sample("prod", T0 + timedelta(seconds=180), [("orders", 0, 0, 0.0, 1050, 1050)], stream_stopped=None)
+    assert build_page([*raw, unread, later], {}, now=T0 + timedelta(seconds=190)).groups[1].stream_stopped is None
+    # not a reason: a number, a mapping, blanks (none is shown, and none stands for a reason either)
+    for odd in (123, {"reason": "x"}, "   "):
+        odd_sample = sample("prod", T0 + timedelta(seconds=240), [("orders", 0, 0, 0.0, 1, 1)], stream_stopped=odd)
+        page = build_page([*raw, odd_sample], {}, now=T0 + timedelta(seconds=250))
+        assert page.groups[1].stream_stopped == (None if odd == "   " else stopped), odd

@@ -3,8 +3,9 @@
 The samples are the ``record_lag`` task's XComs of each group's ``offset_sync`` DAG (contract:
 ``{"group", "taken_at", "partitions": [{"source_topic", "destination_topic", "partition",
 "lag_records", "lag_seconds", "source_end", "destination_end"}], "last_checkpoint_at", "stream_stopped"}``;
-``stream_stopped`` is absent from samples taken before 7 December). Only those fields are read, so nothing
-else a sample might carry ever reaches the page.
+``stream_stopped`` is absent from samples taken before 7 December, and from one whose task could not read the
+stop: the newest sample that has it decides). Only those fields are read, so nothing else a sample might carry
+ever reaches the page.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class LagSample:
     last_checkpoint_at: datetime | None
     #: why a failover stopped the group's stream for good, or None
     stream_stopped: str | None = None
+    #: whether the sample says (False: taken before the field, or the stop could not be read)
+    stream_stopped_known: bool = False
 
     @property
     def total_lag_records(self) -> int:
@@ -84,8 +87,9 @@ def parse_sample(raw: Any) -> LagSample | None:
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
     stopped = raw.get("stream_stopped")
-    return LagSample(group, taken, tuple(out), parse_time(raw.get("last_checkpoint_at")),
-                     stopped if isinstance(stopped, str) and stopped else None)
+    known = "stream_stopped" in raw and (stopped is None or isinstance(stopped, str))
+    reason = stopped.strip() if isinstance(stopped, str) else ""
+    return LagSample(group, taken, tuple(out), parse_time(raw.get("last_checkpoint_at")), reason or None, known)
 
 
 @dataclass(frozen=True)
@@ -172,7 +176,7 @@ def group_view(group: str, samples: Iterable[LagSample], stream_state: str | Non
     ckpt = latest.last_checkpoint_at if latest else None
     return GroupView(
         group=group, stream_state=stream_state, stream_dag_id=dag_id(group, "stream"),
-        stream_stopped=latest.stream_stopped if latest else None,
+        stream_stopped=next((s.stream_stopped for s in reversed(ordered) if s.stream_stopped_known), None),
         offset_sync_dag_id=dag_id(group, "offset_sync"),
         taken_at=latest.taken_at if latest else None,
         sample_age_seconds=(now - latest.taken_at).total_seconds() if latest else None,
