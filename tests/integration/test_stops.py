@@ -24,21 +24,15 @@ def stops_topic(unique: Any) -> str:
 
 
 def make_config(clusters: Any, topic: str, checkpoint_dir: str, dst_bootstrap: str | None = None) -> MirrorsConfig:
-    raw = yaml.safe_load(clusters.config_yaml(f"""
-groups:
-  - name: orders
-    source: src
-    destination: dst
+    # the group and the reverse one (destination -> source), both on the test's stops topic and checkpoint
+    groups = "".join(f"""
+  - name: {name}
+    source: {source}
+    destination: {destination}
     stops_topic: {topic}
     spark: {{checkpoint_dir: "{checkpoint_dir}"}}
-    mirrors: [{{source_topic: orders}}]
-  - name: back
-    source: dst
-    destination: src
-    stops_topic: {topic}
-    spark: {{checkpoint_dir: "{checkpoint_dir}"}}
-    mirrors: [{{source_topic: orders}}]
-"""))
+    mirrors: [{{source_topic: orders}}]""" for name, source, destination in (("orders", "src", "dst"), ("back", "dst", "src")))
+    raw = yaml.safe_load(clusters.config_yaml(f"groups:{groups}\n"))
     if dst_bootstrap is not None:
         raw["clusters"]["dst"]["kafka"]["bootstrap.servers"] = dst_bootstrap
     return parse_config(raw, env={})
