@@ -28,7 +28,9 @@ from mirror_core import clients
 from mirror_core.config import GroupConfig, MirrorsConfig
 from mirror_core.errors import KafkaOperationError
 from mirror_core.offsets import (
+    LOOPED,
     NO_SYNCS,
+    THROUGH_ORIGINALS,
     TOO_OLD,
     Checkpoint,
     Heartbeat,
@@ -78,20 +80,24 @@ def topic_mappings(cfg: MirrorsConfig, group: GroupConfig) -> list[TopicMapping]
             for m in selected_mirrors(cfg, group)]
 
 
-def sync_filter(group: GroupConfig) -> Callable[[OffsetSync, str | None], bool]:
-    """Whether a sync naming destination ``dest`` (None: written before syncs named it) is one of
-    ``group``'s: the sync topic is shared by every group reading one source cluster, and another group
-    may mirror the same source topic elsewhere (its syncs would make translation garbage)."""
+def remote_topic_name(group: GroupConfig) -> Callable[[str], str]:
+    """The destination topic name ``group`` gives a source topic (an explicit mirror's, else its policy's)."""
     from mirror_core.config import resolve_mirrors
     from mirror_core.policy import build_replication_policy
 
     policy = build_replication_policy(group)
     explicit = {m.source_topic: m.destination_topic for m in resolve_mirrors(group) if m.source_topic}
+    return lambda topic: explicit.get(topic) or policy.format_remote_topic(group.source, topic)
+
+
+def sync_filter(group: GroupConfig) -> Callable[[OffsetSync, str | None], bool]:
+    """Whether a sync naming destination ``dest`` (None: written before syncs named it) is one of
+    ``group``'s: the sync topic is shared by every group reading one source cluster, and another group
+    may mirror the same source topic elsewhere (its syncs would make translation garbage)."""
+    remote = remote_topic_name(group)
 
     def ours(sync: OffsetSync, dest: str | None) -> bool:
-        if dest is None:
-            return True
-        return dest == (explicit.get(sync.topic) or policy.format_remote_topic(group.source, sync.topic))
+        return dest is None or dest == remote(sync.topic)
 
     return ours
 
@@ -233,10 +239,17 @@ class SourceTranslator:
     untranslatable: no checkpoint, no group offset, and a failover's sync refused them. A position below the
     source's log start, or with committed records between it and the first sync (history retention removed
     their syncs), or whose first sync lies beyond the source's end (an earlier incarnation of the topic), stays
-    untranslatable, as does any once the translator's reads of the source are used up (:class:`ProbeBudget`)."""
+    untranslatable, as does any once the translator's reads of the source are used up (:class:`ProbeBudget`).
+
+    A position among records the loop guard skipped (copies a reverse flow made of the destination's records: a
+    failback's consumers, still reading what the failover's flow had copied) maps to where their originals are,
+    by the reverse group's own syncs read backwards (``THROUGH_ORIGINALS``, exact), when the config has that
+    group and its syncs hold the position; else it stays untranslatable."""
 
     def __init__(self, cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore):
         self.cfg, self.group, self.store = cfg, group, store
+        #: the reverse group's sync history and how it names this group's destination topics (None: not read yet)
+        self._reverse: tuple[OffsetSyncStore, Callable[[str], str]] | tuple[()] | None = None
         self._ends: dict[str, dict[int, tuple[int, int]]] = {}
         #: per source topic: the destination topic's ends, then the source's, read in that order (see translate)
         self._pairs: dict[str, tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]]]] = {}
@@ -252,8 +265,25 @@ class SourceTranslator:
         answered, first = self.probes.first(self.cfg, self.group, topic, partition, start, end)
         return answered and first is None
 
+    def _through_originals(self, topic: str, partition: int, committed: int, destination_topic: str) -> int | None:
+        """Where the originals of loop-skipped records are (see the class docstring), or None."""
+        if self._reverse is None:
+            rev = next((g for g in self.cfg.groups if g.source == self.group.destination
+                        and g.destination == self.group.source), None)
+            self._reverse = () if rev is None else (load_sync_store(self.cfg, rev), remote_topic_name(rev))
+        if not self._reverse:
+            return None
+        store, remote = self._reverse
+        # the reverse group copied destination_topic into this group's source topic (else its syncs say nothing)
+        if remote(destination_topic) != topic:
+            return None
+        return store.upstream_for(destination_topic, partition, committed)
+
     def translate(self, topic: str, partition: int, committed: int, destination_topic: str) -> Translation:
         tr = self.store.translate(topic, partition, committed)
+        if tr.reason == LOOPED:
+            back = self._through_originals(topic, partition, committed, destination_topic)
+            return tr if back is None else Translation(back, True, THROUGH_ORIGINALS)
         if tr.reason not in (NO_SYNCS, TOO_OLD):
             return tr
         first = self.store.oldest(topic, partition)
@@ -261,7 +291,8 @@ class SourceTranslator:
             ends = self._source_ends(topic).get(partition)
             # below the log start a consumer resets anyway; a first sync beyond the source's end is an earlier
             # incarnation's (topic re-created): nothing to tell
-            if ends is None or committed < ends[0] or first.upstream_offset > ends[1] or \
+            # a first sync that opens a run of loop-skipped records (UNMAPPED): what follows came back from there
+            if ends is None or committed < ends[0] or first.upstream_offset > ends[1] or first.downstream_offset < 0 or \
                     not self._nothing_committed(topic, partition, committed, first.upstream_offset):
                 return tr
             return Translation(first.downstream_offset, True, BEFORE_FIRST)

@@ -499,14 +499,17 @@ def failover(
         else:
             # with consumer groups (stopped on the source by now): their offsets follow them first
             resynced = fo.resync(cfg, g, params) if consumer_groups else None
-            if resynced is None:
-                err.print(f"{g.name}: finalize without --consumer-group: no group's offsets are synced again (what "
-                          "their consumers read on the source after `sync` is read again on the destination)",
-                          markup=False, highlight=False)
-            where = fo.request_stream_stop(cfg, g, f"failover of group {g.name} to {g.destination}")
-            stopped = fo.wait_stream_ended(g, wait, say=lambda line: err.print(f"{g.name}: {line}", markup=False,
-                                                                               highlight=False))
-            rep = fo.finalize(cfg, g, stream_stopped=stopped, resynced=resynced, stop=where)
+            if resynced is not None and fo.still_consuming(resynced):
+                rep = resynced  # nothing stopped: run the step again once they are stopped
+            else:
+                if resynced is None:
+                    err.print(f"{g.name}: finalize without --consumer-group: no group's offsets are synced again "
+                              "(what their consumers read on the source after `sync` is read again on the "
+                              "destination)", markup=False, highlight=False)
+                where = fo.request_stream_stop(cfg, g, f"failover of group {g.name} to {g.destination}")
+                stopped = fo.wait_stream_ended(g, wait, say=lambda line: err.print(f"{g.name}: {line}", markup=False,
+                                                                                   highlight=False))
+                rep = fo.finalize(cfg, g, stream_stopped=stopped, resynced=resynced, stop=where)
     if as_json:
         print(json.dumps(rep.as_dict(), indent=2, default=str))
     else:

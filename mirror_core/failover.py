@@ -35,6 +35,7 @@ from typing import Any
 
 from mirror_core import clients, joblock, stops
 from mirror_core.checkpoint import (
+    NOTHING_TO_MIRROR,
     RoundReport,
     SourceTranslator,
     emit_checkpoints,
@@ -169,7 +170,16 @@ def preflight(cfg: MirrorsConfig, group: GroupConfig, params: FailoverParams,
 
 def destination_members(cfg: MirrorsConfig, group: GroupConfig, consumer_groups: Sequence[str]) -> dict[str, int]:
     """Active members of each consumer group on the destination (0 = idle or unknown there)."""
-    admin = clients.admin(cfg.cluster(group.destination))
+    return _members(cfg, group.destination, consumer_groups)
+
+
+def source_members(cfg: MirrorsConfig, group: GroupConfig, consumer_groups: Sequence[str]) -> dict[str, int]:
+    """Active members of each consumer group on the source (0 = idle or unknown there)."""
+    return _members(cfg, group.source, consumer_groups)
+
+
+def _members(cfg: MirrorsConfig, alias: str, consumer_groups: Sequence[str]) -> dict[str, int]:
+    admin = clients.admin(cfg.cluster(alias))
     futs = admin.describe_consumer_groups(list(consumer_groups), request_timeout=30)
     return {gid: len(fut.result(30).members) for gid, fut in futs.items()}
 
@@ -199,10 +209,18 @@ def lag_check(cfg: MirrorsConfig, group: GroupConfig, params: FailoverParams) ->
 
 def source_ends(cfg: MirrorsConfig, group: GroupConfig) -> dict[str, int]:
     """``"topic:partition" -> end offset`` of every mirrored source partition (JSON-friendly keys)."""
-    out: dict[str, int] = {}
+    return {k: stable for k, (stable, _high) in _source_ends(cfg, group).items()}
+
+
+def _source_ends(cfg: MirrorsConfig, group: GroupConfig) -> dict[str, tuple[int, int]]:
+    """``"topic:partition" -> (last stable offset, high watermark)``: they differ while a transaction is open."""
+    out: dict[str, tuple[int, int]] = {}
+    src = cfg.cluster(group.source)
     for m in topic_mappings(cfg, group):
-        for p, (_low, high) in clients.end_offsets(cfg.cluster(group.source), m.source_topic).items():
-            out[f"{m.source_topic}:{p}"] = high
+        stable = clients.end_offsets(src, m.source_topic)
+        high = clients.end_offsets(src, m.source_topic, committed=False)
+        for p, (_low, end) in stable.items():
+            out[f"{m.source_topic}:{p}"] = (end, high.get(p, (0, end))[1])
     return out
 
 
@@ -215,18 +233,26 @@ def quiet_check(cfg: MirrorsConfig, group: GroupConfig, params: FailoverParams,
     seen); the first call, or a call that sees new records, starts a new quiet period. Pass
     ``require_lag_zero=False`` when no stream runs between drains (the final drain comes next)."""
     now = time.time() if now is None else now
-    ends = source_ends(cfg, group)
+    both = _source_ends(cfg, group)
+    ends = {k: stable for k, (stable, _high) in both.items()}
+    # a transaction still open holds the last stable offset where it began: its records (and lag) cannot be seen
+    # yet, and if its producer commits after the stream stopped, they are never mirrored
+    open_txns = sorted(k for k, (stable, high) in both.items() if high > stable)
     since = now
-    if baseline and baseline.get("ends") == ends:
+    if baseline and baseline.get("ends") == ends and not open_txns:
         since = float(baseline["since"])
     quiet_for = now - since
     records = 0
     if require_lag_zero:
         records, _ = lag_totals(replication_lag(cfg, group))
-    ok = quiet_for >= params.quiet_seconds and records == 0
+    ok = quiet_for >= params.quiet_seconds and records == 0 and not open_txns
     summary = f"source quiet for {quiet_for:.1f} s of {params.quiet_seconds} s" + (
         f", lag {records} records" if require_lag_zero else "")
-    return StepReport("quiet", group.name, ok, summary, {"ends": ends, "since": since, "lag_records": records})
+    if open_txns:
+        shown = ", ".join(open_txns[:5]) + (f" and {len(open_txns) - 5} more" if len(open_txns) > 5 else "")
+        summary += f"; a transaction is open on the source in {shown} (a producer not stopped?)"
+    return StepReport("quiet", group.name, ok, summary, {"ends": ends, "since": since, "lag_records": records,
+                                                         "open_transactions": open_txns})
 
 
 def wait_quiet(cfg: MirrorsConfig, group: GroupConfig, params: FailoverParams, timeout: float,
@@ -267,13 +293,16 @@ def final_sync(cfg: MirrorsConfig, group: GroupConfig, params: FailoverParams) -
             dst_topic = by_src[topic]
             tr = translator.translate(topic, p, committed, dst_topic)
             got = dst.get(gid, {}).get((dst_topic, p))
-            ok = tr.downstream_offset is not None and got == tr.downstream_offset
+            # exact, or the destination's end where nothing was ever mirrored (nothing skipped either way); an
+            # inexact "ahead of mirror" answer means records still to mirror (a race with lag 0): not synced
+            placed = tr.exact or tr.reason == NOTHING_TO_MIRROR
+            ok = tr.downstream_offset is not None and placed and got == tr.downstream_offset
             rows.append({"consumer_group": gid, "source_topic": topic, "destination_topic": dst_topic,
                          "partition": p, "source_committed": committed, "translated": tr.downstream_offset,
                          "destination_committed": got, "ok": ok})
             if not ok:
                 problems.append(f"{gid} {dst_topic}[{p}]: destination at {got}, expected {tr.downstream_offset}"
-                                + (f" ({tr.reason})" if tr.downstream_offset is None else ""))
+                                + (f" ({tr.reason})" if tr.downstream_offset is None or not placed else ""))
     for g in round_report.groups:
         problems += [f"{g.group} {t}[{'*' if p is None else p}]: {why}" for t, p, why in g.skipped]
     summary = (f"{len(rows)} partition offsets synced" if not problems else "; ".join(problems))
@@ -387,10 +416,24 @@ def resync(cfg: MirrorsConfig, group: GroupConfig, params: FailoverParams) -> St
     the destination is left as it is, and the report says so, as it does when the clusters did not answer (the
     stream is stopped all the same: the approval was given)."""
     try:
+        active = {gid: n for gid, n in source_members(cfg, group, params.consumer_groups).items() if n}
+        if active:
+            # what they read from here on would be read again on the destination: nothing is stopped yet, and
+            # the step runs again once they are (see still_consuming)
+            who = ", ".join(f"{gid!r} has {n} active member(s)" for gid, n in sorted(active.items()))
+            return StepReport("resync", group.name, False,
+                              f"consumers still run on the source {group.source}: {who}; stop them there, then run "
+                              "finalize again", {"source_members": active})
         rep = final_sync(cfg, group, params)
     except Exception as exc:  # noqa: BLE001 - reported; finalize stops the stream all the same (it was approved)
         return StepReport("resync", group.name, False, f"could not sync them again: {exc}", {})
     return StepReport("resync", group.name, rep.ok, rep.summary, rep.details, rep.at)
+
+
+def still_consuming(resynced: StepReport | None) -> bool:
+    """Whether :func:`resync` found consumers still running on the source: finalize must not stop the stream
+    (the approval said they were stopped; they were not)."""
+    return resynced is not None and bool(resynced.details.get("source_members"))
 
 
 def finalize(cfg: MirrorsConfig, group: GroupConfig, stream_stopped: bool | None = None,

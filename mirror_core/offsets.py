@@ -216,6 +216,13 @@ Invariant between two consecutive retained syncs ``a``, ``b`` (``a.u < b.u``), o
 If 2 holds with equal deltas, interpolation lands on markers or aborted records, which a
 read_committed consumer passes over to ``b.d``: still exact in what it consumes.
 
+3. ``a.d`` is :data:`UNMAPPED` (-1): from ``a.u`` up to ``b.u`` the source held records the writer did
+   not mirror because they came from the destination (the loop guard: a reverse flow's copies, see
+   ``replicate.decide``). Their originals are on the destination, but not at a position the syncs
+   give (before ``b.d``, perhaps among other records): every position in ``[a.u, b.u)`` is
+   untranslatable (None, "came back from the destination"), never mapped to ``b.d``, which would skip
+   the originals a consumer there has not read. Such a sync is never a partition's newest.
+
 Translation of an upstream position ``U``:
 
 * ``U`` equal to a sync's ``u`` -> that sync's ``d`` (exact);
@@ -227,10 +234,15 @@ Translation of an upstream position ``U``:
 
 History: a sync whose ``u`` is <= the partition's newest ``u`` (an at-least-once replay after a
 restart, or a rewind) supersedes every retained sync with ``u`` >= its ``u``; history is rewritten from
-there. When the cut falls inside a linear run, the run is kept up to ``u - 1`` so older positions stay
+there. A sync whose ``d`` is below a retained one's (the writer mirrors into a re-created destination
+topic, from offset 0 again) ends the history before it: those syncs point into the deleted topic. When the cut falls inside a linear run, the run is kept up to ``u - 1`` so older positions stay
 exact. Memory is bounded by an optional cap per partition that drops the oldest syncs (which makes
 very old positions untranslatable, reported as such).
 """
+
+
+#: the downstream offset of a sync that opens a run of loop-skipped records (the invariant's case 3)
+UNMAPPED = -1
 
 
 def syncs_for_batch(topic: str, partition: int, pairs: list[tuple[int, int]], upstream_end: int) -> list[OffsetSync]:
@@ -275,6 +287,9 @@ INTERPOLATED = "interpolated within a run"
 IN_GAP = "in an upstream gap: next mirrored record"
 AHEAD = "ahead of mirror"
 TOO_OLD = "older than retained offset-sync history"
+THROUGH_ORIGINALS = "came back from the destination: its originals' position there, from the reverse flow's syncs"
+LOOPED = ("the records from here came back from the destination (loop guard): their originals are there, at "
+          "positions no sync gives")
 NO_SYNCS = "no offset syncs for this partition"
 
 
@@ -315,13 +330,18 @@ class OffsetSyncStore:
         if us and new_u <= us[-1]:
             cut = bisect.bisect_left(us, new_u)
             keep: tuple[int, int] | None = None
-            if 0 < cut < len(us) and us[cut - 1] < new_u - 1 and us[cut] - us[cut - 1] == ds[cut] - ds[cut - 1]:
+            if 0 < cut < len(us) and us[cut - 1] < new_u - 1 and min(ds[cut - 1], ds[cut]) >= 0 and \
+                    us[cut] - us[cut - 1] == ds[cut] - ds[cut - 1]:
                 # the cut falls inside a linear run: keep the run up to just before the new history
                 keep = (new_u - 1, ds[cut - 1] + (new_u - 1 - us[cut - 1]))
             del us[cut:], ds[cut:]
             if keep:
                 us.append(keep[0])
                 ds.append(keep[1])
+        if sync.downstream_offset >= 0 and sync.downstream_offset < max(ds, default=-1):
+            # the destination went back: the writer mirrors into a re-created destination topic (the records the
+            # older syncs point at went with the deleted one). Positions before this sync are untranslatable now.
+            del us[:], ds[:]
         us.append(new_u)
         ds.append(sync.downstream_offset)
         if self.max_per_partition and len(us) > self.max_per_partition:
@@ -333,11 +353,13 @@ class OffsetSyncStore:
             self.add(s)
 
     def latest(self, topic: str, partition: int) -> OffsetSync | None:
-        """The newest retained sync of a partition, or None."""
+        """The newest retained sync of a partition that maps somewhere (not :data:`UNMAPPED`: an at-least-once
+        writer that died between the two may have left one newest), or None."""
         ps = self._parts.get((topic, partition))
-        if not ps or not ps.us:
-            return None
-        return OffsetSync(topic, partition, ps.us[-1], ps.ds[-1])
+        i = len(ps.us) - 1 if ps else -1
+        while i >= 0 and ps is not None and ps.ds[i] < 0:
+            i -= 1
+        return None if ps is None or i < 0 else OffsetSync(topic, partition, ps.us[i], ps.ds[i])
 
     def oldest(self, topic: str, partition: int) -> OffsetSync | None:
         """The oldest retained sync of a partition (positions below it are untranslatable), or None."""
@@ -355,6 +377,30 @@ class OffsetSyncStore:
         ps = self._parts.get((topic, partition))
         return [OffsetSync(topic, partition, u, d) for u, d in zip(ps.us, ps.ds, strict=True)] if ps else []
 
+    def upstream_for(self, topic: str, partition: int, downstream: int) -> int | None:
+        """The smallest upstream position whose translation is exactly ``downstream`` (a position in a downstream
+        gap, where no committed record lies, counts as the next record's), or None when no two syncs hold it
+        between them. What a consumer at ``downstream`` of the destination has read of the source, for
+        positions among records this history's writer copied there (a reverse flow's loop guard skips them)."""
+        ps = self._parts.get((topic, partition))
+        if not ps:
+            return None
+        us, ds = ps.us, ps.ds
+        for i, (u, d) in enumerate(zip(us, ds, strict=True)):
+            if d < 0 or d > downstream:
+                continue
+            if d == downstream:
+                return u
+            if i + 1 == len(us) or ds[i + 1] < 0:
+                continue
+            nu, nd = us[i + 1], ds[i + 1]
+            if nu - u == nd - d:
+                if downstream < nd:
+                    return u + (downstream - d)
+            elif downstream <= nd:
+                return u + 1  # positions (u, nu) map to nd, as nu does
+        return None
+
     def partitions(self) -> list[tuple[str, int]]:
         return sorted(self._parts)
 
@@ -367,6 +413,8 @@ class OffsetSyncStore:
         if upstream_offset < us[0]:
             return Translation(None, False, TOO_OLD)
         i = bisect.bisect_right(us, upstream_offset) - 1
+        if ds[i] < 0 or (i + 1 < len(us) and ds[i + 1] < 0 and us[i] != upstream_offset):
+            return Translation(None, False, LOOPED)
         if us[i] == upstream_offset:
             return Translation(ds[i], True, EXACT_SYNC)
         if i == len(us) - 1:

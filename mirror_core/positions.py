@@ -287,8 +287,9 @@ def _scan(c: Consumer, syncs_topic: str, p: int, start: int, end: int, topic: st
                 # not ours to judge: something else wrote to the topic; it never stops the mirror
                 log.warning("%s[%d]@%d is not an offset sync, skipped: %s", syncs_topic, p, msg.offset(), exc)
                 continue
-            if sync.topic != topic or sync.partition not in partitions or is_refresh(msg.headers()):
-                continue
+            if sync.topic != topic or sync.partition not in partitions or is_refresh(msg.headers()) or \
+                    sync.downstream_offset < 0:
+                continue  # a run of loop-skipped records opens with one (offsets.UNMAPPED): never a position
             if destination is None:
                 found[sync.partition] = sync  # later records in the log supersede earlier ones
                 continue

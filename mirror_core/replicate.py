@@ -54,7 +54,7 @@ from mirror_core.config import (
 )
 from mirror_core.errors import MirrorError
 from mirror_core.logs import LIBRDKAFKA_LOG, LibrdkafkaLog
-from mirror_core.offsets import OffsetSync, syncs_for_batch
+from mirror_core.offsets import UNMAPPED, OffsetSync, syncs_for_batch
 from mirror_core.partitioner import java_partition
 from mirror_core.positions import (
     LegacySync,
@@ -753,6 +753,47 @@ def position_syncs(topic: str, partition: int, first_upstream: int, upstream_end
             OffsetSync(topic, partition, upstream_end, downstream)]
 
 
+def loop_marked_syncs(syncs: list[OffsetSync], looped: list[int], mirrored: list[tuple[int, int]],
+                      first_upstream: int, downstream_after: int, kept_at: int | None) -> list[OffsetSync]:
+    """``syncs`` (a chunk's, from :func:`syncs_for_batch` or :func:`position_syncs`) with each run of
+    loop-skipped records (``looped``: upstream offsets the loop guard skipped, sorted) made untranslatable: a
+    sync ``(start, UNMAPPED)`` opens the run and a real one follows it (the invariant's case 3,
+    :data:`mirror_core.offsets.SYNC_INVARIANT`). Without it such records were a gap like a dead letter's, and a
+    position among them mapped past their originals on the destination: a failback's consumers skipped them.
+
+    A run starts just after the chunk's mirrored record before it (or at ``first_upstream``) and ends after its
+    last looped record. ``mirrored``: the chunk's (upstream, downstream) pairs; ``downstream_after``: the
+    downstream position after the chunk. ``kept_at``: the chunk's committed start position when a sync with a
+    destination offset already stands there (the end of what the source held before, at the last batch): that
+    one is kept, not superseded, and the run is marked from the next position."""
+    if not looped:
+        return syncs
+    topic, partition = syncs[0].topic, syncs[0].partition
+    ups = [u for u, _ in mirrored]
+    runs: list[tuple[int, int]] = []  # (start, resume)
+    for u in looped:
+        i = bisect.bisect_left(ups, u)
+        start = ups[i - 1] + 1 if i else first_upstream
+        if runs and runs[-1][0] == start:
+            runs[-1] = (start, u + 1)
+        else:
+            runs.append((start, u + 1))
+    out = {(x.upstream_offset, x.downstream_offset): x for x in syncs}
+    for start, resume in runs:
+        for x in syncs:
+            if start <= x.upstream_offset < resume:
+                out.pop((x.upstream_offset, x.downstream_offset), None)
+        mark = start + 1 if start == kept_at else start
+        if mark < resume:
+            out[(mark, UNMAPPED)] = OffsetSync(topic, partition, mark, UNMAPPED)
+        # the next position maps as it did: to its own record if mirrored, else to the next mirrored one
+        i = bisect.bisect_left(ups, resume)
+        d = mirrored[i][1] if i < len(mirrored) else downstream_after
+        if not any(x.upstream_offset == resume for x in out.values()):
+            out[(resume, d)] = OffsetSync(topic, partition, resume, d)
+    return sorted(out.values(), key=lambda x: x.upstream_offset)
+
+
 def fence_transactional_id(producer_config: dict[str, Any], txid: str, topic: str | None = None) -> None:
     """``init_transactions`` with ``txid`` on a producer used for nothing else: a transaction open under that
     id is aborted, and a writer still holding it can no longer commit. ``topic``: one that exists, whose
@@ -1120,6 +1161,8 @@ class PartitionWriter:
             (lambda t, ps: high_watermarks(settings.producer_config, t, ps)))
         #: at-least-once partitions handed back by a shared write: the records whose dead letters landed there
         self._landed: dict[int, set[int]] = {}
+        #: per partition: upstream offsets the loop guard skipped in the chunk being written (see _syncs)
+        self._looped: dict[int, set[int]] = {}
 
     def write(self, partition: int, records: Iterable[SourceRecord] | Columns,
               upstream_end: int | None = None) -> BatchResult:
@@ -1343,19 +1386,23 @@ class PartitionWriter:
     def _syncs(self, partition: int, first_upstream: int, pairs: list[tuple[int, int]], upstream_end: int,
                position: Position | None) -> tuple[list[OffsetSync], int | None]:
         """The chunk's offset syncs and the downstream position after it (None: nothing to record)."""
+        looped = sorted(u for u in self._looped.pop(partition, ()) if first_upstream <= u < upstream_end)
+        kept_at = position.upstream if position is not None and position.downstream is not None else None
         if pairs:
             syncs = syncs_for_batch(self.s.source_topic, partition, pairs, upstream_end)
             if first_upstream < pairs[0][0]:
-                # the chunk starts with records that reached no destination partition (dead-lettered, loop-
-                # skipped): positions from its start map to its first mirrored record (the invariant's
-                # case 2), so they stay translatable even when nothing was synced before them
+                # the chunk starts with records that reached no destination partition (dead-lettered): positions
+                # from its start map to its first mirrored record (the invariant's case 2), so they stay
+                # translatable even when nothing was synced before them
                 syncs.insert(0, OffsetSync(self.s.source_topic, partition, first_upstream, pairs[0][1]))
-            return syncs, pairs[-1][1] + 1
+            downstream = pairs[-1][1] + 1
+            return loop_marked_syncs(syncs, looped, pairs, first_upstream, downstream, kept_at), downstream
         if position is not None and position.downstream is not None:
             downstream = position.downstream
         else:
             downstream = self.downstream_end(self.s.destination_topic, self._dst_partition(partition))
-        return position_syncs(self.s.source_topic, partition, first_upstream, upstream_end, downstream), downstream
+        syncs = position_syncs(self.s.source_topic, partition, first_upstream, upstream_end, downstream)
+        return loop_marked_syncs(syncs, looped, [], first_upstream, downstream, kept_at), downstream
 
     # -- exactly once, transactions per writer
 
@@ -1848,6 +1895,8 @@ class PartitionWriter:
             decision = forced_dead.get(rec.offset) or decide(rec, s, self.translator)
             if decision == "skip_provenance":
                 result.provenance_skipped += 1
+                # its original is on the destination: the chunk's syncs make its position untranslatable
+                self._looped.setdefault(partition, set()).add(rec.offset)
                 continue
             if isinstance(decision, DeadLetter):
                 self._dead_letter(producer, rec, decision, result, failed, landed)

@@ -273,6 +273,9 @@ class FinalizeFailoverOperator(MirrorflowOperator):
         # stream stops, which takes up to its stop timeout)
         resynced = failover.resync(cfg, group, params)
         self.log.info("resync: %s", resynced.summary)
+        if failover.still_consuming(resynced):
+            # nothing stopped yet: once they are stopped, clearing the task runs the step again
+            raise AirflowFailException(resynced.summary)
         try:
             where = failover.request_stream_stop(cfg, group, f"failover of group {group.name} to {group.destination}")
         except failover.stops.StopSignalError as exc:

@@ -244,3 +244,73 @@ def test_the_wait_for_the_stream_job_tells_only_what_the_checkpoint_shows(tmp_pa
     assert failover.wait_stream_ended(group, 0) is False  # held, by this process's own job here
     ended.release()
     assert failover.wait_stream_ended(group, 1) is True
+
+
+# --------------------------------------------------------------------------- the steps' own checks, on fakes
+
+
+def test_a_transaction_open_on_the_source_is_not_quiet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A producer not really stopped holds a transaction open: the source's last stable offset stays put, so it
+    looked quiet with lag 0, and records it commits after the stream stopped are never mirrored."""
+    cfg = _cfg(tmp_path)
+    ends = {"t:0": (100, 120), "t:1": (7, 7)}
+    monkeypatch.setattr(failover, "_source_ends", lambda _cfg, _g: dict(ends))
+    monkeypatch.setattr(failover, "replication_lag", lambda _cfg, _g: LagReport())
+    params = failover.FailoverParams(("g1",), quiet_seconds=5)
+    first = failover.quiet_check(cfg, cfg.groups[0], params, now=1000.0)
+    later = failover.quiet_check(cfg, cfg.groups[0], params, first.details, now=1010.0)
+    assert not later.ok and later.details["open_transactions"] == ["t:0"]
+    assert "a transaction is open on the source in t:0" in later.summary
+    # once it ends (committed or aborted), the quiet period starts from there
+    ends["t:0"] = (121, 121)
+    settled = failover.quiet_check(cfg, cfg.groups[0], params, later.details, now=1011.0)
+    quiet = failover.quiet_check(cfg, cfg.groups[0], params, settled.details, now=1017.0)
+    assert not settled.ok and quiet.ok and quiet.details["open_transactions"] == []
+
+
+def test_finalize_stops_nothing_while_consumers_still_run_on_the_source(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = _cfg(tmp_path)
+    monkeypatch.setattr(failover, "source_members", lambda _cfg, _g, gids: {"g1": 2, "g2": 0})
+
+    def no_sync(*_a: Any) -> None:
+        raise AssertionError("offsets synced while their consumers still read the source")
+    monkeypatch.setattr(failover, "final_sync", no_sync)
+    rep = failover.resync(cfg, cfg.groups[0], failover.FailoverParams(("g1", "g2")))
+    assert not rep.ok and failover.still_consuming(rep)
+    assert rep.summary == ("consumers still run on the source a: 'g1' has 2 active member(s); stop them there, then "
+                           "run finalize again")
+    # stopped: the offsets follow them
+    monkeypatch.setattr(failover, "source_members", lambda _cfg, _g, gids: dict.fromkeys(gids, 0))
+    monkeypatch.setattr(failover, "final_sync", lambda *_a: failover.StepReport("sync", "ab", True, "2 synced", {}))
+    rep = failover.resync(cfg, cfg.groups[0], failover.FailoverParams(("g1", "g2")))
+    assert rep.ok and not failover.still_consuming(rep)
+
+
+def test_the_sync_step_takes_only_an_exact_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A translation "ahead of mirror" (inexact: records the mirror has not written yet) does not pass the step,
+    even where the destination group sits at it; the destination's end where nothing was mirrored does."""
+    from mirror_core import checkpoint
+    from mirror_core.offsets import AHEAD, Translation
+
+    cfg = _cfg(tmp_path)
+    answers = {0: Translation(40, False, AHEAD), 1: Translation(9, False, checkpoint.NOTHING_TO_MIRROR),
+               2: Translation(12, True, "exact sync")}
+
+    class _Translator:
+        def __init__(self, *_a: Any) -> None: ...
+
+        def translate(self, _topic: str, p: int, _committed: int, _dst: str) -> Translation:
+            return answers[p]
+    monkeypatch.setattr(failover, "SourceTranslator", _Translator)
+    monkeypatch.setattr(failover, "topic_mappings", lambda *_a: [checkpoint.TopicMapping("t", "t", "ab__t__t", None)])
+    monkeypatch.setattr(failover, "load_sync_store", lambda *_a: None)
+    monkeypatch.setattr(failover, "replication_lag", lambda *_a: LagReport())
+    monkeypatch.setattr(failover, "emit_checkpoints", lambda *_a: [])
+    monkeypatch.setattr(failover, "sync_selected_groups", lambda *_a: None)
+    monkeypatch.setattr(failover, "source_group_offsets", lambda *_a: {"g1": {("t", 0): 50, ("t", 1): 3, ("t", 2): 8}})
+    monkeypatch.setattr(failover, "destination_group_offsets", lambda *_a: {"g1": {("t", 0): 40, ("t", 1): 9,
+                                                                                  ("t", 2): 12}})
+    rep = failover.final_sync(cfg, cfg.groups[0], failover.FailoverParams(("g1",)))
+    assert [o["ok"] for o in rep.details["offsets"]] == [False, True, True]
+    assert not rep.ok and rep.summary == f"g1 t[0]: destination at 40, expected 40 ({AHEAD})"

@@ -13,7 +13,9 @@ from mirror_core.offsets import (
     EXACT_SYNC,
     IN_GAP,
     INTERPOLATED,
+    LOOPED,
     TOO_OLD,
+    UNMAPPED,
     Checkpoint,
     Heartbeat,
     OffsetFormatError,
@@ -443,3 +445,65 @@ def test_checkpoint_moves_forward_including_conservative_answers() -> None:
     assert checkpoint_for("g", "t", 0, 120, Translation(95, False, AHEAD), prev) == Checkpoint("g", "t", 0, 120, 95)
     # an upstream gap: the group moved, the downstream position did not
     assert checkpoint_for("g", "t", 0, 105, Translation(90, True, "gap"), prev) == Checkpoint("g", "t", 0, 105, 90)
+
+
+# --------------------------------------------------------------------------- loop-skipped records (case 3)
+
+
+def _store(*pairs: tuple[int, int]) -> OffsetSyncStore:
+    st = OffsetSyncStore()
+    st.add_all(OffsetSync("t", 0, u, d) for u, d in pairs)
+    return st
+
+
+def test_positions_among_loop_skipped_records_are_untranslatable_and_the_next_one_exact() -> None:
+    # a failback's reverse flow: 0-9 came from the destination (skipped), 10-12 were produced here
+    st = _store((0, UNMAPPED), (10, 10), (12, 12), (13, 13))
+    for pos in (0, 4, 9):
+        got = st.translate("t", 0, pos)
+        assert (got.downstream_offset, got.exact, got.reason) == (None, False, LOOPED)
+    assert st.translate("t", 0, 10).downstream_offset == 10
+    assert st.translate("t", 0, 13).downstream_offset == 13
+    # a run opened after a mirrored record: the record's own position still maps, the ones after it do not
+    st = _store((0, 0), (99, 99), (100, UNMAPPED), (110, 115), (111, 116))
+    assert st.translate("t", 0, 99).downstream_offset == 99
+    assert st.translate("t", 0, 105).downstream_offset is None
+    assert st.translate("t", 0, 110).downstream_offset == 115
+
+
+def test_a_run_marker_is_never_the_latest_and_never_interpolated_over() -> None:
+    # an at-least-once writer that died between the marker and the sync after it
+    st = _store((0, 0), (5, 5), (6, UNMAPPED))
+    assert st.latest("t", 0) == OffsetSync("t", 0, 5, 5)
+    # a rewind cutting a linear run next to a marker keeps no made-up point
+    st = _store((0, UNMAPPED), (10, 9), (20, 19))
+    st.add(OffsetSync("t", 0, 5, 30))
+    assert st.syncs("t", 0) == [OffsetSync("t", 0, 0, UNMAPPED), OffsetSync("t", 0, 5, 30)]
+
+
+def test_a_destination_that_went_back_ends_the_history_before_it() -> None:
+    # the destination topic was re-created and the writer mirrors from source offset 1000 into its offset 0
+    st = _store((0, 0), (999, 999), (1000, 0), (1099, 99), (1100, 100))
+    got = st.translate("t", 0, 500)
+    assert (got.downstream_offset, got.reason) == (None, TOO_OLD)
+    assert st.translate("t", 0, 1050).downstream_offset == 50
+
+
+def test_upstream_for_reads_a_history_backwards() -> None:
+    # 0-9 -> 0-9, a commit marker at 10, 10-14 -> 11-15, then 15-17 not mirrored (dead letters), 18 -> 16
+    st = _store((0, 0), (9, 9), (10, 11), (14, 15), (15, 16), (18, 16), (19, 17))
+    for d in range(0, 18):
+        u = st.upstream_for("t", 0, d)
+        assert u is not None, d
+        # the position maps back onto d (10 is the commit marker: a consumer there reads 11 next) ...
+        assert st.translate("t", 0, u).downstream_offset == (11 if d == 10 else d), d
+        # ... and is the smallest that does: the one before it maps lower
+        assert u == 0 or (st.translate("t", 0, u - 1).downstream_offset or 0) < (11 if d == 10 else d), d
+    assert st.upstream_for("t", 0, 10) == 10  # on the marker: the next record's original
+    assert st.upstream_for("t", 0, 16) == 15  # the dead letters' positions map to the next record, as 15 does
+    assert st.upstream_for("t", 0, 18) is None  # past the history
+    # across a run of loop-skipped records nothing is known
+    st = _store((0, 0), (4, 4), (5, UNMAPPED), (9, 20), (10, 21))
+    assert st.upstream_for("t", 0, 4) == 4
+    assert st.upstream_for("t", 0, 12) is None
+    assert st.upstream_for("t", 0, 20) == 9

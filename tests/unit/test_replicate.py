@@ -12,7 +12,7 @@ import yaml
 from mirror_core import replicate
 from mirror_core.config import parse_config
 from mirror_core.errors import ConfigError
-from mirror_core.offsets import OffsetSync, OffsetSyncStore
+from mirror_core.offsets import UNMAPPED, OffsetSync, OffsetSyncStore
 from mirror_core.policy import build_replication_policy
 from mirror_core.replicate import (
     PROVENANCE_HEADER,
@@ -286,7 +286,74 @@ def test_position_sync_without_history_uses_the_destination_end(monkeypatch) -> 
     r = writer.write(1, looped)
     assert r.provenance_skipped == 2
     syncs = [OffsetSync.from_record(k, v) for t, k, v in fake.committed[0] if t == "syncs"]
-    assert syncs == [OffsetSync("t", 1, 0, 17), OffsetSync("t", 1, 2, 17)]
+    # the position after them maps to the destination's end; theirs are untranslatable (their originals are on
+    # the destination, see test_offsets' loop-guard tests)
+    assert syncs == [OffsetSync("t", 1, 0, UNMAPPED), OffsetSync("t", 1, 2, 17)]
+
+
+def _loop_writer(monkeypatch, dst_end: int, committed: OffsetSync | None) -> tuple[_FakeProducer, object]:
+    fake = _FakeProducer()
+    fake._next[("t", 1)] = dst_end
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
+    writer = replicate.PartitionWriter(settings(value_serde="bytes", provenance=True), ids({}),
+                                       lambda t, p: committed, downstream_end=lambda t, p: dst_end,
+                                       destination_high=lambda t, p: dst_end)
+    return fake, writer
+
+
+def test_a_failbacks_copies_leave_no_position_among_them_mapped_past_their_originals(monkeypatch) -> None:
+    """Failback, the reverse flow's first batch: 0-9 of the partition are copies of the destination's 0-9 (the
+    failover's flow wrote them, with its provenance header), 10-12 were produced here since. A consumer group at 4
+    has not read the originals' 4-9: mapped to 10 (the next mirrored record's place), it skipped them."""
+    fake, writer = _loop_writer(monkeypatch, 10, None)
+    batch = [rec(b"a%d" % o, ((PROVENANCE_HEADER, b"dst"),), offset=o) for o in range(10)] + \
+            [rec(b"b%d" % o, offset=o) for o in range(10, 13)]
+    r = writer.write(1, batch, upstream_end=13)
+    assert (r.provenance_skipped, r.mirrored) == (10, 3)
+    syncs = [OffsetSync.from_record(k, v) for t, k, v in fake.committed[0] if t == "syncs"]
+    store = OffsetSyncStore()
+    store.add_all(syncs)
+    assert [store.translate("t", 1, u).downstream_offset for u in (0, 4, 9, 10, 12, 13)] == [None, None, None, 10, 12, 13]
+
+
+def test_a_second_failover_keeps_the_last_eras_position_and_maps_none_past_the_originals(monkeypatch) -> None:
+    """Second failover: the flow's era 1 ended at 100 -> 105. Since, the destination produced 105-114, which a
+    failback's reverse flow copied here to 100-109, and this cluster's producers wrote 110-114. A group at 100
+    is where era 1 left it (105 is right: the originals start there); one at 105 had read 5 of the copies (its
+    originals 110-114 are not read: 115 skipped them), so it has no exact place; one at 110 read them all."""
+    fake, writer = _loop_writer(monkeypatch, 115, OffsetSync("t", 1, 100, 105))
+    batch = [rec(b"b%d" % o, ((PROVENANCE_HEADER, b"dst"),), offset=o) for o in range(100, 110)] + \
+            [rec(b"a%d" % o, offset=o) for o in range(110, 115)]
+    writer.write(1, batch, upstream_end=115)
+    syncs = [OffsetSync.from_record(k, v) for t, k, v in fake.committed[0] if t == "syncs"]
+    store = OffsetSyncStore()
+    store.add_all([OffsetSync("t", 1, 99, 104), OffsetSync("t", 1, 100, 105), *syncs])
+    assert [store.translate("t", 1, u).downstream_offset for u in (99, 100, 101, 105, 109, 110, 114, 115)] == \
+        [104, 105, None, None, None, 115, 119, 120]
+
+
+def test_dead_letters_and_copies_in_one_gap_leave_it_untranslatable_up_to_the_last_copy(monkeypatch) -> None:
+    fake = _FakeProducer()
+    fake._next[("t", 1)] = 50
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
+    writer = replicate.PartitionWriter(settings(provenance=True), ids({1: 9}), lambda t, p: OffsetSync("t", 1, 5, 50),
+                                       downstream_end=lambda t, p: 50, destination_high=lambda t, p: 50)
+    known, unknown = b"\x00" + struct.pack(">i", 1) + b"x", b"\x00" + struct.pack(">i", 77) + b"x"
+    looped = ((PROVENANCE_HEADER, b"dst"),)
+    # 5 mirrored (-> 50), 6 a dead letter (an id the registry does not know), 7-8 copies, 9 a dead letter,
+    # 10 mirrored (-> 51)
+    batch = [rec(known, offset=5), rec(unknown, offset=6), rec(known, looped, offset=7), rec(known, looped, offset=8),
+             rec(unknown, offset=9), rec(known, offset=10)]
+    r = writer.write(1, batch, upstream_end=11)
+    assert (r.mirrored, r.dead_lettered, r.provenance_skipped) == (2, 2, 2)
+    syncs = [OffsetSync.from_record(k, v) for t, k, v in fake.committed[0] if t == "syncs"]
+    store = OffsetSyncStore()
+    store.add_all(syncs)
+    got = [store.translate("t", 1, u).downstream_offset for u in range(5, 12)]
+    # 6-8: a consumer there has copies ahead of it; 9: only a dead letter, then 10
+    assert got == [50, None, None, None, 51, 51, 52]
 
 
 def test_a_partition_with_nothing_committed_is_looked_up_once(monkeypatch) -> None:
