@@ -4,7 +4,8 @@
 settings, and what Strimzi reads from Kubernetes secrets (passwords, CA and client certificates)
 becomes ``${ENV}`` placeholders whose comments name the secret and its key. Each mirror's
 ``topicsPattern`` / ``groupsPattern`` (+ exclude) and its connectors' ``config`` are MM2 settings and
-map as in :mod:`.mm2`. The deployment settings (replicas, resources, logging, ...) have no equivalent.
+map as in :mod:`.mm2`; a connector block that is absent or paused/stopped ran nothing, so its
+part is imported off (no source connector: the group is disabled). The deployment settings (replicas, resources, logging, ...) have no equivalent.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ _PATTERNS = {
     "groupsPattern": "groups", "groupsExcludePattern": "groups.exclude", "groupsBlacklistPattern": "groups.exclude",
 }
 _CONNECTORS = ("sourceConnector", "checkpointConnector", "heartbeatConnector")
+_CONNECTOR_CLASS = {"sourceConnector": "MirrorSourceConnector", "checkpointConnector": "MirrorCheckpointConnector",
+                    "heartbeatConnector": "MirrorHeartbeatConnector"}
 _SASL = {"scram-sha-512": "SCRAM-SHA-512", "scram-sha-256": "SCRAM-SHA-256", "plain": "PLAIN"}
 
 
@@ -199,19 +202,24 @@ def _mirror(draft: Draft, mi: int, m: Any, consumer_opts: dict[str, dict[str, st
                 raise draft.error(f"{w}.{key}", "expected a string of regexes")
             settings[mm2_key] = mm2.Setting(m[key], f"{w}.{key}")
     gi = len(groups)
+    off: dict[str, str] = {}  # connector -> why Strimzi ran it not (absent, paused, stopped)
     for conn in _CONNECTORS:
         block = m.get(conn)
         if block is None:
+            off[conn] = f"{w}.{conn} is not set: Strimzi creates no {_CONNECTOR_CLASS[conn]} without it"
             continue
         if not isinstance(block, dict):
             raise draft.error(f"{w}.{conn}", "expected a mapping")
+        state = _connector_state(draft, f"{w}.{conn}", block)
+        if state is not None:
+            off[conn] = state
         cfg = block.get("config") or {}
         if not isinstance(cfg, dict):
             raise draft.error(f"{w}.{conn}.config", "expected a mapping")
         for k, v in cfg.items():
             settings[str(k)] = mm2.Setting(_str(v), f"{w}.{conn}.config.{k}")
         for k, v in block.items():
-            if k == "config":
+            if k in ("config", "state", "pause"):
                 continue
             if k == "tasksMax":
                 draft.unmapped(f"{w}.{conn}.tasksMax", f"{v}: no equivalent (parallelism follows the host: spark.direct_processes writer processes, one per core by default, on the direct read path; a Spark task per source partition on Spark's)",
@@ -226,7 +234,43 @@ def _mirror(draft: Draft, mi: int, m: Any, consumer_opts: dict[str, dict[str, st
         name, n = f"{group['name']}-{n}", n + 1
     group["name"] = name
     group["enabled"] = True
+    _connectors_off(draft, ("groups", gi), group, off)
     for k in m:
         if k not in ("sourceCluster", "targetCluster", *_PATTERNS, *_CONNECTORS):
             draft.unmapped(f"{w}.{k}", f"{_short(m[k])}: no equivalent", ("groups", gi))
     return mm2.order_group(group)
+
+
+def _connector_state(draft: Draft, where: str, block: dict[str, Any]) -> str | None:
+    """Why a connector block Strimzi deploys does not run (``state: paused|stopped``, or the older
+    ``pause: true``), or None when it runs."""
+    state = block.get("state")
+    if state is not None:
+        if state not in ("running", "paused", "stopped"):
+            raise draft.error(f"{where}.state", f"expected running, paused or stopped, got {state!r}")
+        if state != "running":
+            return f"{where}.state is {state}: the connector copied nothing"
+    pause = block.get("pause")
+    if pause is not None and not isinstance(pause, bool):
+        raise draft.error(f"{where}.pause", f"expected true or false, got {pause!r}")
+    if pause and state is None:
+        return f"{where}.pause is true: the connector copied nothing"
+    return None
+
+
+def _connectors_off(draft: Draft, at: Path, group: dict[str, Any], off: dict[str, str]) -> None:
+    """Strimzi runs a mirror's connector only when its block is present and not paused or stopped; the
+    group keeps only what ran: no source connector -> the group is disabled, no checkpoint connector ->
+    no checkpoints or group offset sync, no heartbeat connector -> no heartbeats."""
+    if "sourceConnector" in off:
+        group["enabled"] = False
+        draft.note(at + ("enabled",), f"{off['sourceConnector']} (no topic was mirrored), so the group is disabled; "
+                   "enable it to start mirroring")
+    if "checkpointConnector" in off:
+        group["offsets"]["emit_checkpoints"] = False
+        group["offsets"]["sync_group_offsets"] = False
+        draft.note(at + ("offsets",), f"{off['checkpointConnector']} (no checkpoints or group offset sync), "
+                   "so both are off")
+    if "heartbeatConnector" in off:
+        group["heartbeats"]["enabled"] = False
+        draft.note(at + ("heartbeats",), f"{off['heartbeatConnector']} (no heartbeats), so they are off")
