@@ -11,6 +11,8 @@ from mirror_core.importers.javaclient import ClientMapping
 #: MM2's defaults (MirrorSourceConfig / MirrorCheckpointConfig), written out so the import keeps them.
 MM2_TOPICS_EXCLUDE = [r".*[\-\.]internal", r".*\.replica", r"__.*"]
 MM2_GROUPS_EXCLUDE = [r"console-consumer-.*", r"connect-.*", r"__.*"]
+#: a regex no name matches: what MM2's blank ``topics =`` / ``groups =`` list meant
+MATCH_NOTHING = "(?!)"
 #: mirrorflow's own consumer groups are never checkpointed (added to any groups exclude).
 OWN_GROUPS = r".*\.mirrorflow\..*"
 

@@ -299,7 +299,6 @@ def flow_group(draft: Draft, gi: int, src: str, dst: str, settings: dict[str, Se
     si = common.parse_int(draft, where("sync.group.offsets.interval.seconds"),
                           get("sync.group.offsets.interval.seconds", "60") or "60", minimum=1)
     interval = min(ci, si) if sync else ci
-    include = get("groups", ".*") or ".*"
     gex_key = "groups.exclude" if "groups.exclude" in settings else "groups.blacklist"
     gex = get(gex_key)
     ex_list = common.regex_list(gex) if gex is not None else list(common.MM2_GROUPS_EXCLUDE)
@@ -307,7 +306,7 @@ def flow_group(draft: Draft, gi: int, src: str, dst: str, settings: dict[str, Se
         "sync_group_offsets": sync,
         "emit_checkpoints": emit,
         "groups": {
-            "include": common.alternation(draft, where("groups"), common.regex_list(include) or [".*"]),
+            "include": common.alternation(draft, where("groups"), _include_list(draft, settings, "groups", at + ("offsets",))),
             "exclude": common.alternation(draft, where(gex_key), ex_list + [common.OWN_GROUPS]),
         },
         "interval": common.seconds(interval),
@@ -341,7 +340,7 @@ def flow_group(draft: Draft, gi: int, src: str, dst: str, settings: dict[str, Se
         g["spark"] = {"source_options": dict(sorted(source_options.items()))}
         draft.note(at + ("spark",), f"consumer settings of {src} (Spark's Kafka source is the consumer)")
 
-    t_inc = common.regex_list(get("topics", ".*") or ".*") or [".*"]
+    t_inc = _include_list(draft, settings, "topics", at + ("mirrors",))
     tex_key = "topics.exclude" if "topics.exclude" in settings else "topics.blacklist"
     tex = get(tex_key)
     t_ex = common.regex_list(tex) if tex is not None else list(common.MM2_TOPICS_EXCLUDE)
@@ -358,6 +357,20 @@ def flow_group(draft: Draft, gi: int, src: str, dst: str, settings: dict[str, Se
         elif key not in CONNECTOR_KEYS and key not in NO_EQUIVALENT:
             draft.unmapped(s.where, f"{shown(key, s.value)}: not a MirrorMaker 2 setting mirrorflow maps", at)
     return g
+
+
+def _include_list(draft: Draft, settings: dict[str, Setting], key: str, anchor: Path) -> list[str]:
+    """``topics`` / ``groups``: unset means every name, but a blank list means none (MirrorUtils compiles
+    no pattern for it and MM2's default filters then match nothing), so it must not become '.*'."""
+    s = settings.get(key)
+    if s is None:
+        return [".*"]
+    items = common.regex_list(s.value)
+    if items:
+        return items
+    what = "no topic was mirrored" if key == "topics" else "no consumer group was checkpointed"
+    draft.note(anchor, f"{s.where} is blank: MM2 matched nothing ({what}), so the include matches nothing")
+    return [common.MATCH_NOTHING]
 
 
 _ORDER = ("name", "source", "destination", "enabled", "replication_policy", "replication_policy_separator",

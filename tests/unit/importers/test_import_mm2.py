@@ -188,3 +188,29 @@ def test_the_readmes_example_prints_what_the_import_prints():
         assert line.split("password=")[0] in sample, line
     lines = printed_lines(import_config("mm2", sample, "mm2.properties"), "mm2.properties")
     assert lines == printed.splitlines()
+
+
+def test_blank_topics_and_groups_match_nothing_as_in_mm2():
+    """``topics =`` (blank) is not unset: Kafka compiles no pattern for it and mirrors no topic."""
+    cfg = load(_imp(BASE + "A->B.topics =\nA->B.groups = \n"))
+    g = cfg.groups[0]
+    flow = resolve_mirrors(g)[0].topics
+    assert flow is not None and not flow.matches("orders") and not flow.matches("a")
+    assert not g.offsets.groups.matches("billing")
+    unset = load(_imp(BASE)).groups[0]
+    assert resolve_mirrors(unset)[0].topics.matches("orders")  # type: ignore[union-attr]
+    assert unset.offsets.groups.matches("billing")
+
+
+def test_strimzi_blank_topics_pattern_matches_nothing():
+    cr = """apiVersion: kafka.strimzi.io/v1beta2
+kind: KafkaMirrorMaker2
+metadata: {name: m}
+spec:
+  clusters: [{alias: a, bootstrapServers: "a:9092"}, {alias: b, bootstrapServers: "b:9092"}]
+  mirrors: [{sourceCluster: a, targetCluster: b, sourceConnector: {}, topicsPattern: ""}]
+"""
+    res = import_config("strimzi", cr, "mm2.yaml")
+    flow = resolve_mirrors(load(res).groups[0])[0].topics
+    assert flow is not None and not flow.matches("orders")
+    assert "spec.mirrors[0].topicsPattern is blank" in res.yaml_text
