@@ -26,7 +26,7 @@ import javaproperties
 from mirror_core.config import ALIAS_RE
 from mirror_core.importers import common
 from mirror_core.importers.draft import Draft, Path
-from mirror_core.importers.javaclient import ClientMapping, is_secret, shown, translate
+from mirror_core.importers.javaclient import ClientMapping, holds_private_key, is_secret, safe_text, shown, translate
 
 _FLOW_RE = re.compile(r"^([^.\s]+?)->([^.\s]+?)\.(.+)$")
 _ROLE_RE = re.compile(r"^(consumer|producer|admin)\.(.+)$")
@@ -215,7 +215,7 @@ def _role_setting(draft: Draft, alias: str, role: str, key: str, s: Setting, clu
     if single.findings:
         common.report(draft, single, anchor)
         return {}
-    what = "secret, not copied" if is_secret(key) else f"= {s.value}"
+    what = "secret, not copied" if is_secret(key) or holds_private_key(s.value) else f"= {safe_text(s.value)}"
     draft.unmapped(s.where, f"{what}: mirrorflow has one client config per cluster; set it in clusters.{alias}.kafka "
                             "if every client should use it", anchor)
     return {}

@@ -18,7 +18,7 @@ import yaml
 from mirror_core.config import ALIAS_RE
 from mirror_core.importers import common, mm2
 from mirror_core.importers.draft import Draft, Path, env_name
-from mirror_core.importers.javaclient import translate
+from mirror_core.importers.javaclient import safe_text, translate
 
 _PATTERNS = {
     "topicsPattern": "topics", "topicsExcludePattern": "topics.exclude", "topicsBlacklistPattern": "topics.exclude",
@@ -81,7 +81,7 @@ def import_strimzi(text: str, source: str) -> Draft:
 
 
 def _short(value: Any) -> str:
-    text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+    text = safe_text(yaml.safe_dump(value, default_flow_style=True, width=10_000).strip())
     text = text[:-4].strip() if text.endswith("...") else text
     return text if len(text) <= 80 else text[:77] + "..."
 

@@ -24,7 +24,7 @@ from edn_format import Keyword
 from mirror_core.config import NAME_RE, TOPIC_RE
 from mirror_core.importers import common
 from mirror_core.importers.draft import Draft, Path
-from mirror_core.importers.javaclient import shown, translate
+from mirror_core.importers.javaclient import safe_text, shown, translate
 
 # edn_format's lexer logs its whole grammar at INFO when first used
 logging.getLogger("edn_format").setLevel(logging.WARNING)
@@ -34,6 +34,10 @@ _COMPAT = ("NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSI
 _TOPIC_NAME_STRATEGY = "io.confluent.kafka.serializers.subject.TopicNameStrategy"
 #: viooh's kafka-ssl-helper keys (PEM text inline) -> librdkafka's inline PEM settings
 _SSL_HELPER = {"ca-cert-pem": "ssl.ca.pem", "cert-pem": "ssl.certificate.pem", "private-key": "ssl.key.pem"}
+#: the same keys in :schema-registry-configs -> mirrorflow's registry TLS settings (files, not inline PEM)
+_REGISTRY_SSL_HELPER = {"ca-cert-pem": ("ssl.ca.location", "the CA certificate"),
+                        "cert-pem": ("ssl.certificate.location", "the client certificate"),
+                        "private-key": ("ssl.key.location", "the client's private key")}
 
 
 
@@ -157,6 +161,8 @@ class _Clusters:
                 if k == "basic.auth.user.info" and "basic.auth.user.info" not in registry:
                     var = f"{alias}_REGISTRY_AUTH".upper().replace("-", "_")
                     registry["basic.auth.user.info"] = d.secret(var, f"the registry's user:password (cluster {alias})")
+                elif k in _REGISTRY_SSL_HELPER:
+                    self._registry_pem(alias, registry, k, f"{where} :schema-registry-configs :{k}")
                 elif k != "basic.auth.credentials.source":
                     d.unmapped(f"{where} :schema-registry-configs :{k}", f"{shown(k, str(v))}: no equivalent "
                                "(mirrorflow's registry settings are url, basic.auth.user.info and timeouts)",
@@ -164,6 +170,15 @@ class _Clusters:
         common.put_cluster(d, alias, m, registry)
         common.report(d, m, ("clusters", alias))
         self.source_options[alias] = m.source_options
+
+    def _registry_pem(self, alias: str, registry: dict[str, Any], helper: str, where: str) -> None:
+        """viooh's registry client took PEM text inline; mirrorflow's reads PEM files, so the setting
+        becomes a placeholder for a file holding that text (the text itself, a key above all, is not copied)."""
+        rd_key, what = _REGISTRY_SSL_HELPER[helper]
+        var = f"{alias}_REGISTRY_{rd_key}".upper().replace("-", "_").replace(".", "_")
+        registry[rd_key] = self.draft.secret(var, f"a PEM file holding {what} from {where}")
+        self.draft.note(("clusters", alias, "schema_registry", rd_key),
+                        f"set {var} to a file holding the PEM text of {where} (not copied)")
 
 
 def import_viooh(text: str, source: str, env: str = "local") -> Draft:
@@ -226,7 +241,7 @@ def _edn(value: Any) -> str:
 
 
 def _edn_short(value: Any) -> str:
-    text = _edn(value)
+    text = safe_text(_edn(value))
     return text if len(text) <= 80 else text[:77] + "..."
 
 

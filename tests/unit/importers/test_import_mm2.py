@@ -214,3 +214,12 @@ spec:
     flow = resolve_mirrors(load(res).groups[0])[0].topics
     assert flow is not None and not flow.matches("orders")
     assert "spec.mirrors[0].topicsPattern is blank" in res.yaml_text
+
+
+def test_values_with_url_credentials_or_private_keys_are_not_echoed():
+    res = _imp(BASE + "A.schema.registry.url = https://svc:Sr-s3cret@sr:8081\n"
+               "A->B.some.setting = -----BEGIN RSA PRIVATE KEY-----MIIEsecretkey-----END RSA PRIVATE KEY-----\n"
+               "A.consumer.ssl.private.key = PKsecret\n")
+    seen = "\n".join([res.yaml_text, *map(str, res.findings)])
+    assert "Sr-s3cret" not in seen and "MIIEsecretkey" not in seen and "PKsecret" not in seen
+    assert any(f.where == "A.schema.registry.url" and "https://sr:8081" in f.message for f in res.findings)

@@ -125,3 +125,25 @@ def test_same_clusters_in_two_groups_share_aliases():
     group_one, group_two = (t[len("{:groups ["):-len("] }")] for t in (one, two))
     cfg = load(_imp("{:groups [" + group_one + " " + group_two + "]}"))
     assert sorted(cfg.clusters) == ["dst-1", "src-1"] and [g.name for g in cfg.groups] == ["prod", "stage"]
+
+
+REG_KEY = "-----BEGIN PRIVATE KEY-----\\nREGISTRYSECRETKEY\\n-----END PRIVATE KEY-----"
+
+
+def _everything(res) -> str:
+    """All a user or a log sees: the YAML, each finding, each placeholder's description."""
+    return "\n".join([res.yaml_text, *map(str, res.findings), *(w for _, w in res.env_vars)])
+
+
+def test_registry_pem_helpers_map_to_files_and_the_key_is_never_shown():
+    side = (f':schema-registry-url "https://src-sr:8081" :schema-registry-configs {{:private-key "{REG_KEY}" '
+            ':cert-pem "-----BEGIN CERTIFICATE-----\\nMIID\\n-----END CERTIFICATE-----" '
+            f':ssl.other.passphrase "pass-phrase-1" :stray "{REG_KEY}"}}')
+    text = _cfg(M1).replace(':schema-registry-url "http://src-sr:8081"', side)
+    res = _imp(text)
+    seen = _everything(res)
+    assert "REGISTRYSECRETKEY" not in seen and "pass-phrase-1" not in seen
+    reg = load(res).clusters["src-1"].schema_registry
+    assert reg is not None
+    assert reg.ssl_key_location == "value-of-SRC_1_REGISTRY_SSL_KEY_LOCATION"
+    assert reg.ssl_certificate_location == "value-of-SRC_1_REGISTRY_SSL_CERTIFICATE_LOCATION"
