@@ -10,7 +10,8 @@ What maps (MM2 name -> mirrorflow):
 - ``replication.policy.class`` (+ ``.separator``) -> ``replication_policy`` (MM2's default is the prefix
   policy ``<alias>.<topic>``, mirrorflow's is identity, so it is always written);
 - sync / emit settings, ``replication.factor``, ``offset-syncs.topic.location``,
-  ``exactly.once.source.support`` -> their counterparts (see :data:`CONNECTOR_KEYS`).
+  ``exactly.once.source.support`` -> their counterparts (see :data:`CONNECTOR_KEYS`); EOS also as
+  ``<target>.exactly.once.source.support``, the way the Kafka docs enable it.
 
 Checkpoints land in ``<source-alias>.checkpoints.internal`` on the target, the topic MM2 used.
 """
@@ -35,6 +36,10 @@ DEFAULT_POLICY = "org.apache.kafka.connect.mirror.DefaultReplicationPolicy"
 IDENTITY_POLICY = "org.apache.kafka.connect.mirror.IdentityReplicationPolicy"
 #: class names that keep topic names: Kafka's, and the one Strimzi shipped before Kafka had it
 IDENTITY_POLICIES = (IDENTITY_POLICY, "IdentityReplicationPolicy", "io.strimzi.kafka.connect.mirror.IdentityReplicationPolicy")
+
+#: a Connect worker setting: MM2's worker for ``A->B`` reads it file-wide or as ``B.exactly.once.source.support``
+#: (the target cluster's settings, as the Kafka docs write it); ``A->B.`` per flow wins over both
+EOS = "exactly.once.source.support"
 
 #: Connector settings this importer reads (file-wide or per flow); everything else becomes a finding.
 CONNECTOR_KEYS = frozenset({
@@ -137,6 +142,7 @@ def import_mm2(text: str, source: str) -> Draft:
 
     top_client = {k: s.value for k, s in props.items() if _is_client_key(k)}
     consumer_opts: dict[str, dict[str, str]] = {}
+    worker_eos: dict[str, Setting] = {}  # alias -> its <alias>.exactly.once.source.support
     for alias in aliases:
         own = {k[len(alias) + 1:]: s for k, s in props.items() if k.startswith(alias + ".") and not _FLOW_RE.match(k)}
         consumed.update(f"{alias}.{k}" for k in own)
@@ -144,7 +150,10 @@ def import_mm2(text: str, source: str) -> Draft:
             raise draft.error(f"{alias}.bootstrap.servers", f"missing: cluster {alias!r} has no bootstrap servers")
         if not own["bootstrap.servers"].value.strip():
             raise draft.error(f"{alias}.bootstrap.servers", "is empty")
-        plain = {k: s.value for k, s in own.items() if not _ROLE_RE.match(k) and not common.CONNECT_WORKER_RE.match(k)}
+        if EOS in own:
+            worker_eos[alias] = own[EOS]
+        plain = {k: s.value for k, s in own.items()
+                 if not _ROLE_RE.match(k) and not common.CONNECT_WORKER_RE.match(k) and k != EOS}
         inherited = {k: v for k, v in top_client.items() if k not in plain}
         cm = translate(plain | inherited, alias, f"{alias}.")
         common.put_cluster(draft, alias, cm)
@@ -165,7 +174,10 @@ def import_mm2(text: str, source: str) -> Draft:
     draft.tree["groups"] = groups
     for (src, dst) in sorted(flows):
         flow = flows[(src, dst)]
-        settings = {k: s for k, s in file_wide.items() if k in CONNECTOR_KEYS or k in NO_EQUIVALENT} | flow
+        settings = {k: s for k, s in file_wide.items() if k in CONNECTOR_KEYS or k in NO_EQUIVALENT}
+        if dst in worker_eos:  # the flow's worker takes its target cluster's settings
+            settings[EOS] = worker_eos[dst]
+        settings |= flow
         enabled = settings.get("enabled")
         if enabled is None or "enabled" not in flow:
             is_on = False
@@ -265,7 +277,8 @@ def flow_group(draft: Draft, gi: int, src: str, dst: str, settings: dict[str, Se
     if eos not in ("enabled", "preparing", "disabled"):
         raise draft.error(where("exactly.once.source.support"), f"expected enabled, preparing or disabled, got {eos!r}")
     g["delivery"] = "exactly_once" if eos == "enabled" else "at_least_once"
-    draft.note(at + ("delivery",), f"exactly.once.source.support = {eos}" + (
+    eos_at = settings.get(EOS)
+    draft.note(at + ("delivery",), f"{eos_at.where if eos_at else EOS} = {eos}" + (
         "" if eos == "enabled" else " (MM2's default); mirrorflow can deliver exactly_once"))
 
     tm: dict[str, Any] = {"auto_create_topics": True, "partition_count": {"type": "mirror_source"}}

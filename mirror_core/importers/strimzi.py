@@ -61,8 +61,9 @@ def import_strimzi(text: str, source: str) -> Draft:
         raise draft.error("spec.clusters", "expected a non-empty list of clusters")
     aliases: list[str] = []
     consumer_opts: dict[str, dict[str, str]] = {}
+    eos: dict[str, mm2.Setting] = {}
     for ci, c in enumerate(clusters):
-        alias, opts = _cluster(draft, ci, c, aliases)
+        alias, opts = _cluster(draft, ci, c, aliases, eos)
         aliases.append(alias)
         consumer_opts[alias] = opts
     mirrors = spec.get("mirrors")
@@ -71,7 +72,7 @@ def import_strimzi(text: str, source: str) -> Draft:
     groups: list[dict[str, Any]] = []
     draft.tree["groups"] = groups
     for mi, m in enumerate(mirrors):
-        groups.append(_mirror(draft, mi, m, consumer_opts, groups))
+        groups.append(_mirror(draft, mi, m, consumer_opts, groups, eos))
     for key in spec:
         if key not in ("clusters", "mirrors"):
             what = ("the Connect cluster MM2 ran in; mirrorflow runs none" if key == "connectCluster"
@@ -86,8 +87,10 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _cluster(draft: Draft, ci: int, c: Any, seen: list[str]) -> tuple[str, dict[str, str]]:
-    """One ``spec.clusters[]`` entry; returns its alias and its consumer settings (Spark source options)."""
+def _cluster(draft: Draft, ci: int, c: Any, seen: list[str], eos: dict[str, mm2.Setting]) -> tuple[str, dict[str, str]]:
+    """One ``spec.clusters[]`` entry; returns its alias and its consumer settings (Spark source options).
+    Its ``config.exactly.once.source.support`` (a Connect worker setting, which decides the delivery of
+    the mirrors that target this cluster) goes to ``eos``."""
     w = f"spec.clusters[{ci}]"
     if not isinstance(c, dict):
         raise draft.error(w, "expected a mapping")
@@ -104,7 +107,10 @@ def _cluster(draft: Draft, ci: int, c: Any, seen: list[str]) -> tuple[str, dict[
     config = c.get("config") or {}
     if not isinstance(config, dict):
         raise draft.error(f"{w}.config", "expected a mapping")
-    java = {str(k): _str(v) for k, v in config.items() if not common.CONNECT_WORKER_RE.match(str(k))}
+    java = {str(k): _str(v) for k, v in config.items()
+            if not common.CONNECT_WORKER_RE.match(str(k)) and str(k) != mm2.EOS}
+    if mm2.EOS in config:
+        eos[alias] = mm2.Setting(_str(config[mm2.EOS]), f"{w}.config.{mm2.EOS}")
     m = translate({"bootstrap.servers": bs} | java, alias, f"{w}.config.")
     at: Path = ("clusters", alias)
     for k in sorted(config):
@@ -179,7 +185,7 @@ def _str(v: Any) -> str:
 
 
 def _mirror(draft: Draft, mi: int, m: Any, consumer_opts: dict[str, dict[str, str]],
-            groups: list[dict[str, Any]]) -> dict[str, Any]:
+            groups: list[dict[str, Any]], eos: dict[str, mm2.Setting]) -> dict[str, Any]:
     aliases = list(consumer_opts)
     w = f"spec.mirrors[{mi}]"
     if not isinstance(m, dict):
@@ -195,7 +201,7 @@ def _mirror(draft: Draft, mi: int, m: Any, consumer_opts: dict[str, dict[str, st
     src, dst = ends
     if src == dst:
         raise draft.error(w, "sourceCluster and targetCluster are the same cluster")
-    settings: dict[str, mm2.Setting] = {}
+    settings: dict[str, mm2.Setting] = {mm2.EOS: eos[dst]} if dst in eos else {}
     for key, mm2_key in _PATTERNS.items():
         if key in m:
             if not isinstance(m[key], str):

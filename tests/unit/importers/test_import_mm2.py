@@ -223,3 +223,29 @@ def test_values_with_url_credentials_or_private_keys_are_not_echoed():
     seen = "\n".join([res.yaml_text, *map(str, res.findings)])
     assert "Sr-s3cret" not in seen and "MIIEsecretkey" not in seen and "PKsecret" not in seen
     assert any(f.where == "A.schema.registry.url" and "https://sr:8081" in f.message for f in res.findings)
+
+
+def test_exactly_once_on_the_target_cluster_decides_delivery():
+    """The Kafka docs enable EOS as ``<target>.exactly.once.source.support``: the worker of A->B reads B's."""
+    res = _imp(BASE + "B->A.enabled = true\nB.exactly.once.source.support = enabled\n")
+    cfg = load(res)
+    assert cfg.group("A-to-B").delivery == "exactly_once"
+    assert cfg.group("B-to-A").delivery == "at_least_once"  # A's worker had it disabled
+    assert not [f for f in res.findings if "exactly.once" in f.where]
+    over = load(_imp(BASE + "B.exactly.once.source.support = enabled\nA->B.exactly.once.source.support = disabled\n"))
+    assert over.groups[0].delivery == "at_least_once"  # the per-flow setting wins
+
+
+def test_strimzi_exactly_once_in_the_target_cluster_config():
+    cr = """apiVersion: kafka.strimzi.io/v1beta2
+kind: KafkaMirrorMaker2
+metadata: {name: m}
+spec:
+  clusters:
+  - {alias: a, bootstrapServers: "a:9092"}
+  - {alias: b, bootstrapServers: "b:9092", config: {exactly.once.source.support: enabled}}
+  mirrors: [{sourceCluster: a, targetCluster: b, sourceConnector: {}}]
+"""
+    res = import_config("strimzi", cr, "mm2.yaml")
+    assert load(res).groups[0].delivery == "exactly_once"
+    assert not [f for f in res.findings if "exactly.once" in f.where]
