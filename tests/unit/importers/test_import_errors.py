@@ -123,7 +123,7 @@ MM1_ARGS = {"producer_text": fixture_text("mm1-producer.properties"), "producer_
 @pytest.mark.parametrize(("kw", "source", "where", "problem"), [
     ({"producer_text": None, "include": "x"}, "c.properties", "--producer", "producer.properties"),
     (MM1_ARGS, "c.properties", "--include", "missing"),
-    (MM1_ARGS | {"include": "a, b(("}, "c.properties", "--include", "invalid regex 'b(('"),
+    (MM1_ARGS | {"include": "a, b(("}, "c.properties", "--include", "invalid regex 'a|b(('"),
     (MM1_ARGS | {"include": "a", "producer_text": "acks=all\n"}, "p/producer.properties", "bootstrap.servers", "missing"),
 ])
 def test_mm1_malformed(kw, source, where, problem):

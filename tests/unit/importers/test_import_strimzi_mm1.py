@@ -174,3 +174,13 @@ def test_strimzi_runs_only_the_connectors_it_creates():
     assert "spec.mirrors[1].sourceConnector is not set" in res.yaml_text
     assert "spec.mirrors[2].sourceConnector.state is stopped" in res.yaml_text
     assert not [f for f in res.findings if "state" in f.where or "pause" in f.where]
+
+
+def test_mm1_include_is_normalised_as_mirrormaker_1_did():
+    """kafka.utils IncludeList: ',' -> '|', spaces and surrounding quotes removed, then a full match."""
+    for include in ("orders.* | payments.*", '"orders.*,payments.*"', "(orders,payments)\\..*"):
+        res = mm1_import(include=include)
+        flow = resolve_mirrors(load(res).groups[0])[0].topics
+        assert flow is not None and flow.matches("orders.x") and flow.matches("payments.y"), include
+        assert not flow.matches("refunds")
+        assert "MirrorMaker 1 read --include" in res.yaml_text
