@@ -34,6 +34,11 @@ _COMPAT = ("NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSI
 _TOPIC_NAME_STRATEGY = "io.confluent.kafka.serializers.subject.TopicNameStrategy"
 #: viooh's kafka-ssl-helper keys (PEM text inline) -> librdkafka's inline PEM settings
 _SSL_HELPER = {"ca-cert-pem": "ssl.ca.pem", "cert-pem": "ssl.certificate.pem", "private-key": "ssl.key.pem"}
+#: viooh's DEFAULT-CONFIG :topics-mirroring, deep-merged under the user's config (mirrorflow's defaults differ)
+VIOOH_DEFAULT_TM: dict[str, Any] = {"replication-factor": {"type": "fix", "value": 3},
+                                    "partition-count": {"type": "mirror-source", "min": 3, "max": 12}}
+_DEFAULT_TEXT = {"replication-factor": "{:type :fix :value 3}",
+                 "partition-count": "{:type :mirror-source :min 3 :max 12}"}
 #: the same keys in :schema-registry-configs -> mirrorflow's registry TLS settings (files, not inline PEM)
 _REGISTRY_SSL_HELPER = {"ca-cert-pem": ("ssl.ca.location", "the CA certificate"),
                         "cert-pem": ("ssl.certificate.location", "the client certificate"),
@@ -145,6 +150,10 @@ class _Clusters:
                 else:
                     m.cluster[rd_key] = str(kafka[helper])
                     m.notes.append((rd_key, f"from {where} :kafka :{helper} (viooh's kafka-ssl-helper)"))
+        if ("ca-cert-pem" in kafka or {"cert-pem", "private-key"} <= set(kafka)) and "security.protocol" not in m.cluster:
+            # viooh's ssl-opts merged {:security.protocol "SSL"} under the user's own keys
+            m.cluster["security.protocol"] = "SSL"
+            m.notes.append(("security.protocol", "SSL: viooh's kafka-ssl-helper set it with its PEM keys"))
         registry: dict[str, Any] | None = None
         if url is not None:
             parts = urlsplit(url)
@@ -192,7 +201,8 @@ def import_viooh(text: str, source: str, env: str = "local") -> Draft:
     groups_in = cfg["groups"]
     if not isinstance(groups_in, list) or not groups_in:
         raise draft.error(":groups", "expected a non-empty vector of groups")
-    top_tm = _map(draft, ":topics-mirroring", cfg.get("topics-mirroring"))
+    user_tm = _map(draft, ":topics-mirroring", cfg.get("topics-mirroring"))
+    top_tm = _deep_merge(VIOOH_DEFAULT_TM, user_tm)
     clusters = _Clusters(draft)
     draft.tree["clusters"] = {}
     out_groups: list[dict[str, Any]] = []
@@ -204,10 +214,24 @@ def import_viooh(text: str, source: str, env: str = "local") -> Draft:
     for gi, g in enumerate(groups_in):
         gw = f":groups[{gi}]"
         g = _map(draft, gw, g)
-        _group(draft, gi, gw, g, top_tm, clusters, env, out_groups)
+        _group(draft, gi, gw, g, top_tm, clusters, env, out_groups, user_tm)
     for line in reversed(common.first_run("viooh-mirror", ":consumer-group-id")):
         draft.comments.setdefault(("groups",), []).insert(0, line)
     return draft
+
+
+def _note_defaults(draft: Draft, at: Path, out_tm: dict[str, Any], user_rules: list[dict[str, Any]]) -> None:
+    """Say where viooh's DEFAULT-CONFIG decided a topic rule of a group: mirrorflow's own defaults differ
+    (the source's replication factor, the exact partition count), so the import writes viooh's out.
+    ``user_rules`` are the file's top-level and the group's own ``:topics-mirroring``."""
+    for key, out_key in (("replication-factor", "replication_factor"), ("partition-count", "partition_count")):
+        rules = [r[key] for r in user_rules if isinstance(r.get(key), dict)]
+        where = at + ("topics_mirroring", out_key)
+        if not rules:
+            draft.note(where, f"{_DEFAULT_TEXT[key]}: viooh's default (its DEFAULT-CONFIG)")
+        elif out_tm.get(out_key, {}).get("type") == "mirror_source" and any(
+                k in out_tm[out_key] and all(k not in r for r in rules) for k in ("min", "max")):
+            draft.note(where, f"min / max from viooh's default {_DEFAULT_TEXT[key]} (its DEFAULT-CONFIG, merged under yours)")
 
 
 def _top_level(draft: Draft, key: str, value: Any) -> None:
@@ -254,7 +278,7 @@ _SIDE_KEYS = ("topic", "kafka", "schema-registry-url", "schema-registry-configs"
 
 
 def _group(draft: Draft, gi: int, gw: str, g: dict[str, Any], top_tm: dict[str, Any], clusters: _Clusters,
-           env: str, out_groups: list[dict[str, Any]]) -> None:
+           env: str, out_groups: list[dict[str, Any]], user_tm: dict[str, Any]) -> None:
     prefix = g.get("group-id-prefix")
     if prefix is not None and (not isinstance(prefix, str) or not re.match(NAME_RE, prefix)):
         raise draft.error(f"{gw} :group-id-prefix", f"{prefix!r} cannot name a group (letters, digits, '_', '-', '.')")
@@ -293,6 +317,9 @@ def _group(draft: Draft, gi: int, gw: str, g: dict[str, Any], top_tm: dict[str, 
         if key not in made:
             made[key] = len(out_groups)
             out_groups.append(_new_group(draft, len(out_groups), gw, g, shared, prefix, key, clusters, out_groups))
+            own_tm = g.get("topics-mirroring")
+            _note_defaults(draft, ("groups", made[key]), out_groups[-1]["topics_mirroring"],
+                           [user_tm] + ([own_tm] if isinstance(own_tm, dict) else []))
             if group_enabled and not m_enabled:
                 draft.note(("groups", made[key], "enabled"), f"holds the mirrors of {gw} with :enabled false "
                            "(mirrorflow enables groups, not single mirrors)")

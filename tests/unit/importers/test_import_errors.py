@@ -71,8 +71,9 @@ CASES = [
     ("viooh-bad-mode", "viooh", edn(group=":mirror-mode :loose"), ":groups[0] :mirror-mode", ":strict or :lenient"),
     ("viooh-bad-count-type", "viooh", edn(top=":topics-mirroring {:partition-count {:type :auto}}"),
      ":groups[0] :topics-mirroring :partition-count :type", ":fix or :mirror-source"),
-    ("viooh-fix-without-value", "viooh", edn(top=":topics-mirroring {:replication-factor {:type :fix}}"),
-     ":groups[0] :topics-mirroring :replication-factor", "needs :value"),
+    # (a :replication-factor {:type :fix} takes :value 3 from viooh's DEFAULT-CONFIG; a partition count has none)
+    ("viooh-fix-without-value", "viooh", edn(top=":topics-mirroring {:partition-count {:type :fix}}"),
+     ":groups[0] :topics-mirroring :partition-count", "needs :value"),
     ("viooh-min-above-max", "viooh", edn(top=":topics-mirroring {:partition-count {:type :mirror-source :min 9 :max 3}}"),
      ":groups[0] :topics-mirroring :partition-count", "above :max"),
     ("viooh-bad-registry-url", "viooh", edn().replace('"http://s-sr:8081"', '"s-sr:8081"'),

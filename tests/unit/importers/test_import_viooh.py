@@ -147,3 +147,28 @@ def test_registry_pem_helpers_map_to_files_and_the_key_is_never_shown():
     assert reg is not None
     assert reg.ssl_key_location == "value-of-SRC_1_REGISTRY_SSL_KEY_LOCATION"
     assert reg.ssl_certificate_location == "value-of-SRC_1_REGISTRY_SSL_CERTIFICATE_LOCATION"
+
+
+def test_kafka_ssl_helper_keys_select_ssl():
+    pem = "-----BEGIN CERTIFICATE-----\\nMIIB\\n-----END CERTIFICATE-----"
+    text = _cfg(M1).replace('{:bootstrap.servers "src-1.example:9092"}',
+                            f'{{:bootstrap.servers "src-1.example:9093" :ca-cert-pem "{pem}"}}')
+    cfg = load(_imp(text))
+    assert cfg.clusters["src-1"].kafka_properties()["security.protocol"] == "SSL"
+    own = text.replace(':ca-cert-pem', ':security.protocol "SASL_SSL" :ca-cert-pem')
+    assert load(_imp(own)).clusters["src-1"].kafka_properties()["security.protocol"] == "SASL_SSL"
+
+
+def test_viooh_default_topic_rules_apply_unless_set():
+    """viooh deep-merged {:replication-factor {:type :fix :value 3} :partition-count {:type :mirror-source
+    :min 3 :max 12}} under the user's :topics-mirroring."""
+    res = _imp(_cfg(M1))
+    tm = load(res).groups[0].topics_mirroring
+    assert (tm.replication_factor.type, tm.replication_factor.value) == ("fix", 3)
+    assert (tm.partition_count.type, tm.partition_count.min, tm.partition_count.max) == ("mirror_source", 3, 12)
+    assert "viooh's default" in res.yaml_text
+    own = _cfg(M1, group_extra=":topics-mirroring {:replication-factor {:type :mirror-source} "
+                               ":partition-count {:type :fix :value 5}}")
+    tm = load(_imp(own)).groups[0].topics_mirroring
+    assert tm.replication_factor.type == "mirror_source"
+    assert (tm.partition_count.type, tm.partition_count.value) == ("fix", 5)
