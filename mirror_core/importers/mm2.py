@@ -13,7 +13,8 @@ What maps (MM2 name -> mirrorflow):
   ``exactly.once.source.support`` -> their counterparts (see :data:`CONNECTOR_KEYS`); EOS also as
   ``<target>.exactly.once.source.support``, the way the Kafka docs enable it.
 
-Checkpoints land in ``<source-alias>.checkpoints.internal`` on the target, the topic MM2 used.
+Checkpoints land in ``<source-alias>.checkpoints.internal`` on the target, the topic MM2 used with the
+default separator (another ``replication.policy.separator`` changed MM2's name: reported).
 """
 
 from __future__ import annotations
@@ -257,7 +258,8 @@ def flow_group(draft: Draft, gi: int, src: str, dst: str, settings: dict[str, Se
     if policy in IDENTITY_POLICIES:
         g["replication_policy"] = "identity"
         if sep is not None:
-            draft.note(at + ("replication_policy",), f"{where('replication.policy.separator')} is not used by the identity policy")
+            draft.note(at + ("replication_policy",), f"{where('replication.policy.separator')}: topic names are "
+                       "kept; MM2 used the separator only in its internal topics' names (see offsets)")
     else:
         g["replication_policy"] = "prefix"
         if policy not in (DEFAULT_POLICY, "DefaultReplicationPolicy"):
@@ -330,8 +332,8 @@ def flow_group(draft: Draft, gi: int, src: str, dst: str, settings: dict[str, Se
             draft.unmapped(where("sync.group.offsets.interval.seconds"), text, at + ("offsets", "interval"))
         else:
             draft.note(at + ("offsets", "interval"), text + " (MM2's default offset sync interval)")
-    draft.note(at + ("offsets",), f"checkpoints go to {src}.checkpoints.internal on {dst}, as MM2's did; "
-               "groups.exclude also skips mirrorflow's own groups")
+    _checkpoints_topic(draft, at, src, dst, policy, sep, flag("replication.policy.internal.topic.separator.enabled", True),
+                       where("replication.policy.separator"))
 
     g["heartbeats"] = {
         "enabled": flag("emit.heartbeats.enabled", True),
@@ -370,6 +372,23 @@ def flow_group(draft: Draft, gi: int, src: str, dst: str, settings: dict[str, Se
         elif key not in CONNECTOR_KEYS and key not in NO_EQUIVALENT:
             draft.unmapped(s.where, f"{shown(key, s.value)}: not a MirrorMaker 2 setting mirrorflow maps", at)
     return g
+
+
+def _checkpoints_topic(draft: Draft, at: Path, src: str, dst: str, policy: str, sep: str | None,
+                       internal_sep: bool, sep_where: str) -> None:
+    """Where checkpoints go. mirrorflow writes ``<src>.checkpoints.internal``; MM2's Default (and Identity)
+    policy wrote ``<src><sep>checkpoints<sep>internal``, so with another separator the consumers of
+    checkpoints (RemoteClusterUtils.translateOffsets, failover tools) must read a new topic."""
+    ours = f"{src}.checkpoints.internal"
+    known = policy in IDENTITY_POLICIES or policy in (DEFAULT_POLICY, "DefaultReplicationPolicy")
+    theirs = f"{src}{sep}checkpoints{sep}internal" if known and sep and internal_sep else ours
+    if theirs == ours:
+        draft.note(at + ("offsets",), f"checkpoints go to {ours} on {dst}, as MM2's did; "
+                   "groups.exclude also skips mirrorflow's own groups")
+    else:
+        draft.unmapped(sep_where, f"MM2 wrote checkpoints to {theirs} on {dst}; mirrorflow writes them to {ours}: "
+                       "point what reads checkpoints (translateOffsets, failover tooling) at the new topic",
+                       at + ("offsets",))
 
 
 def _include_list(draft: Draft, settings: dict[str, Setting], key: str, anchor: Path) -> list[str]:

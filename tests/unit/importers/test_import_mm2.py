@@ -249,3 +249,20 @@ spec:
     res = import_config("strimzi", cr, "mm2.yaml")
     assert load(res).groups[0].delivery == "exactly_once"
     assert not [f for f in res.findings if "exactly.once" in f.where]
+
+
+def test_custom_separator_tells_that_the_checkpoints_topic_changes():
+    """MM2's DefaultReplicationPolicy named it <src><sep>checkpoints<sep>internal; mirrorflow's is fixed."""
+    res = _imp(BASE + "A->B.replication.policy.separator = _\n")
+    g = load(res).groups[0]
+    assert g.checkpoints_topic == "A.checkpoints.internal"
+    found = [f for f in res.findings if f.where == "A->B.replication.policy.separator"]
+    assert found and "A_checkpoints_internal" in found[0].message and "A.checkpoints.internal" in found[0].message
+    assert "checkpoints go to A.checkpoints.internal on B, as MM2's did" not in res.yaml_text
+    ident = _imp(BASE + "replication.policy.class = org.apache.kafka.connect.mirror.IdentityReplicationPolicy\n"
+                 "replication.policy.separator = -\n")
+    assert "not used by the identity policy" not in ident.yaml_text
+    assert any("A-checkpoints-internal" in f.message for f in ident.findings)
+    off = _imp(BASE + "A->B.replication.policy.separator = _\n"
+               "A->B.replication.policy.internal.topic.separator.enabled = false\n")
+    assert "checkpoints go to A.checkpoints.internal on B, as MM2's did" in off.yaml_text
