@@ -8,6 +8,7 @@ import pytest
 from importer_samples import fixture_text, load, printed_lines, readme_section, run_import
 
 from mirror_core.config import resolve_mirrors
+from mirror_core.errors import ConfigError
 from mirror_core.importers import import_config
 
 SECRET = "s3cr3t-Cloud-Passw0rd"
@@ -266,3 +267,22 @@ def test_custom_separator_tells_that_the_checkpoints_topic_changes():
     off = _imp(BASE + "A->B.replication.policy.separator = _\n"
                "A->B.replication.policy.internal.topic.separator.enabled = false\n")
     assert "checkpoints go to A.checkpoints.internal on B, as MM2's did" in off.yaml_text
+
+
+def test_java_inline_flags_apply_to_later_items_as_in_java():
+    """``(?i)a.*, b.*`` is Java's ``(?i)a.*|b.*``: both alternatives ignore case."""
+    g = load(_imp(BASE + "A->B.topics = x.*, (?i)orders.*, payments.*\n")).groups[0]
+    flow = resolve_mirrors(g)[0].topics
+    assert flow is not None and flow.matches("ORDERS.eu") and flow.matches("Payments.card")
+    assert flow.matches("x1") and not flow.matches("X1")  # before the flag: case kept
+
+
+@pytest.mark.parametrize(("topics", "problem"), [
+    ("[a-z&&[^x]]+", "Java-only construct"),
+    ("orders(?i)x", "inline flag"),
+    ("(?d)orders", "inline flag(s) d"),
+])
+def test_java_only_regex_is_an_error_naming_the_input_key(topics, problem):
+    with pytest.raises(ConfigError) as info:
+        _imp(BASE + f"A->B.topics = {topics}\n")
+    assert info.value.issues[0].path == "A->B.topics" and problem in info.value.issues[0].message
