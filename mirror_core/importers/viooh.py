@@ -25,6 +25,7 @@ from mirror_core.config import NAME_RE, TOPIC_RE
 from mirror_core.importers import common
 from mirror_core.importers.draft import Draft, Path
 from mirror_core.importers.javaclient import safe_text, shown, translate
+from mirror_core.redaction import redact_text
 
 # edn_format's lexer logs its whole grammar at INFO when first used
 logging.getLogger("edn_format").setLevel(logging.WARNING)
@@ -111,6 +112,20 @@ def _map(draft: Draft, where: str, value: Any) -> dict[str, Any]:
     return value
 
 
+def _registry_url(draft: Draft, where: str, url: Any) -> str:
+    """A registry URL as mirrorflow reads it (scheme in lower case, as URL schemes compare). Errors
+    never repeat the URL's credentials."""
+    if not isinstance(url, str) or not re.match(r"^https?://[^/\s]+", url, re.I):
+        shown = redact_text(url) if isinstance(url, str) else type(url).__name__
+        raise draft.error(where, f"not an http(s) URL: {shown!r}")
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port only when asked
+    except ValueError:
+        raise draft.error(where, f"invalid port in {redact_text(url)!r}") from None
+    return urlunsplit(parts._replace(scheme=parts.scheme.lower()))
+
+
 class _Clusters:
     """Cluster definitions seen so far: identical ones share an alias."""
 
@@ -127,8 +142,8 @@ class _Clusters:
             if not isinstance(v, (str, int, float, bool)):
                 raise self.draft.error(f"{where} :kafka :{k}", f"expected a string or number, got {type(v).__name__}")
         url = side.get("schema-registry-url")
-        if url is not None and (not isinstance(url, str) or not re.match(r"^https?://[^/\s]+", url)):
-            raise self.draft.error(f"{where} :schema-registry-url", f"not an http(s) URL: {url!r}")
+        if url is not None:
+            url = _registry_url(self.draft, f"{where} :schema-registry-url", url)
         sr_cfg = _map(self.draft, f"{where} :schema-registry-configs", side.get("schema-registry-configs"))
         ident = repr((sorted((k, str(v)) for k, v in kafka.items()), url, sorted(sr_cfg.items())))
         if ident in self.by_key:
@@ -159,8 +174,7 @@ class _Clusters:
             parts = urlsplit(url)
             registry = {"url": url}
             if parts.username or parts.password:  # credentials in the URL: never copied
-                host = parts.hostname or ""
-                netloc = host + (f":{parts.port}" if parts.port else "")
+                netloc = parts.netloc.rsplit("@", 1)[1]
                 registry["url"] = urlunsplit(parts._replace(netloc=netloc))
                 var = f"{alias}_REGISTRY_AUTH".upper().replace("-", "_")
                 registry["basic.auth.user.info"] = d.secret(var, f"the registry's user:password, cluster {alias}")

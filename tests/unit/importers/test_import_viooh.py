@@ -172,3 +172,21 @@ def test_viooh_default_topic_rules_apply_unless_set():
     tm = load(_imp(own)).groups[0].topics_mirroring
     assert tm.replication_factor.type == "mirror_source"
     assert (tm.partition_count.type, tm.partition_count.value) == ("fix", 5)
+
+
+def test_registry_url_scheme_any_case_and_errors_never_repeat_credentials():
+    from mirror_core.errors import ConfigError
+
+    upper = _cfg(M1).replace('"http://src-sr:8081"', '"HTTP://user:s3cr3t@src-sr:8081"')
+    res = _imp(upper)
+    reg = load(res).clusters["src-1"].schema_registry
+    assert reg is not None and reg.url.get_secret_value() == "http://src-sr:8081"
+    assert "s3cr3t" not in _everything(res)
+    for bad in ('"http://user:s3cr3t@src-sr:80x"', '"ftp://user:s3cr3t@src-sr"'):
+        try:
+            _imp(_cfg(M1).replace('"http://src-sr:8081"', bad))
+        except ConfigError as exc:
+            assert exc.issues[0].path == ":groups[0] :source :schema-registry-url"
+            assert "s3cr3t" not in str(exc)
+        else:
+            raise AssertionError(f"{bad} was accepted")
