@@ -49,6 +49,20 @@ _MORE_SECRET_KEY_RE = re.compile(r"password|private[-._]?key|key[-._]?pem$|passp
 _PEM_PRIVATE_KEY_RE = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
 
 
+_JAAS_ESCAPE = re.compile(r"\\(?:([0-3][0-7]{0,2}|[4-7][0-7]?)|(.))", re.S)
+_JAAS_CHAR = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+
+
+def _jaas_unquote(text: str) -> str:
+    r"""A quoted JAAS option value as Java's JAAS parser (StreamTokenizer) reads it: ``\\`` is ``\``,
+    ``\"`` is ``"``, ``\n`` and the other C escapes and octal ``\ooo`` are their characters."""
+    def one(m: re.Match[str]) -> str:
+        if m.group(1):
+            return chr(int(m.group(1), 8))
+        return _JAAS_CHAR.get(m.group(2), m.group(2))
+    return _JAAS_ESCAPE.sub(one, text)
+
+
 def is_secret(key: str) -> bool:
     return bool(SECRET_KEY_RE.search(key) or _MORE_SECRET_KEY_RE.search(key))
 
@@ -159,7 +173,7 @@ class _Translator:
         opts: dict[str, str] = {}
         if m:
             for name, quoted, bare in _JAAS_OPT.findall(m.group("opts")):
-                opts[name] = quoted if quoted or not bare else bare
+                opts[name] = _jaas_unquote(quoted) if quoted or not bare else bare
         if module.endswith(("PlainLoginModule", "ScramLoginModule")) and "username" in opts:
             self.out.cluster["sasl.username"] = opts["username"]
             self.secret("sasl.password", f"the SASL password in {where}")

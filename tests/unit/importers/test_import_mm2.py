@@ -286,3 +286,12 @@ def test_java_only_regex_is_an_error_naming_the_input_key(topics, problem):
     with pytest.raises(ConfigError) as info:
         _imp(BASE + f"A->B.topics = {topics}\n")
     assert info.value.issues[0].path == "A->B.topics" and problem in info.value.issues[0].message
+
+
+def test_jaas_quoted_values_are_unescaped_as_java_reads_them():
+    from mirror_core.importers.javaclient import translate
+
+    m = translate({"sasl.jaas.config": 'org.apache.kafka.common.security.plain.PlainLoginModule required '
+                                       'username="CORP\\\\svc\\"x" password="p\\"w";'}, "A")
+    assert m.cluster["sasl.username"] == 'CORP\\svc"x'
+    assert "password" not in str(m.cluster) and 'p"w' not in str(m)
