@@ -19,6 +19,7 @@ default separator (another ``replication.policy.separator`` changed MM2's name: 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,7 +112,10 @@ def parse_properties(draft: Draft, text: str) -> dict[str, Setting]:
 
 def import_mm2(text: str, source: str) -> Draft:
     draft = Draft(source)
+    _not_a_connector_config(draft, text)
     props = parse_properties(draft, text)
+    if "connector.class" in props and "clusters" not in props:
+        raise draft.error("connector.class", _CONNECTOR_CONFIG)
     consumed: set[str] = set()
 
     clusters_setting = props.get("clusters")
@@ -203,6 +207,26 @@ def import_mm2(text: str, source: str) -> Draft:
         else:
             draft.unmapped(key, f"{shown(key, s.value)}: not a MirrorMaker 2 setting mirrorflow maps", ("groups",))
     return draft
+
+
+_CONNECTOR_CONFIG = ("a Kafka Connect connector config (MM2 run as connectors), not MM2's dedicated-mode "
+                     "mm2.properties, which is what `mirrorflow import mm2` reads: write the flow as clusters = A, B, "
+                     "A.bootstrap.servers / B.bootstrap.servers (from source.cluster.* / target.cluster.*), "
+                     "A->B.enabled = true and the connector's settings as A->B.<setting>")
+
+
+def _not_a_connector_config(draft: Draft, text: str) -> None:
+    """A Connect REST connector config (JSON, flat or under "config") is not dedicated-mode properties;
+    read as properties it would fail later with a confusing 'clusters: missing'."""
+    if not text.lstrip().startswith("{"):
+        return
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return
+    cfg = doc.get("config", doc) if isinstance(doc, dict) else None
+    if isinstance(cfg, dict) and "connector.class" in cfg:
+        raise draft.error("connector.class", f"{str(cfg['connector.class']).rsplit('.', 1)[-1]}: {_CONNECTOR_CONFIG}")
 
 
 def _is_client_key(key: str) -> bool:

@@ -38,6 +38,12 @@ def _load(draft: Draft, text: str) -> dict[str, Any]:
         where = f"line {mark.line + 1}" if mark else "YAML"
         raise draft.error(where, f"invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
     found = [d for d in docs if isinstance(d, dict) and d.get("kind") == "KafkaMirrorMaker2"]
+    if not found and any(isinstance(d, dict) and d.get("kind") == "KafkaMirrorMaker" for d in docs):
+        raise draft.error("kind", "KafkaMirrorMaker is a MirrorMaker 1 resource, which this format does not read: "
+                          "write spec.consumer (bootstrapServers as bootstrap.servers, groupId as group.id, config) as "
+                          "consumer.properties and spec.producer (bootstrapServers, config) as producer.properties, then "
+                          "run `mirrorflow import mm1 consumer.properties --producer producer.properties --include "
+                          "'<spec.include or spec.whitelist>'`")
     if not found:
         kinds = ", ".join(sorted({str(d.get("kind")) for d in docs if isinstance(d, dict)})) or "none"
         raise draft.error("kind", f"no KafkaMirrorMaker2 resource in the file (kinds found: {kinds})")
@@ -57,6 +63,9 @@ def import_strimzi(text: str, source: str) -> Draft:
     draft = Draft(source)
     spec = _load(draft, text)
     clusters = spec.get("clusters")
+    if clusters is None and "target" in spec:
+        raise draft.error("spec.target", "this KafkaMirrorMaker2 shape (spec.target, spec.mirrors[].source) is not "
+                          "read yet: the importer reads spec.clusters with spec.mirrors[].sourceCluster / targetCluster")
     if not isinstance(clusters, list) or not clusters:
         raise draft.error("spec.clusters", "expected a non-empty list of clusters")
     aliases: list[str] = []

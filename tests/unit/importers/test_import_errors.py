@@ -174,3 +174,23 @@ def test_same_input_same_bytes_across_processes(fmt, name, extra):
         assert p.returncode == 0, p.stderr.decode()
         outs.append(p.stdout)
     assert outs[0] == outs[1] and outs[0].startswith(b"# mirrorflow config imported from")
+
+
+@pytest.mark.parametrize(("fmt", "text", "where", "problem"), [
+    ("strimzi", "apiVersion: kafka.strimzi.io/v1beta2\nkind: KafkaMirrorMaker\nmetadata: {name: m}\n"
+                "spec: {consumer: {bootstrapServers: 'a:9092', groupId: g}, producer: {bootstrapServers: 'b:9092'}, "
+                "include: 'orders.*'}\n", "kind", "mirrorflow import mm1"),
+    ("strimzi", "apiVersion: kafka.strimzi.io/v1\nkind: KafkaMirrorMaker2\nmetadata: {name: m}\n"
+                "spec: {target: {alias: b, bootstrapServers: 'b:9092'}, mirrors: [{source: {alias: a, "
+                "bootstrapServers: 'a:9092'}, sourceConnector: {}}]}\n", "spec.target", "not read yet"),
+    ("mm2", '{"name": "m", "config": {"connector.class": "org.apache.kafka.connect.mirror.MirrorSourceConnector", '
+            '"source.cluster.alias": "A", "target.cluster.alias": "B"}}', "connector.class", "connector config"),
+    ("mm2", '{"connector.class": "org.apache.kafka.connect.mirror.MirrorSourceConnector"}', "connector.class",
+     "connector config"),
+    ("mm2", "connector.class = org.apache.kafka.connect.mirror.MirrorSourceConnector\nsource.cluster.alias = A\n",
+     "connector.class", "connector config"),
+])
+def test_unsupported_inputs_say_what_they_are(fmt, text, where, problem):
+    with pytest.raises(ConfigError) as info:
+        import_config(fmt, text, "in.txt")
+    assert info.value.issues[0].path == where and problem in info.value.issues[0].message
