@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any
 
 from mirror_core.importers.draft import Draft, safe_alias
@@ -11,6 +12,8 @@ from mirror_core.importers.javaclient import ClientMapping
 #: MM2's defaults (MirrorSourceConfig / MirrorCheckpointConfig), written out so the import keeps them.
 MM2_TOPICS_EXCLUDE = [r".*[\-\.]internal", r".*\.replica", r"__.*"]
 MM2_GROUPS_EXCLUDE = [r"console-consumer-.*", r"connect-.*", r"__.*"]
+#: a regex no name matches: what MM2's blank ``topics =`` / ``groups =`` list meant
+MATCH_NOTHING = "(?!)"
 #: mirrorflow's own consumer groups are never checkpointed (added to any groups exclude).
 OWN_GROUPS = r".*\.mirrorflow\..*"
 
@@ -85,19 +88,72 @@ def regex_list(value: str) -> list[str]:
     return [x.strip() for x in value.split(",") if x.strip()]
 
 
+#: a Java inline-flag group at the start of a list item: ``(?i)``, ``(?is-x)``
+_LEADING_FLAGS = re.compile(r"^\(\?(?=[a-zA-Z-]*[a-zA-Z])([a-zA-Z]*)(?:-([a-zA-Z]*))?\)")
+#: Java flags Python can scope (``(?i:...)``); ``u`` / ``U`` (Unicode case / classes) are Python's default for str
+_SCOPED_FLAGS = frozenset("imsx")
+_UNICODE_FLAGS = frozenset("uU")
+
+
 def check_regex(draft: Draft, where: str, pattern: str) -> str:
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise draft.error(where, f"invalid regex {pattern!r}: {exc}") from None
+    """``pattern`` if Python reads it as Java did; errors name the input key ``where``. Python only warns
+    (FutureWarning) about Java-only class syntax such as the intersection ``[a-z&&[^x]]``, and would then
+    read it with another meaning, so such a warning is an error here."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FutureWarning)
+        re.purge()  # a cached pattern is not parsed again, and would not warn again
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            hint = ""
+            if "global flags" in str(exc):
+                hint = (" (Java applies an inline flag to the rest of the pattern, Python only at the start: put it "
+                        "at the start of the list item or use a scoped group such as (?i:...))")
+            elif "bad escape \\Q" in str(exc) or "bad escape \\E" in str(exc):
+                hint = " (\\Q...\\E quoting is Java-only: escape each character instead)"
+            raise draft.error(where, f"invalid regex {pattern!r}: {exc}{hint}") from None
+    java_only = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    if java_only:
+        raise draft.error(where, f"regex {pattern!r}: {java_only[0]}: a Java-only construct (character class "
+                          "intersection '&&' or a nested class) that Python reads otherwise; rewrite it without")
     return pattern
 
 
+def _leading_flags(draft: Draft, where: str, item: str, on: set[str], off: set[str]) -> str:
+    """``item`` without its leading Java flag group, whose flags update ``on`` / ``off`` in place: in
+    Java they apply to the rest of the joined pattern, so to this item and every later one."""
+    m = _LEADING_FLAGS.match(item)
+    if not m:
+        return item
+    add, remove = set(m.group(1)), set(m.group(2) or "")
+    unknown = (add | remove) - _SCOPED_FLAGS - _UNICODE_FLAGS
+    if unknown:
+        raise draft.error(where, f"inline flag(s) {''.join(sorted(unknown))} in {item!r}: no Python equivalent "
+                          f"(Python can scope only {''.join(sorted(_SCOPED_FLAGS))})")
+    add -= _UNICODE_FLAGS
+    remove -= _UNICODE_FLAGS
+    on |= add
+    on -= remove
+    off |= remove
+    off -= add
+    return item[m.end():]
+
+
 def alternation(draft: Draft, where: str, patterns: list[str]) -> str:
-    """One full-match regex for a list (each checked on its own, so the error names the bad one)."""
+    """One full-match regex for a list, as MM2 joined it (``|``): each item checked on its own, so the
+    error names the bad one, then the whole. A leading inline flag group such as ``(?i)`` applies, as in
+    Java, to its item and all later ones; Python cannot have it mid-pattern, so it becomes scoped groups."""
+    on: set[str] = set()
+    off: set[str] = set()
+    parts: list[tuple[str, str]] = []
     for p in patterns:
-        check_regex(draft, where, p)
-    return patterns[0] if len(patterns) == 1 else "|".join(f"(?:{p})" for p in patterns)
+        body = _leading_flags(draft, where, p, on, off)
+        check_regex(draft, where, body)
+        flags = "".join(sorted(on)) + ("-" + "".join(sorted(off)) if off else "")
+        parts.append((body, flags))
+    if len(parts) == 1 and not parts[0][1]:
+        return check_regex(draft, where, parts[0][0])
+    return check_regex(draft, where, "|".join(f"(?{flags}:{body})" for body, flags in parts))
 
 
 def parse_bool(draft: Draft, where: str, value: str) -> bool:

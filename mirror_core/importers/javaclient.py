@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from mirror_core.config import SECRET_KEY_RE
+from mirror_core.redaction import redact_text
 
 #: Same name and meaning in the Java client and librdkafka; connection-level, so on the cluster.
 CLUSTER_SAME = frozenset({
@@ -41,8 +42,41 @@ _JAAS = re.compile(r"^\s*(?P<module>[\w.$]+)\s+(?P<flag>required|requisite|suffi
 _JAAS_OPT = re.compile(r'(\w+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|(\S+))')
 
 
+#: names whose values are secrets beyond mirrorflow's own list: private keys under any spelling
+#: (viooh's ``:private-key``, ``ssl.private.key``), passphrases and credentials
+_MORE_SECRET_KEY_RE = re.compile(r"password|private[-._]?key|key[-._]?pem$|passphrase|credential", re.I)
+#: a PEM private key (``-----BEGIN PRIVATE KEY-----``, ``... RSA PRIVATE KEY``, ``ENCRYPTED ...``) in any value
+_PEM_PRIVATE_KEY_RE = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
+
+
+_JAAS_ESCAPE = re.compile(r"\\(?:([0-3][0-7]{0,2}|[4-7][0-7]?)|(.))", re.S)
+_JAAS_CHAR = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+
+
+def _jaas_unquote(text: str) -> str:
+    r"""A quoted JAAS option value as Java's JAAS parser (StreamTokenizer) reads it: ``\\`` is ``\``,
+    ``\"`` is ``"``, ``\n`` and the other C escapes and octal ``\ooo`` are their characters."""
+    def one(m: re.Match[str]) -> str:
+        if m.group(1):
+            return chr(int(m.group(1), 8))
+        return _JAAS_CHAR.get(m.group(2), m.group(2))
+    return _JAAS_ESCAPE.sub(one, text)
+
+
 def is_secret(key: str) -> bool:
-    return bool(SECRET_KEY_RE.search(key)) or "password" in key.lower() or key.lower().endswith("key.pem")
+    return bool(SECRET_KEY_RE.search(key) or _MORE_SECRET_KEY_RE.search(key))
+
+
+def holds_private_key(value: str) -> bool:
+    """True when ``value`` carries a PEM private key, whatever its key is named."""
+    return bool(_PEM_PRIVATE_KEY_RE.search(value))
+
+
+def safe_text(value: str) -> str:
+    """``value`` fit for a message: a PEM private key is replaced whole, URL credentials are dropped."""
+    if holds_private_key(value):
+        return "(a PEM private key, not copied)"
+    return redact_text(value)
 
 
 @dataclass
@@ -61,7 +95,9 @@ class ClientMapping:
 
 def shown(key: str, value: str) -> str:
     """The value for a message (``value '4'``), or a word that it is a secret."""
-    return "secret value not copied" if is_secret(key) else f"value {value!r}"
+    if is_secret(key) or holds_private_key(value):
+        return "secret value not copied"
+    return f"value {redact_text(value)!r}"
 
 
 def translate(props: dict[str, str], env_prefix: str, key_prefix: str = "") -> ClientMapping:
@@ -137,7 +173,7 @@ class _Translator:
         opts: dict[str, str] = {}
         if m:
             for name, quoted, bare in _JAAS_OPT.findall(m.group("opts")):
-                opts[name] = quoted if quoted or not bare else bare
+                opts[name] = _jaas_unquote(quoted) if quoted or not bare else bare
         if module.endswith(("PlainLoginModule", "ScramLoginModule")) and "username" in opts:
             self.out.cluster["sasl.username"] = opts["username"]
             self.secret("sasl.password", f"the SASL password in {where}")

@@ -8,11 +8,19 @@ committed its progress under the consumer's ``group.id``, which the flow keeps.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from mirror_core.importers import common, mm2
 from mirror_core.importers.draft import Draft, Path
 from mirror_core.importers.javaclient import translate
+
+
+def mm1_include_regex(text: str) -> str:
+    """The regex MirrorMaker 1 made of its include list (kafka.utils IncludeList): trimmed, every ',' made
+    '|', every space removed, leading and trailing quotes stripped; it then full-matched topic names."""
+    regex = text.strip().replace(",", "|").replace(" ", "")
+    return re.sub(r"[\"']+$", "", re.sub(r"^[\"']+", "", regex))
 
 
 def import_mm1(consumer_text: str, consumer_source: str, producer_text: str | None, producer_source: str,
@@ -30,9 +38,11 @@ def import_mm1(consumer_text: str, consumer_source: str, producer_text: str | No
         if not props.get("bootstrap.servers", "").strip():
             raise Draft(src).error("bootstrap.servers", f"missing: the {side}'s brokers")
 
-    # MM1's include list: a Java regex in which ',' also separates alternatives (as MM1 read it)
-    parts = [p.strip() for p in include.split(",") if p.strip()]
-    topics_re = common.alternation(draft, "--include", parts)
+    regex = mm1_include_regex(include)
+    topics_re = common.alternation(draft, "--include", [regex])
+    if regex != include:
+        draft.note(("groups", 0, "mirrors"), f"topics include: MirrorMaker 1 read --include {include!r} as the "
+                   f"regex {regex!r} (',' -> '|', spaces and surrounding quotes removed)")
 
     src = common.host_alias(consumer["bootstrap.servers"], [], "source")
     dst = common.host_alias(producer["bootstrap.servers"], [src], "target")

@@ -10,13 +10,16 @@ What maps (MM2 name -> mirrorflow):
 - ``replication.policy.class`` (+ ``.separator``) -> ``replication_policy`` (MM2's default is the prefix
   policy ``<alias>.<topic>``, mirrorflow's is identity, so it is always written);
 - sync / emit settings, ``replication.factor``, ``offset-syncs.topic.location``,
-  ``exactly.once.source.support`` -> their counterparts (see :data:`CONNECTOR_KEYS`).
+  ``exactly.once.source.support`` -> their counterparts (see :data:`CONNECTOR_KEYS`); EOS also as
+  ``<target>.exactly.once.source.support``, the way the Kafka docs enable it.
 
-Checkpoints land in ``<source-alias>.checkpoints.internal`` on the target, the topic MM2 used.
+Checkpoints land in ``<source-alias>.checkpoints.internal`` on the target, the topic MM2 used with the
+default separator (another ``replication.policy.separator`` changed MM2's name: reported).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +29,7 @@ import javaproperties
 from mirror_core.config import ALIAS_RE
 from mirror_core.importers import common
 from mirror_core.importers.draft import Draft, Path
-from mirror_core.importers.javaclient import ClientMapping, is_secret, shown, translate
+from mirror_core.importers.javaclient import ClientMapping, holds_private_key, is_secret, safe_text, shown, translate
 
 _FLOW_RE = re.compile(r"^([^.\s]+?)->([^.\s]+?)\.(.+)$")
 _ROLE_RE = re.compile(r"^(consumer|producer|admin)\.(.+)$")
@@ -35,6 +38,10 @@ DEFAULT_POLICY = "org.apache.kafka.connect.mirror.DefaultReplicationPolicy"
 IDENTITY_POLICY = "org.apache.kafka.connect.mirror.IdentityReplicationPolicy"
 #: class names that keep topic names: Kafka's, and the one Strimzi shipped before Kafka had it
 IDENTITY_POLICIES = (IDENTITY_POLICY, "IdentityReplicationPolicy", "io.strimzi.kafka.connect.mirror.IdentityReplicationPolicy")
+
+#: a Connect worker setting: MM2's worker for ``A->B`` reads it file-wide or as ``B.exactly.once.source.support``
+#: (the target cluster's settings, as the Kafka docs write it); ``A->B.`` per flow wins over both
+EOS = "exactly.once.source.support"
 
 #: Connector settings this importer reads (file-wide or per flow); everything else becomes a finding.
 CONNECTOR_KEYS = frozenset({
@@ -105,7 +112,10 @@ def parse_properties(draft: Draft, text: str) -> dict[str, Setting]:
 
 def import_mm2(text: str, source: str) -> Draft:
     draft = Draft(source)
+    _not_a_connector_config(draft, text)
     props = parse_properties(draft, text)
+    if "connector.class" in props and "clusters" not in props:
+        raise draft.error("connector.class", _CONNECTOR_CONFIG)
     consumed: set[str] = set()
 
     clusters_setting = props.get("clusters")
@@ -137,6 +147,7 @@ def import_mm2(text: str, source: str) -> Draft:
 
     top_client = {k: s.value for k, s in props.items() if _is_client_key(k)}
     consumer_opts: dict[str, dict[str, str]] = {}
+    worker_eos: dict[str, Setting] = {}  # alias -> its <alias>.exactly.once.source.support
     for alias in aliases:
         own = {k[len(alias) + 1:]: s for k, s in props.items() if k.startswith(alias + ".") and not _FLOW_RE.match(k)}
         consumed.update(f"{alias}.{k}" for k in own)
@@ -144,7 +155,10 @@ def import_mm2(text: str, source: str) -> Draft:
             raise draft.error(f"{alias}.bootstrap.servers", f"missing: cluster {alias!r} has no bootstrap servers")
         if not own["bootstrap.servers"].value.strip():
             raise draft.error(f"{alias}.bootstrap.servers", "is empty")
-        plain = {k: s.value for k, s in own.items() if not _ROLE_RE.match(k) and not common.CONNECT_WORKER_RE.match(k)}
+        if EOS in own:
+            worker_eos[alias] = own[EOS]
+        plain = {k: s.value for k, s in own.items()
+                 if not _ROLE_RE.match(k) and not common.CONNECT_WORKER_RE.match(k) and k != EOS}
         inherited = {k: v for k, v in top_client.items() if k not in plain}
         cm = translate(plain | inherited, alias, f"{alias}.")
         common.put_cluster(draft, alias, cm)
@@ -165,7 +179,10 @@ def import_mm2(text: str, source: str) -> Draft:
     draft.tree["groups"] = groups
     for (src, dst) in sorted(flows):
         flow = flows[(src, dst)]
-        settings = {k: s for k, s in file_wide.items() if k in CONNECTOR_KEYS or k in NO_EQUIVALENT} | flow
+        settings = {k: s for k, s in file_wide.items() if k in CONNECTOR_KEYS or k in NO_EQUIVALENT}
+        if dst in worker_eos:  # the flow's worker takes its target cluster's settings
+            settings[EOS] = worker_eos[dst]
+        settings |= flow
         enabled = settings.get("enabled")
         if enabled is None or "enabled" not in flow:
             is_on = False
@@ -192,6 +209,26 @@ def import_mm2(text: str, source: str) -> Draft:
     return draft
 
 
+_CONNECTOR_CONFIG = ("a Kafka Connect connector config (MM2 run as connectors), not MM2's dedicated-mode "
+                     "mm2.properties, which is what `mirrorflow import mm2` reads: write the flow as clusters = A, B, "
+                     "A.bootstrap.servers / B.bootstrap.servers (from source.cluster.* / target.cluster.*), "
+                     "A->B.enabled = true and the connector's settings as A->B.<setting>")
+
+
+def _not_a_connector_config(draft: Draft, text: str) -> None:
+    """A Connect REST connector config (JSON, flat or under "config") is not dedicated-mode properties;
+    read as properties it would fail later with a confusing 'clusters: missing'."""
+    if not text.lstrip().startswith("{"):
+        return
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return
+    cfg = doc.get("config", doc) if isinstance(doc, dict) else None
+    if isinstance(cfg, dict) and "connector.class" in cfg:
+        raise draft.error("connector.class", f"{str(cfg['connector.class']).rsplit('.', 1)[-1]}: {_CONNECTOR_CONFIG}")
+
+
 def _is_client_key(key: str) -> bool:
     """File-wide client settings MM2 applies to every cluster that does not set its own."""
     return key.startswith(("security.", "sasl.", "ssl.")) and not _FLOW_RE.match(key)
@@ -215,7 +252,7 @@ def _role_setting(draft: Draft, alias: str, role: str, key: str, s: Setting, clu
     if single.findings:
         common.report(draft, single, anchor)
         return {}
-    what = "secret, not copied" if is_secret(key) else f"= {s.value}"
+    what = "secret, not copied" if is_secret(key) or holds_private_key(s.value) else f"= {safe_text(s.value)}"
     draft.unmapped(s.where, f"{what}: mirrorflow has one client config per cluster; set it in clusters.{alias}.kafka "
                             "if every client should use it", anchor)
     return {}
@@ -245,7 +282,8 @@ def flow_group(draft: Draft, gi: int, src: str, dst: str, settings: dict[str, Se
     if policy in IDENTITY_POLICIES:
         g["replication_policy"] = "identity"
         if sep is not None:
-            draft.note(at + ("replication_policy",), f"{where('replication.policy.separator')} is not used by the identity policy")
+            draft.note(at + ("replication_policy",), f"{where('replication.policy.separator')}: topic names are "
+                       "kept; MM2 used the separator only in its internal topics' names (see offsets)")
     else:
         g["replication_policy"] = "prefix"
         if policy not in (DEFAULT_POLICY, "DefaultReplicationPolicy"):
@@ -265,7 +303,8 @@ def flow_group(draft: Draft, gi: int, src: str, dst: str, settings: dict[str, Se
     if eos not in ("enabled", "preparing", "disabled"):
         raise draft.error(where("exactly.once.source.support"), f"expected enabled, preparing or disabled, got {eos!r}")
     g["delivery"] = "exactly_once" if eos == "enabled" else "at_least_once"
-    draft.note(at + ("delivery",), f"exactly.once.source.support = {eos}" + (
+    eos_at = settings.get(EOS)
+    draft.note(at + ("delivery",), f"{eos_at.where if eos_at else EOS} = {eos}" + (
         "" if eos == "enabled" else " (MM2's default); mirrorflow can deliver exactly_once"))
 
     tm: dict[str, Any] = {"auto_create_topics": True, "partition_count": {"type": "mirror_source"}}
@@ -299,7 +338,6 @@ def flow_group(draft: Draft, gi: int, src: str, dst: str, settings: dict[str, Se
     si = common.parse_int(draft, where("sync.group.offsets.interval.seconds"),
                           get("sync.group.offsets.interval.seconds", "60") or "60", minimum=1)
     interval = min(ci, si) if sync else ci
-    include = get("groups", ".*") or ".*"
     gex_key = "groups.exclude" if "groups.exclude" in settings else "groups.blacklist"
     gex = get(gex_key)
     ex_list = common.regex_list(gex) if gex is not None else list(common.MM2_GROUPS_EXCLUDE)
@@ -307,7 +345,7 @@ def flow_group(draft: Draft, gi: int, src: str, dst: str, settings: dict[str, Se
         "sync_group_offsets": sync,
         "emit_checkpoints": emit,
         "groups": {
-            "include": common.alternation(draft, where("groups"), common.regex_list(include) or [".*"]),
+            "include": common.alternation(draft, where("groups"), _include_list(draft, settings, "groups", at + ("offsets",))),
             "exclude": common.alternation(draft, where(gex_key), ex_list + [common.OWN_GROUPS]),
         },
         "interval": common.seconds(interval),
@@ -318,8 +356,8 @@ def flow_group(draft: Draft, gi: int, src: str, dst: str, settings: dict[str, Se
             draft.unmapped(where("sync.group.offsets.interval.seconds"), text, at + ("offsets", "interval"))
         else:
             draft.note(at + ("offsets", "interval"), text + " (MM2's default offset sync interval)")
-    draft.note(at + ("offsets",), f"checkpoints go to {src}.checkpoints.internal on {dst}, as MM2's did; "
-               "groups.exclude also skips mirrorflow's own groups")
+    _checkpoints_topic(draft, at, src, dst, policy, sep, flag("replication.policy.internal.topic.separator.enabled", True),
+                       where("replication.policy.separator"))
 
     g["heartbeats"] = {
         "enabled": flag("emit.heartbeats.enabled", True),
@@ -341,7 +379,7 @@ def flow_group(draft: Draft, gi: int, src: str, dst: str, settings: dict[str, Se
         g["spark"] = {"source_options": dict(sorted(source_options.items()))}
         draft.note(at + ("spark",), f"consumer settings of {src} (Spark's Kafka source is the consumer)")
 
-    t_inc = common.regex_list(get("topics", ".*") or ".*") or [".*"]
+    t_inc = _include_list(draft, settings, "topics", at + ("mirrors",))
     tex_key = "topics.exclude" if "topics.exclude" in settings else "topics.blacklist"
     tex = get(tex_key)
     t_ex = common.regex_list(tex) if tex is not None else list(common.MM2_TOPICS_EXCLUDE)
@@ -358,6 +396,37 @@ def flow_group(draft: Draft, gi: int, src: str, dst: str, settings: dict[str, Se
         elif key not in CONNECTOR_KEYS and key not in NO_EQUIVALENT:
             draft.unmapped(s.where, f"{shown(key, s.value)}: not a MirrorMaker 2 setting mirrorflow maps", at)
     return g
+
+
+def _checkpoints_topic(draft: Draft, at: Path, src: str, dst: str, policy: str, sep: str | None,
+                       internal_sep: bool, sep_where: str) -> None:
+    """Where checkpoints go. mirrorflow writes ``<src>.checkpoints.internal``; MM2's Default (and Identity)
+    policy wrote ``<src><sep>checkpoints<sep>internal``, so with another separator the consumers of
+    checkpoints (RemoteClusterUtils.translateOffsets, failover tools) must read a new topic."""
+    ours = f"{src}.checkpoints.internal"
+    known = policy in IDENTITY_POLICIES or policy in (DEFAULT_POLICY, "DefaultReplicationPolicy")
+    theirs = f"{src}{sep}checkpoints{sep}internal" if known and sep and internal_sep else ours
+    if theirs == ours:
+        draft.note(at + ("offsets",), f"checkpoints go to {ours} on {dst}, as MM2's did; "
+                   "groups.exclude also skips mirrorflow's own groups")
+    else:
+        draft.unmapped(sep_where, f"MM2 wrote checkpoints to {theirs} on {dst}; mirrorflow writes them to {ours}: "
+                       "point what reads checkpoints (translateOffsets, failover tooling) at the new topic",
+                       at + ("offsets",))
+
+
+def _include_list(draft: Draft, settings: dict[str, Setting], key: str, anchor: Path) -> list[str]:
+    """``topics`` / ``groups``: unset means every name, but a blank list means none (MirrorUtils compiles
+    no pattern for it and MM2's default filters then match nothing), so it must not become '.*'."""
+    s = settings.get(key)
+    if s is None:
+        return [".*"]
+    items = common.regex_list(s.value)
+    if items:
+        return items
+    what = "no topic was mirrored" if key == "topics" else "no consumer group was checkpointed"
+    draft.note(anchor, f"{s.where} is blank: MM2 matched nothing ({what}), so the include matches nothing")
+    return [common.MATCH_NOTHING]
 
 
 _ORDER = ("name", "source", "destination", "enabled", "replication_policy", "replication_policy_separator",

@@ -4,7 +4,8 @@
 settings, and what Strimzi reads from Kubernetes secrets (passwords, CA and client certificates)
 becomes ``${ENV}`` placeholders whose comments name the secret and its key. Each mirror's
 ``topicsPattern`` / ``groupsPattern`` (+ exclude) and its connectors' ``config`` are MM2 settings and
-map as in :mod:`.mm2`. The deployment settings (replicas, resources, logging, ...) have no equivalent.
+map as in :mod:`.mm2`; a connector block that is absent or paused/stopped ran nothing, so its
+part is imported off (no source connector: the group is disabled). The deployment settings (replicas, resources, logging, ...) have no equivalent.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ import yaml
 from mirror_core.config import ALIAS_RE
 from mirror_core.importers import common, mm2
 from mirror_core.importers.draft import Draft, Path, env_name
-from mirror_core.importers.javaclient import translate
+from mirror_core.importers.javaclient import safe_text, translate
 
 _PATTERNS = {
     "topicsPattern": "topics", "topicsExcludePattern": "topics.exclude", "topicsBlacklistPattern": "topics.exclude",
     "groupsPattern": "groups", "groupsExcludePattern": "groups.exclude", "groupsBlacklistPattern": "groups.exclude",
 }
 _CONNECTORS = ("sourceConnector", "checkpointConnector", "heartbeatConnector")
+_CONNECTOR_CLASS = {"sourceConnector": "MirrorSourceConnector", "checkpointConnector": "MirrorCheckpointConnector",
+                    "heartbeatConnector": "MirrorHeartbeatConnector"}
 _SASL = {"scram-sha-512": "SCRAM-SHA-512", "scram-sha-256": "SCRAM-SHA-256", "plain": "PLAIN"}
 
 
@@ -35,6 +38,12 @@ def _load(draft: Draft, text: str) -> dict[str, Any]:
         where = f"line {mark.line + 1}" if mark else "YAML"
         raise draft.error(where, f"invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
     found = [d for d in docs if isinstance(d, dict) and d.get("kind") == "KafkaMirrorMaker2"]
+    if not found and any(isinstance(d, dict) and d.get("kind") == "KafkaMirrorMaker" for d in docs):
+        raise draft.error("kind", "KafkaMirrorMaker is a MirrorMaker 1 resource, which this format does not read: "
+                          "write spec.consumer (bootstrapServers as bootstrap.servers, groupId as group.id, config) as "
+                          "consumer.properties and spec.producer (bootstrapServers, config) as producer.properties, then "
+                          "run `mirrorflow import mm1 consumer.properties --producer producer.properties --include "
+                          "'<spec.include or spec.whitelist>'`")
     if not found:
         kinds = ", ".join(sorted({str(d.get("kind")) for d in docs if isinstance(d, dict)})) or "none"
         raise draft.error("kind", f"no KafkaMirrorMaker2 resource in the file (kinds found: {kinds})")
@@ -54,12 +63,16 @@ def import_strimzi(text: str, source: str) -> Draft:
     draft = Draft(source)
     spec = _load(draft, text)
     clusters = spec.get("clusters")
+    if clusters is None and "target" in spec:
+        raise draft.error("spec.target", "this KafkaMirrorMaker2 shape (spec.target, spec.mirrors[].source) is not "
+                          "read yet: the importer reads spec.clusters with spec.mirrors[].sourceCluster / targetCluster")
     if not isinstance(clusters, list) or not clusters:
         raise draft.error("spec.clusters", "expected a non-empty list of clusters")
     aliases: list[str] = []
     consumer_opts: dict[str, dict[str, str]] = {}
+    eos: dict[str, mm2.Setting] = {}
     for ci, c in enumerate(clusters):
-        alias, opts = _cluster(draft, ci, c, aliases)
+        alias, opts = _cluster(draft, ci, c, aliases, eos)
         aliases.append(alias)
         consumer_opts[alias] = opts
     mirrors = spec.get("mirrors")
@@ -68,7 +81,7 @@ def import_strimzi(text: str, source: str) -> Draft:
     groups: list[dict[str, Any]] = []
     draft.tree["groups"] = groups
     for mi, m in enumerate(mirrors):
-        groups.append(_mirror(draft, mi, m, consumer_opts, groups))
+        groups.append(_mirror(draft, mi, m, consumer_opts, groups, eos))
     for key in spec:
         if key not in ("clusters", "mirrors"):
             what = ("the Connect cluster MM2 ran in; mirrorflow runs none" if key == "connectCluster"
@@ -78,13 +91,15 @@ def import_strimzi(text: str, source: str) -> Draft:
 
 
 def _short(value: Any) -> str:
-    text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+    text = safe_text(yaml.safe_dump(value, default_flow_style=True, width=10_000).strip())
     text = text[:-4].strip() if text.endswith("...") else text
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _cluster(draft: Draft, ci: int, c: Any, seen: list[str]) -> tuple[str, dict[str, str]]:
-    """One ``spec.clusters[]`` entry; returns its alias and its consumer settings (Spark source options)."""
+def _cluster(draft: Draft, ci: int, c: Any, seen: list[str], eos: dict[str, mm2.Setting]) -> tuple[str, dict[str, str]]:
+    """One ``spec.clusters[]`` entry; returns its alias and its consumer settings (Spark source options).
+    Its ``config.exactly.once.source.support`` (a Connect worker setting, which decides the delivery of
+    the mirrors that target this cluster) goes to ``eos``."""
     w = f"spec.clusters[{ci}]"
     if not isinstance(c, dict):
         raise draft.error(w, "expected a mapping")
@@ -101,7 +116,10 @@ def _cluster(draft: Draft, ci: int, c: Any, seen: list[str]) -> tuple[str, dict[
     config = c.get("config") or {}
     if not isinstance(config, dict):
         raise draft.error(f"{w}.config", "expected a mapping")
-    java = {str(k): _str(v) for k, v in config.items() if not common.CONNECT_WORKER_RE.match(str(k))}
+    java = {str(k): _str(v) for k, v in config.items()
+            if not common.CONNECT_WORKER_RE.match(str(k)) and str(k) != mm2.EOS}
+    if mm2.EOS in config:
+        eos[alias] = mm2.Setting(_str(config[mm2.EOS]), f"{w}.config.{mm2.EOS}")
     m = translate({"bootstrap.servers": bs} | java, alias, f"{w}.config.")
     at: Path = ("clusters", alias)
     for k in sorted(config):
@@ -176,7 +194,7 @@ def _str(v: Any) -> str:
 
 
 def _mirror(draft: Draft, mi: int, m: Any, consumer_opts: dict[str, dict[str, str]],
-            groups: list[dict[str, Any]]) -> dict[str, Any]:
+            groups: list[dict[str, Any]], eos: dict[str, mm2.Setting]) -> dict[str, Any]:
     aliases = list(consumer_opts)
     w = f"spec.mirrors[{mi}]"
     if not isinstance(m, dict):
@@ -192,26 +210,31 @@ def _mirror(draft: Draft, mi: int, m: Any, consumer_opts: dict[str, dict[str, st
     src, dst = ends
     if src == dst:
         raise draft.error(w, "sourceCluster and targetCluster are the same cluster")
-    settings: dict[str, mm2.Setting] = {}
+    settings: dict[str, mm2.Setting] = {mm2.EOS: eos[dst]} if dst in eos else {}
     for key, mm2_key in _PATTERNS.items():
         if key in m:
             if not isinstance(m[key], str):
                 raise draft.error(f"{w}.{key}", "expected a string of regexes")
             settings[mm2_key] = mm2.Setting(m[key], f"{w}.{key}")
     gi = len(groups)
+    off: dict[str, str] = {}  # connector -> why Strimzi ran it not (absent, paused, stopped)
     for conn in _CONNECTORS:
         block = m.get(conn)
         if block is None:
+            off[conn] = f"{w}.{conn} is not set: Strimzi creates no {_CONNECTOR_CLASS[conn]} without it"
             continue
         if not isinstance(block, dict):
             raise draft.error(f"{w}.{conn}", "expected a mapping")
+        state = _connector_state(draft, f"{w}.{conn}", block)
+        if state is not None:
+            off[conn] = state
         cfg = block.get("config") or {}
         if not isinstance(cfg, dict):
             raise draft.error(f"{w}.{conn}.config", "expected a mapping")
         for k, v in cfg.items():
             settings[str(k)] = mm2.Setting(_str(v), f"{w}.{conn}.config.{k}")
         for k, v in block.items():
-            if k == "config":
+            if k in ("config", "state", "pause"):
                 continue
             if k == "tasksMax":
                 draft.unmapped(f"{w}.{conn}.tasksMax", f"{v}: no equivalent (parallelism follows the host: spark.direct_processes writer processes, one per core by default, on the direct read path; a Spark task per source partition on Spark's)",
@@ -226,7 +249,43 @@ def _mirror(draft: Draft, mi: int, m: Any, consumer_opts: dict[str, dict[str, st
         name, n = f"{group['name']}-{n}", n + 1
     group["name"] = name
     group["enabled"] = True
+    _connectors_off(draft, ("groups", gi), group, off)
     for k in m:
         if k not in ("sourceCluster", "targetCluster", *_PATTERNS, *_CONNECTORS):
             draft.unmapped(f"{w}.{k}", f"{_short(m[k])}: no equivalent", ("groups", gi))
     return mm2.order_group(group)
+
+
+def _connector_state(draft: Draft, where: str, block: dict[str, Any]) -> str | None:
+    """Why a connector block Strimzi deploys does not run (``state: paused|stopped``, or the older
+    ``pause: true``), or None when it runs."""
+    state = block.get("state")
+    if state is not None:
+        if state not in ("running", "paused", "stopped"):
+            raise draft.error(f"{where}.state", f"expected running, paused or stopped, got {state!r}")
+        if state != "running":
+            return f"{where}.state is {state}: the connector copied nothing"
+    pause = block.get("pause")
+    if pause is not None and not isinstance(pause, bool):
+        raise draft.error(f"{where}.pause", f"expected true or false, got {pause!r}")
+    if pause and state is None:
+        return f"{where}.pause is true: the connector copied nothing"
+    return None
+
+
+def _connectors_off(draft: Draft, at: Path, group: dict[str, Any], off: dict[str, str]) -> None:
+    """Strimzi runs a mirror's connector only when its block is present and not paused or stopped; the
+    group keeps only what ran: no source connector -> the group is disabled, no checkpoint connector ->
+    no checkpoints or group offset sync, no heartbeat connector -> no heartbeats."""
+    if "sourceConnector" in off:
+        group["enabled"] = False
+        draft.note(at + ("enabled",), f"{off['sourceConnector']} (no topic was mirrored), so the group is disabled; "
+                   "enable it to start mirroring")
+    if "checkpointConnector" in off:
+        group["offsets"]["emit_checkpoints"] = False
+        group["offsets"]["sync_group_offsets"] = False
+        draft.note(at + ("offsets",), f"{off['checkpointConnector']} (no checkpoints or group offset sync), "
+                   "so both are off")
+    if "heartbeatConnector" in off:
+        group["heartbeats"]["enabled"] = False
+        draft.note(at + ("heartbeats",), f"{off['heartbeatConnector']} (no heartbeats), so they are off")

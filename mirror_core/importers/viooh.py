@@ -24,7 +24,8 @@ from edn_format import Keyword
 from mirror_core.config import NAME_RE, TOPIC_RE
 from mirror_core.importers import common
 from mirror_core.importers.draft import Draft, Path
-from mirror_core.importers.javaclient import shown, translate
+from mirror_core.importers.javaclient import safe_text, shown, translate
+from mirror_core.redaction import redact_text
 
 # edn_format's lexer logs its whole grammar at INFO when first used
 logging.getLogger("edn_format").setLevel(logging.WARNING)
@@ -34,6 +35,15 @@ _COMPAT = ("NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSI
 _TOPIC_NAME_STRATEGY = "io.confluent.kafka.serializers.subject.TopicNameStrategy"
 #: viooh's kafka-ssl-helper keys (PEM text inline) -> librdkafka's inline PEM settings
 _SSL_HELPER = {"ca-cert-pem": "ssl.ca.pem", "cert-pem": "ssl.certificate.pem", "private-key": "ssl.key.pem"}
+#: viooh's DEFAULT-CONFIG :topics-mirroring, deep-merged under the user's config (mirrorflow's defaults differ)
+VIOOH_DEFAULT_TM: dict[str, Any] = {"replication-factor": {"type": "fix", "value": 3},
+                                    "partition-count": {"type": "mirror-source", "min": 3, "max": 12}}
+_DEFAULT_TEXT = {"replication-factor": "{:type :fix :value 3}",
+                 "partition-count": "{:type :mirror-source :min 3 :max 12}"}
+#: the same keys in :schema-registry-configs -> mirrorflow's registry TLS settings (files, not inline PEM)
+_REGISTRY_SSL_HELPER = {"ca-cert-pem": ("ssl.ca.location", "the CA certificate"),
+                        "cert-pem": ("ssl.certificate.location", "the client certificate"),
+                        "private-key": ("ssl.key.location", "the client's private key")}
 
 
 
@@ -102,6 +112,20 @@ def _map(draft: Draft, where: str, value: Any) -> dict[str, Any]:
     return value
 
 
+def _registry_url(draft: Draft, where: str, url: Any) -> str:
+    """A registry URL as mirrorflow reads it (scheme in lower case, as URL schemes compare). Errors
+    never repeat the URL's credentials."""
+    if not isinstance(url, str) or not re.match(r"^https?://[^/\s]+", url, re.I):
+        shown = redact_text(url) if isinstance(url, str) else type(url).__name__
+        raise draft.error(where, f"not an http(s) URL: {shown!r}")
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port only when asked
+    except ValueError:
+        raise draft.error(where, f"invalid port in {redact_text(url)!r}") from None
+    return urlunsplit(parts._replace(scheme=parts.scheme.lower()))
+
+
 class _Clusters:
     """Cluster definitions seen so far: identical ones share an alias."""
 
@@ -118,8 +142,8 @@ class _Clusters:
             if not isinstance(v, (str, int, float, bool)):
                 raise self.draft.error(f"{where} :kafka :{k}", f"expected a string or number, got {type(v).__name__}")
         url = side.get("schema-registry-url")
-        if url is not None and (not isinstance(url, str) or not re.match(r"^https?://[^/\s]+", url)):
-            raise self.draft.error(f"{where} :schema-registry-url", f"not an http(s) URL: {url!r}")
+        if url is not None:
+            url = _registry_url(self.draft, f"{where} :schema-registry-url", url)
         sr_cfg = _map(self.draft, f"{where} :schema-registry-configs", side.get("schema-registry-configs"))
         ident = repr((sorted((k, str(v)) for k, v in kafka.items()), url, sorted(sr_cfg.items())))
         if ident in self.by_key:
@@ -141,13 +165,16 @@ class _Clusters:
                 else:
                     m.cluster[rd_key] = str(kafka[helper])
                     m.notes.append((rd_key, f"from {where} :kafka :{helper} (viooh's kafka-ssl-helper)"))
+        if ("ca-cert-pem" in kafka or {"cert-pem", "private-key"} <= set(kafka)) and "security.protocol" not in m.cluster:
+            # viooh's ssl-opts merged {:security.protocol "SSL"} under the user's own keys
+            m.cluster["security.protocol"] = "SSL"
+            m.notes.append(("security.protocol", "SSL: viooh's kafka-ssl-helper set it with its PEM keys"))
         registry: dict[str, Any] | None = None
         if url is not None:
             parts = urlsplit(url)
             registry = {"url": url}
             if parts.username or parts.password:  # credentials in the URL: never copied
-                host = parts.hostname or ""
-                netloc = host + (f":{parts.port}" if parts.port else "")
+                netloc = parts.netloc.rsplit("@", 1)[1]
                 registry["url"] = urlunsplit(parts._replace(netloc=netloc))
                 var = f"{alias}_REGISTRY_AUTH".upper().replace("-", "_")
                 registry["basic.auth.user.info"] = d.secret(var, f"the registry's user:password, cluster {alias}")
@@ -157,6 +184,8 @@ class _Clusters:
                 if k == "basic.auth.user.info" and "basic.auth.user.info" not in registry:
                     var = f"{alias}_REGISTRY_AUTH".upper().replace("-", "_")
                     registry["basic.auth.user.info"] = d.secret(var, f"the registry's user:password (cluster {alias})")
+                elif k in _REGISTRY_SSL_HELPER:
+                    self._registry_pem(alias, registry, k, f"{where} :schema-registry-configs :{k}")
                 elif k != "basic.auth.credentials.source":
                     d.unmapped(f"{where} :schema-registry-configs :{k}", f"{shown(k, str(v))}: no equivalent "
                                "(mirrorflow's registry settings are url, basic.auth.user.info and timeouts)",
@@ -164,6 +193,15 @@ class _Clusters:
         common.put_cluster(d, alias, m, registry)
         common.report(d, m, ("clusters", alias))
         self.source_options[alias] = m.source_options
+
+    def _registry_pem(self, alias: str, registry: dict[str, Any], helper: str, where: str) -> None:
+        """viooh's registry client took PEM text inline; mirrorflow's reads PEM files, so the setting
+        becomes a placeholder for a file holding that text (the text itself, a key above all, is not copied)."""
+        rd_key, what = _REGISTRY_SSL_HELPER[helper]
+        var = f"{alias}_REGISTRY_{rd_key}".upper().replace("-", "_").replace(".", "_")
+        registry[rd_key] = self.draft.secret(var, f"a PEM file holding {what} from {where}")
+        self.draft.note(("clusters", alias, "schema_registry", rd_key),
+                        f"set {var} to a file holding the PEM text of {where} (not copied)")
 
 
 def import_viooh(text: str, source: str, env: str = "local") -> Draft:
@@ -177,7 +215,8 @@ def import_viooh(text: str, source: str, env: str = "local") -> Draft:
     groups_in = cfg["groups"]
     if not isinstance(groups_in, list) or not groups_in:
         raise draft.error(":groups", "expected a non-empty vector of groups")
-    top_tm = _map(draft, ":topics-mirroring", cfg.get("topics-mirroring"))
+    user_tm = _map(draft, ":topics-mirroring", cfg.get("topics-mirroring"))
+    top_tm = _deep_merge(VIOOH_DEFAULT_TM, user_tm)
     clusters = _Clusters(draft)
     draft.tree["clusters"] = {}
     out_groups: list[dict[str, Any]] = []
@@ -189,10 +228,24 @@ def import_viooh(text: str, source: str, env: str = "local") -> Draft:
     for gi, g in enumerate(groups_in):
         gw = f":groups[{gi}]"
         g = _map(draft, gw, g)
-        _group(draft, gi, gw, g, top_tm, clusters, env, out_groups)
+        _group(draft, gi, gw, g, top_tm, clusters, env, out_groups, user_tm)
     for line in reversed(common.first_run("viooh-mirror", ":consumer-group-id")):
         draft.comments.setdefault(("groups",), []).insert(0, line)
     return draft
+
+
+def _note_defaults(draft: Draft, at: Path, out_tm: dict[str, Any], user_rules: list[dict[str, Any]]) -> None:
+    """Say where viooh's DEFAULT-CONFIG decided a topic rule of a group: mirrorflow's own defaults differ
+    (the source's replication factor, the exact partition count), so the import writes viooh's out.
+    ``user_rules`` are the file's top-level and the group's own ``:topics-mirroring``."""
+    for key, out_key in (("replication-factor", "replication_factor"), ("partition-count", "partition_count")):
+        rules = [r[key] for r in user_rules if isinstance(r.get(key), dict)]
+        where = at + ("topics_mirroring", out_key)
+        if not rules:
+            draft.note(where, f"{_DEFAULT_TEXT[key]}: viooh's default (its DEFAULT-CONFIG)")
+        elif out_tm.get(out_key, {}).get("type") == "mirror_source" and any(
+                k in out_tm[out_key] and all(k not in r for r in rules) for k in ("min", "max")):
+            draft.note(where, f"min / max from viooh's default {_DEFAULT_TEXT[key]} (its DEFAULT-CONFIG, merged under yours)")
 
 
 def _top_level(draft: Draft, key: str, value: Any) -> None:
@@ -226,7 +279,7 @@ def _edn(value: Any) -> str:
 
 
 def _edn_short(value: Any) -> str:
-    text = _edn(value)
+    text = safe_text(_edn(value))
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -239,7 +292,7 @@ _SIDE_KEYS = ("topic", "kafka", "schema-registry-url", "schema-registry-configs"
 
 
 def _group(draft: Draft, gi: int, gw: str, g: dict[str, Any], top_tm: dict[str, Any], clusters: _Clusters,
-           env: str, out_groups: list[dict[str, Any]]) -> None:
+           env: str, out_groups: list[dict[str, Any]], user_tm: dict[str, Any]) -> None:
     prefix = g.get("group-id-prefix")
     if prefix is not None and (not isinstance(prefix, str) or not re.match(NAME_RE, prefix)):
         raise draft.error(f"{gw} :group-id-prefix", f"{prefix!r} cannot name a group (letters, digits, '_', '-', '.')")
@@ -278,6 +331,9 @@ def _group(draft: Draft, gi: int, gw: str, g: dict[str, Any], top_tm: dict[str, 
         if key not in made:
             made[key] = len(out_groups)
             out_groups.append(_new_group(draft, len(out_groups), gw, g, shared, prefix, key, clusters, out_groups))
+            own_tm = g.get("topics-mirroring")
+            _note_defaults(draft, ("groups", made[key]), out_groups[-1]["topics_mirroring"],
+                           [user_tm] + ([own_tm] if isinstance(own_tm, dict) else []))
             if group_enabled and not m_enabled:
                 draft.note(("groups", made[key], "enabled"), f"holds the mirrors of {gw} with :enabled false "
                            "(mirrorflow enables groups, not single mirrors)")

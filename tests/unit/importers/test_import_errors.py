@@ -71,8 +71,9 @@ CASES = [
     ("viooh-bad-mode", "viooh", edn(group=":mirror-mode :loose"), ":groups[0] :mirror-mode", ":strict or :lenient"),
     ("viooh-bad-count-type", "viooh", edn(top=":topics-mirroring {:partition-count {:type :auto}}"),
      ":groups[0] :topics-mirroring :partition-count :type", ":fix or :mirror-source"),
-    ("viooh-fix-without-value", "viooh", edn(top=":topics-mirroring {:replication-factor {:type :fix}}"),
-     ":groups[0] :topics-mirroring :replication-factor", "needs :value"),
+    # (a :replication-factor {:type :fix} takes :value 3 from viooh's DEFAULT-CONFIG; a partition count has none)
+    ("viooh-fix-without-value", "viooh", edn(top=":topics-mirroring {:partition-count {:type :fix}}"),
+     ":groups[0] :topics-mirroring :partition-count", "needs :value"),
     ("viooh-min-above-max", "viooh", edn(top=":topics-mirroring {:partition-count {:type :mirror-source :min 9 :max 3}}"),
      ":groups[0] :topics-mirroring :partition-count", "above :max"),
     ("viooh-bad-registry-url", "viooh", edn().replace('"http://s-sr:8081"', '"s-sr:8081"'),
@@ -123,7 +124,7 @@ MM1_ARGS = {"producer_text": fixture_text("mm1-producer.properties"), "producer_
 @pytest.mark.parametrize(("kw", "source", "where", "problem"), [
     ({"producer_text": None, "include": "x"}, "c.properties", "--producer", "producer.properties"),
     (MM1_ARGS, "c.properties", "--include", "missing"),
-    (MM1_ARGS | {"include": "a, b(("}, "c.properties", "--include", "invalid regex 'b(('"),
+    (MM1_ARGS | {"include": "a, b(("}, "c.properties", "--include", "invalid regex 'a|b(('"),
     (MM1_ARGS | {"include": "a", "producer_text": "acks=all\n"}, "p/producer.properties", "bootstrap.servers", "missing"),
 ])
 def test_mm1_malformed(kw, source, where, problem):
@@ -173,3 +174,23 @@ def test_same_input_same_bytes_across_processes(fmt, name, extra):
         assert p.returncode == 0, p.stderr.decode()
         outs.append(p.stdout)
     assert outs[0] == outs[1] and outs[0].startswith(b"# mirrorflow config imported from")
+
+
+@pytest.mark.parametrize(("fmt", "text", "where", "problem"), [
+    ("strimzi", "apiVersion: kafka.strimzi.io/v1beta2\nkind: KafkaMirrorMaker\nmetadata: {name: m}\n"
+                "spec: {consumer: {bootstrapServers: 'a:9092', groupId: g}, producer: {bootstrapServers: 'b:9092'}, "
+                "include: 'orders.*'}\n", "kind", "mirrorflow import mm1"),
+    ("strimzi", "apiVersion: kafka.strimzi.io/v1\nkind: KafkaMirrorMaker2\nmetadata: {name: m}\n"
+                "spec: {target: {alias: b, bootstrapServers: 'b:9092'}, mirrors: [{source: {alias: a, "
+                "bootstrapServers: 'a:9092'}, sourceConnector: {}}]}\n", "spec.target", "not read yet"),
+    ("mm2", '{"name": "m", "config": {"connector.class": "org.apache.kafka.connect.mirror.MirrorSourceConnector", '
+            '"source.cluster.alias": "A", "target.cluster.alias": "B"}}', "connector.class", "connector config"),
+    ("mm2", '{"connector.class": "org.apache.kafka.connect.mirror.MirrorSourceConnector"}', "connector.class",
+     "connector config"),
+    ("mm2", "connector.class = org.apache.kafka.connect.mirror.MirrorSourceConnector\nsource.cluster.alias = A\n",
+     "connector.class", "connector config"),
+])
+def test_unsupported_inputs_say_what_they_are(fmt, text, where, problem):
+    with pytest.raises(ConfigError) as info:
+        import_config(fmt, text, "in.txt")
+    assert info.value.issues[0].path == where and problem in info.value.issues[0].message

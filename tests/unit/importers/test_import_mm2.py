@@ -8,6 +8,7 @@ import pytest
 from importer_samples import fixture_text, load, printed_lines, readme_section, run_import
 
 from mirror_core.config import resolve_mirrors
+from mirror_core.errors import ConfigError
 from mirror_core.importers import import_config
 
 SECRET = "s3cr3t-Cloud-Passw0rd"
@@ -188,3 +189,109 @@ def test_the_readmes_example_prints_what_the_import_prints():
         assert line.split("password=")[0] in sample, line
     lines = printed_lines(import_config("mm2", sample, "mm2.properties"), "mm2.properties")
     assert lines == printed.splitlines()
+
+
+def test_blank_topics_and_groups_match_nothing_as_in_mm2():
+    """``topics =`` (blank) is not unset: Kafka compiles no pattern for it and mirrors no topic."""
+    cfg = load(_imp(BASE + "A->B.topics =\nA->B.groups = \n"))
+    g = cfg.groups[0]
+    flow = resolve_mirrors(g)[0].topics
+    assert flow is not None and not flow.matches("orders") and not flow.matches("a")
+    assert not g.offsets.groups.matches("billing")
+    unset = load(_imp(BASE)).groups[0]
+    assert resolve_mirrors(unset)[0].topics.matches("orders")  # type: ignore[union-attr]
+    assert unset.offsets.groups.matches("billing")
+
+
+def test_strimzi_blank_topics_pattern_matches_nothing():
+    cr = """apiVersion: kafka.strimzi.io/v1beta2
+kind: KafkaMirrorMaker2
+metadata: {name: m}
+spec:
+  clusters: [{alias: a, bootstrapServers: "a:9092"}, {alias: b, bootstrapServers: "b:9092"}]
+  mirrors: [{sourceCluster: a, targetCluster: b, sourceConnector: {}, topicsPattern: ""}]
+"""
+    res = import_config("strimzi", cr, "mm2.yaml")
+    flow = resolve_mirrors(load(res).groups[0])[0].topics
+    assert flow is not None and not flow.matches("orders")
+    assert "spec.mirrors[0].topicsPattern is blank" in res.yaml_text
+
+
+def test_values_with_url_credentials_or_private_keys_are_not_echoed():
+    res = _imp(BASE + "A.schema.registry.url = https://svc:Sr-s3cret@sr:8081\n"
+               "A->B.some.setting = -----BEGIN RSA PRIVATE KEY-----MIIEsecretkey-----END RSA PRIVATE KEY-----\n"
+               "A.consumer.ssl.private.key = PKsecret\n")
+    seen = "\n".join([res.yaml_text, *map(str, res.findings)])
+    assert "Sr-s3cret" not in seen and "MIIEsecretkey" not in seen and "PKsecret" not in seen
+    assert any(f.where == "A.schema.registry.url" and "https://sr:8081" in f.message for f in res.findings)
+
+
+def test_exactly_once_on_the_target_cluster_decides_delivery():
+    """The Kafka docs enable EOS as ``<target>.exactly.once.source.support``: the worker of A->B reads B's."""
+    res = _imp(BASE + "B->A.enabled = true\nB.exactly.once.source.support = enabled\n")
+    cfg = load(res)
+    assert cfg.group("A-to-B").delivery == "exactly_once"
+    assert cfg.group("B-to-A").delivery == "at_least_once"  # A's worker had it disabled
+    assert not [f for f in res.findings if "exactly.once" in f.where]
+    over = load(_imp(BASE + "B.exactly.once.source.support = enabled\nA->B.exactly.once.source.support = disabled\n"))
+    assert over.groups[0].delivery == "at_least_once"  # the per-flow setting wins
+
+
+def test_strimzi_exactly_once_in_the_target_cluster_config():
+    cr = """apiVersion: kafka.strimzi.io/v1beta2
+kind: KafkaMirrorMaker2
+metadata: {name: m}
+spec:
+  clusters:
+  - {alias: a, bootstrapServers: "a:9092"}
+  - {alias: b, bootstrapServers: "b:9092", config: {exactly.once.source.support: enabled}}
+  mirrors: [{sourceCluster: a, targetCluster: b, sourceConnector: {}}]
+"""
+    res = import_config("strimzi", cr, "mm2.yaml")
+    assert load(res).groups[0].delivery == "exactly_once"
+    assert not [f for f in res.findings if "exactly.once" in f.where]
+
+
+def test_custom_separator_tells_that_the_checkpoints_topic_changes():
+    """MM2's DefaultReplicationPolicy named it <src><sep>checkpoints<sep>internal; mirrorflow's is fixed."""
+    res = _imp(BASE + "A->B.replication.policy.separator = _\n")
+    g = load(res).groups[0]
+    assert g.checkpoints_topic == "A.checkpoints.internal"
+    found = [f for f in res.findings if f.where == "A->B.replication.policy.separator"]
+    assert found and "A_checkpoints_internal" in found[0].message and "A.checkpoints.internal" in found[0].message
+    assert "checkpoints go to A.checkpoints.internal on B, as MM2's did" not in res.yaml_text
+    ident = _imp(BASE + "replication.policy.class = org.apache.kafka.connect.mirror.IdentityReplicationPolicy\n"
+                 "replication.policy.separator = -\n")
+    assert "not used by the identity policy" not in ident.yaml_text
+    assert any("A-checkpoints-internal" in f.message for f in ident.findings)
+    off = _imp(BASE + "A->B.replication.policy.separator = _\n"
+               "A->B.replication.policy.internal.topic.separator.enabled = false\n")
+    assert "checkpoints go to A.checkpoints.internal on B, as MM2's did" in off.yaml_text
+
+
+def test_java_inline_flags_apply_to_later_items_as_in_java():
+    """``(?i)a.*, b.*`` is Java's ``(?i)a.*|b.*``: both alternatives ignore case."""
+    g = load(_imp(BASE + "A->B.topics = x.*, (?i)orders.*, payments.*\n")).groups[0]
+    flow = resolve_mirrors(g)[0].topics
+    assert flow is not None and flow.matches("ORDERS.eu") and flow.matches("Payments.card")
+    assert flow.matches("x1") and not flow.matches("X1")  # before the flag: case kept
+
+
+@pytest.mark.parametrize(("topics", "problem"), [
+    ("[a-z&&[^x]]+", "Java-only construct"),
+    ("orders(?i)x", "inline flag"),
+    ("(?d)orders", "inline flag(s) d"),
+])
+def test_java_only_regex_is_an_error_naming_the_input_key(topics, problem):
+    with pytest.raises(ConfigError) as info:
+        _imp(BASE + f"A->B.topics = {topics}\n")
+    assert info.value.issues[0].path == "A->B.topics" and problem in info.value.issues[0].message
+
+
+def test_jaas_quoted_values_are_unescaped_as_java_reads_them():
+    from mirror_core.importers.javaclient import translate
+
+    m = translate({"sasl.jaas.config": 'org.apache.kafka.common.security.plain.PlainLoginModule required '
+                                       'username="CORP\\\\svc\\"x" password="p\\"w";'}, "A")
+    assert m.cluster["sasl.username"] == 'CORP\\svc"x'
+    assert "password" not in str(m.cluster) and 'p"w' not in str(m)

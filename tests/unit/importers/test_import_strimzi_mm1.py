@@ -132,3 +132,55 @@ def test_mm1_cli_takes_the_whitelist_from_mirror_makers_env_variable(tmp_path):
     assert res.exit_code == 0, res.output
     assert "include: clicks.*" in out.read_text()
     assert f"{FIXTURES / 'mm1-producer.properties'}: buffer.memory: " in res.stderr  # the producer's file named
+
+
+_CR_HEAD = """apiVersion: kafka.strimzi.io/v1beta2
+kind: KafkaMirrorMaker2
+metadata: {name: m}
+spec:
+  connectCluster: b
+  clusters:
+  - {alias: a, bootstrapServers: "a:9092"}
+  - alias: b
+    bootstrapServers: "b:9092"
+"""
+
+
+def test_strimzi_runs_only_the_connectors_it_creates():
+    """No sourceConnector: Strimzi's operator created no MirrorSourceConnector, so the mirror copied
+    nothing; a missing or paused checkpoint / heartbeat connector wrote no checkpoints / heartbeats."""
+    cr = _CR_HEAD + """  mirrors:
+  - sourceCluster: a
+    targetCluster: b
+    sourceConnector: {}
+    topicsPattern: "orders.*"
+  - sourceCluster: b
+    targetCluster: a
+    checkpointConnector: {}
+    heartbeatConnector: {}
+  - sourceCluster: a
+    targetCluster: b
+    sourceConnector: {state: stopped}
+    checkpointConnector: {pause: true}
+    heartbeatConnector: {state: paused}
+"""
+    res = import_config("strimzi", cr, "mm2.yaml")
+    cfg = load(res)
+    copy, none, stopped = cfg.groups
+    assert copy.enabled and not copy.offsets.emit_checkpoints and not copy.offsets.sync_group_offsets
+    assert not copy.heartbeats.enabled
+    assert not none.enabled and none.offsets.emit_checkpoints and none.heartbeats.enabled
+    assert not stopped.enabled and not stopped.offsets.emit_checkpoints and not stopped.heartbeats.enabled
+    assert "spec.mirrors[1].sourceConnector is not set" in res.yaml_text
+    assert "spec.mirrors[2].sourceConnector.state is stopped" in res.yaml_text
+    assert not [f for f in res.findings if "state" in f.where or "pause" in f.where]
+
+
+def test_mm1_include_is_normalised_as_mirrormaker_1_did():
+    """kafka.utils IncludeList: ',' -> '|', spaces and surrounding quotes removed, then a full match."""
+    for include in ("orders.* | payments.*", '"orders.*,payments.*"', "(orders,payments)\\..*"):
+        res = mm1_import(include=include)
+        flow = resolve_mirrors(load(res).groups[0])[0].topics
+        assert flow is not None and flow.matches("orders.x") and flow.matches("payments.y"), include
+        assert not flow.matches("refunds")
+        assert "MirrorMaker 1 read --include" in res.yaml_text

@@ -125,3 +125,68 @@ def test_same_clusters_in_two_groups_share_aliases():
     group_one, group_two = (t[len("{:groups ["):-len("] }")] for t in (one, two))
     cfg = load(_imp("{:groups [" + group_one + " " + group_two + "]}"))
     assert sorted(cfg.clusters) == ["dst-1", "src-1"] and [g.name for g in cfg.groups] == ["prod", "stage"]
+
+
+REG_KEY = "-----BEGIN PRIVATE KEY-----\\nREGISTRYSECRETKEY\\n-----END PRIVATE KEY-----"
+
+
+def _everything(res) -> str:
+    """All a user or a log sees: the YAML, each finding, each placeholder's description."""
+    return "\n".join([res.yaml_text, *map(str, res.findings), *(w for _, w in res.env_vars)])
+
+
+def test_registry_pem_helpers_map_to_files_and_the_key_is_never_shown():
+    side = (f':schema-registry-url "https://src-sr:8081" :schema-registry-configs {{:private-key "{REG_KEY}" '
+            ':cert-pem "-----BEGIN CERTIFICATE-----\\nMIID\\n-----END CERTIFICATE-----" '
+            f':ssl.other.passphrase "pass-phrase-1" :stray "{REG_KEY}"}}')
+    text = _cfg(M1).replace(':schema-registry-url "http://src-sr:8081"', side)
+    res = _imp(text)
+    seen = _everything(res)
+    assert "REGISTRYSECRETKEY" not in seen and "pass-phrase-1" not in seen
+    reg = load(res).clusters["src-1"].schema_registry
+    assert reg is not None
+    assert reg.ssl_key_location == "value-of-SRC_1_REGISTRY_SSL_KEY_LOCATION"
+    assert reg.ssl_certificate_location == "value-of-SRC_1_REGISTRY_SSL_CERTIFICATE_LOCATION"
+
+
+def test_kafka_ssl_helper_keys_select_ssl():
+    pem = "-----BEGIN CERTIFICATE-----\\nMIIB\\n-----END CERTIFICATE-----"
+    text = _cfg(M1).replace('{:bootstrap.servers "src-1.example:9092"}',
+                            f'{{:bootstrap.servers "src-1.example:9093" :ca-cert-pem "{pem}"}}')
+    cfg = load(_imp(text))
+    assert cfg.clusters["src-1"].kafka_properties()["security.protocol"] == "SSL"
+    own = text.replace(':ca-cert-pem', ':security.protocol "SASL_SSL" :ca-cert-pem')
+    assert load(_imp(own)).clusters["src-1"].kafka_properties()["security.protocol"] == "SASL_SSL"
+
+
+def test_viooh_default_topic_rules_apply_unless_set():
+    """viooh deep-merged {:replication-factor {:type :fix :value 3} :partition-count {:type :mirror-source
+    :min 3 :max 12}} under the user's :topics-mirroring."""
+    res = _imp(_cfg(M1))
+    tm = load(res).groups[0].topics_mirroring
+    assert (tm.replication_factor.type, tm.replication_factor.value) == ("fix", 3)
+    assert (tm.partition_count.type, tm.partition_count.min, tm.partition_count.max) == ("mirror_source", 3, 12)
+    assert "viooh's default" in res.yaml_text
+    own = _cfg(M1, group_extra=":topics-mirroring {:replication-factor {:type :mirror-source} "
+                               ":partition-count {:type :fix :value 5}}")
+    tm = load(_imp(own)).groups[0].topics_mirroring
+    assert tm.replication_factor.type == "mirror_source"
+    assert (tm.partition_count.type, tm.partition_count.value) == ("fix", 5)
+
+
+def test_registry_url_scheme_any_case_and_errors_never_repeat_credentials():
+    from mirror_core.errors import ConfigError
+
+    upper = _cfg(M1).replace('"http://src-sr:8081"', '"HTTP://user:s3cr3t@src-sr:8081"')
+    res = _imp(upper)
+    reg = load(res).clusters["src-1"].schema_registry
+    assert reg is not None and reg.url.get_secret_value() == "http://src-sr:8081"
+    assert "s3cr3t" not in _everything(res)
+    for bad in ('"http://user:s3cr3t@src-sr:80x"', '"ftp://user:s3cr3t@src-sr"'):
+        try:
+            _imp(_cfg(M1).replace('"http://src-sr:8081"', bad))
+        except ConfigError as exc:
+            assert exc.issues[0].path == ":groups[0] :source :schema-registry-url"
+            assert "s3cr3t" not in str(exc)
+        else:
+            raise AssertionError(f"{bad} was accepted")
