@@ -22,10 +22,15 @@ from typing import Any
 
 from pydantic import SecretStr
 
-#: Kafka / registry client property names whose values are secrets.
-#: inline private keys (librdkafka ``ssl.key.pem``, Java ``ssl.keystore.key``) are secrets too
+#: Kafka / registry client and Spark / Hadoop property names whose values are secrets: passwords and
+#: passphrases (librdkafka's ``sasl.oauthbearer.assertion.private.key.passphrase``, Spark's ``spark.ssl.keyPassword``),
+#: secrets and tokens, JAAS / OAUTHBEARER / basic-auth lines, inline private keys (librdkafka ``ssl.key.pem`` and
+#: ``sasl.oauthbearer.assertion.private.key.pem``, Java ``ssl.keystore.key``) and keys named ``*.key`` (Hadoop's
+#: ``fs.s3a.secret.key`` / ``access.key`` / ``encryption.key``, ``fs.azure.account.key.<account>``). Paths to
+#: such files (``*.location``, ``*.file``) are not secrets
 SECRET_KEY_RE = re.compile(
-    r"(password|secret|sasl\.jaas\.config|basic\.auth\.user\.info|token|ssl\.key\.pem|ssl\.keystore\.key)", re.I)
+    r"(password|passphrase|secret|token|sasl\.jaas\.config|sasl\.oauthbearer\.config|basic\.auth\.user\.info"
+    r"|key\.pem$|\.key$|account\.key\.)", re.I)
 
 #: ``scheme://userinfo@`` anywhere in a text; userinfo cannot contain ``/``, whitespace or ``@``
 _USERINFO_IN_TEXT = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"]+@")

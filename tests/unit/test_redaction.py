@@ -203,3 +203,59 @@ def test_pydantics_notice_about_airflows_xcom_route_is_left_out_of_a_users_outpu
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
     for alias in ("key", "task_instance_id"):
         assert (f"The 'alias' attribute with value '{alias}'" in err) is not quiet, err
+
+
+# --------------------------------------------------------------------------- secret property names
+
+#: secret-valued properties the name pattern once missed: librdkafka 2.16's JWT-bearer assertion (sensitive there)
+#: and its OAUTHBEARER config line, and Hadoop's object store keys as a group's spark.conf gives them
+MISSED_SECRET_KEYS = [
+    "sasl.oauthbearer.assertion.private.key.passphrase",
+    "sasl.oauthbearer.assertion.private.key.pem",
+    "sasl.oauthbearer.config",
+    "spark.hadoop.fs.s3a.access.key",
+    "spark.hadoop.fs.s3a.encryption.key",
+    "spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net",
+]
+SECRET = "Passphr4se-s3cret"
+
+
+@pytest.mark.parametrize("key", MISSED_SECRET_KEYS)
+def test_secret_property_names_are_masked_everywhere_they_show(key, tmp_path, monkeypatch):
+    """A cluster's value under such a name is a SecretStr (config repr and dumps), masked in a ClientConfig,
+    registered with Airflow's log masker, and written to the 0600 secrets file instead of Spark's options."""
+    import importlib
+    from types import SimpleNamespace
+
+    from mirror_core import clients
+    from mirror_core.config import ClusterConfig
+    from mirror_core.redaction import ClientConfig, is_secret_key
+
+    assert is_secret_key(key)
+    c = ClusterConfig.model_validate({"kafka": {"bootstrap.servers": "b:9092", key: SECRET},
+                                      "java_kafka": {key: SECRET}})
+    assert c.kafka_properties()[key] == SECRET  # what the client gets
+    for shown in (repr(c), str(c.model_dump()), c.model_dump_json(), repr(clients.kafka_config(c)),
+                  repr(ClientConfig({key: SECRET}))):
+        assert SECRET not in shown, shown
+    options = clients.java_kafka_options(c, tmp_path, "g-source")
+    assert SECRET not in str(dict(options))
+    assert SECRET in (tmp_path / "g-source.properties").read_text()
+
+    hooks = importlib.import_module("mirrorflow_airflow.hooks")
+    masked: list[str] = []
+    monkeypatch.setattr(hooks, "_mask", masked.append)
+    hooks.kafka_properties(SimpleNamespace(extra_dejson={"bootstrap.servers": "b:9092", key: SECRET},
+                                           login=None, password=None, host=None, port=None))
+    assert masked == [SECRET]
+
+
+@pytest.mark.parametrize("key", [
+    "bootstrap.servers", "ssl.key.location", "ssl.certificate.pem", "ssl.ca.pem", "ssl.keystore.location",
+    "sasl.oauthbearer.assertion.private.key.file", "sasl.oauthbearer.client.id", "bearer.auth.credentials.source",
+    "spark.hadoop.fs.s3a.aws.credentials.provider", "spark.hadoop.fs.s3a.endpoint", "key.serializer",
+])
+def test_ordinary_property_names_are_not_secrets(key):
+    from mirror_core.redaction import is_secret_key
+
+    assert not is_secret_key(key)
