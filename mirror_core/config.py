@@ -100,7 +100,9 @@ Regex = Annotated[str, AfterValidator(_check_regex)]
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    # a pydantic error's text (a hook's resolve, a caller's model_validate) shows no input: it may be a
+    # password, a registry URL with credentials or a whole client config
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, hide_input_in_errors=True)
 
 
 # --------------------------------------------------------------------------- clusters
@@ -140,7 +142,10 @@ class SchemaRegistryConfig(_Frozen):
             v = v.get_secret_value()
         if isinstance(v, str):
             if not re.match(r"^https?://[^/\s]+", v):
-                raise ValueError(f"not an http(s) URL: {redaction.redact_url(v)!r}")
+                # never the value itself: a URL without its scheme has no userinfo to tell apart
+                host = redaction.url_host(v)
+                raise ValueError("not an http(s) URL (it must start with http:// or https://)"
+                                 + (f"; host {host!r}" if host else ""))
             return v.rstrip("/")
         return v
 

@@ -32,15 +32,32 @@ SECRET_KEY_RE = re.compile(
     r"(password|passphrase|secret|token|sasl\.jaas\.config|sasl\.oauthbearer\.config|basic\.auth\.user\.info"
     r"|key\.pem$|\.key$|account\.key\.)", re.I)
 
-#: ``scheme://userinfo@`` anywhere in a text; userinfo cannot contain ``/``, whitespace or ``@``
-_USERINFO_IN_TEXT = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"]+@")
+#: ``scheme://userinfo@`` anywhere in a text (``scheme//`` too, a common typo): the userinfo runs to the
+#: authority's LAST ``@`` (an unencoded ``@``, ``'`` or ``"`` in a password is still the password's), the
+#: authority ending at ``/``, ``?``, ``#`` or a blank as a URL parser ends it
+_USERINFO_IN_TEXT = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*:?//)[^/?#\s]*@")
 
 MASK = "**********"
 
 
 def redact_url(url: str) -> str:
-    """``url`` without its ``user:password@`` part (the rest unchanged)."""
+    """``url`` without its ``user:password@`` part (the rest unchanged). A value without ``scheme://`` (a
+    typo, a missing scheme) loses everything up to its last ``@``: its userinfo cannot be told apart."""
+    if "//" not in url:
+        return url.rpartition("@")[2]
     return _USERINFO_IN_TEXT.sub(r"\g<scheme>", url, count=1)
+
+
+#: what :func:`url_host` shows: a host name or address, and a port
+_HOST_PORT = re.compile(r"^(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::\d+)?$")
+
+
+def url_host(url: str) -> str | None:
+    """The ``host[:port]`` of a URL (well formed or not) for an error message, or None when what stands
+    there does not look like one (it may then be part of a password): never any userinfo."""
+    rest = url.split("//", 1)[1] if "//" in url else url
+    host = re.split(r"[/?#\s]", rest.rpartition("@")[2], maxsplit=1)[0]
+    return host if _HOST_PORT.match(host) else None
 
 
 def redact_text(text: str) -> str:
