@@ -300,7 +300,7 @@ def java_kafka_options(cluster: ClusterConfig, secrets_dir: Path | Callable[[], 
     if not secret:
         return ClientConfig(out)
     path = (secrets_dir if isinstance(secrets_dir, Path) else secrets_dir()) / f"{name}.properties"
-    write_private(path, "".join(f"{k}={_properties_escape(v)}\n" for k, v in secret.items()).encode())
+    write_private(path, properties_text(secret).encode())
     out["config.providers"] = _PROVIDER
     out[f"config.providers.{_PROVIDER}.class"] = _FILE_PROVIDER
     for k in secret:
@@ -344,6 +344,11 @@ def private_dir(prefix: str, base: Path | None = None) -> Path:
 def _host_key() -> str:
     """This host's name as 8 hex digits (a name may hold any character; this one fits in a file name)."""
     return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def properties_text(props: dict[str, str]) -> str:
+    """``props`` as a Java properties file's lines, each value as Properties.load reads it back."""
+    return "".join(f"{k}={_properties_escape(v)}\n" for k, v in props.items())
 
 
 def _properties_escape(value: str) -> str:

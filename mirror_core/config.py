@@ -100,7 +100,9 @@ Regex = Annotated[str, AfterValidator(_check_regex)]
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    # a pydantic error's text (a hook's resolve, a caller's model_validate) shows no input: it may be a
+    # password, a registry URL with credentials or a whole client config
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, hide_input_in_errors=True)
 
 
 # --------------------------------------------------------------------------- clusters
@@ -140,7 +142,10 @@ class SchemaRegistryConfig(_Frozen):
             v = v.get_secret_value()
         if isinstance(v, str):
             if not re.match(r"^https?://[^/\s]+", v):
-                raise ValueError(f"not an http(s) URL: {redaction.redact_url(v)!r}")
+                # never the value itself: a URL without its scheme has no userinfo to tell apart
+                host = redaction.url_host(v)
+                raise ValueError("not an http(s) URL (it must start with http:// or https://)"
+                                 + (f"; host {host!r}" if host else ""))
             return v.rstrip("/")
         return v
 
@@ -470,7 +475,10 @@ class SparkConfig(_Frozen):
     #: a stop (signal, Airflow task kill) ends the job's whole process tree within this many seconds:
     #: the running micro-batch may finish first, then whatever is left is killed
     stop_timeout: Duration = 30.0
-    conf: dict[str, str] = Field(default_factory=dict)
+    #: Spark options of the group's session; values whose names look secret (:data:`SECRET_KEY_RE`, e.g.
+    #: ``spark.hadoop.fs.s3a.secret.key``) are kept as SecretStr and never go on a command line (see
+    #: :meth:`public_conf`, :meth:`secret_conf`)
+    conf: dict[str, str | SecretStr] = Field(default_factory=dict)
     #: extra options for Spark's Kafka source (``kafka.<consumer property>``, ``fetchOffset.*``, ...),
     #: over mirrorflow's defaults; not the ones the mirror's guarantees rest on (see RESERVED_SOURCE_OPTIONS)
     source_options: dict[str, str] = Field(default_factory=dict)
@@ -489,9 +497,17 @@ class SparkConfig(_Frozen):
                 raise ValueError(f"{key!r} cannot be set here: {why}")
         return v
 
+    @field_validator("conf", mode="before")
+    @classmethod
+    def _secret_conf(cls, v: Any) -> Any:
+        """Secret-looking values become SecretStr, so the config's repr and dumps mask them."""
+        if not isinstance(v, Mapping):
+            return v
+        return {k: SecretStr(x) if isinstance(x, str) and SECRET_KEY_RE.search(str(k)) else x for k, x in v.items()}
+
     @field_validator("conf")
     @classmethod
-    def _conf(cls, v: dict[str, str]) -> dict[str, str]:
+    def _conf(cls, v: dict[str, str | SecretStr]) -> dict[str, str | SecretStr]:
         speculation = str(v.get("spark.speculation", "false")).strip().lower()
         if speculation != "false":
             raise ValueError(f"'spark.speculation' cannot be {v['spark.speculation']!r}: a speculative copy of a "
@@ -518,6 +534,16 @@ class SparkConfig(_Frozen):
             except ValueError:
                 raise ValueError(f"not a trigger: {v!r} (use 'available_now' or a duration like '1 second')") from None
         return v
+
+    def public_conf(self) -> dict[str, str]:
+        """The ``conf`` options that are not secrets: what may go on the command line of a JVM (``ps`` shows
+        it to every user of the host), a log or a plan."""
+        return {k: v for k, v in self.conf.items() if isinstance(v, str)}
+
+    def secret_conf(self) -> dict[str, str]:
+        """The ``conf`` options whose names look secret, revealed: for the driver JVM's private properties
+        file only (``spark_jobs.mirror_stream.secret_conf_file``)."""
+        return {k: v.get_secret_value() for k, v in self.conf.items() if isinstance(v, SecretStr)}
 
     @property
     def reads_directly(self) -> bool:

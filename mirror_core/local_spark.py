@@ -16,13 +16,14 @@ import os
 import shutil
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from mirror_core import local
 from mirror_core.errors import LocalClusterError, PrerequisiteError
+from mirror_core.redaction import is_secret_key
 
 STATE_FILE = "spark.json"
 _DAEMON_HEAP = os.environ.get("MIRRORFLOW_SPARK_DAEMON_HEAP", "-Xmx256m")
@@ -55,6 +56,18 @@ def _daemon_cmd(java: str, home: Path, main: str, *args: str) -> list[str]:
     return [java, *_DAEMON_HEAP.split(), "-XX:+UseSerialGC", "-cp", f"{home}/conf:{home}/jars/*", main, *args]
 
 
+#: environment variables of Spark's and Hadoop's own, which the daemons keep whatever their names
+_DAEMONS_OWN = ("SPARK_", "_SPARK_", "HADOOP_")
+
+
+def daemon_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment the master and workers (and so every executor they launch) start with: the caller's,
+    without the variables whose names look secret (``MIRRORFLOW_SOURCE_PASSWORD`` sourced for
+    ``config/local-secure.yaml``, ``AWS_SECRET_ACCESS_KEY``...). Nothing there needs them: the config is
+    interpolated on the driver, and the executors get what they need inside their tasks."""
+    return {k: v for k, v in environ.items() if k.startswith(_DAEMONS_OWN) or not is_secret_key(k)}
+
+
 def up(env: local.LocalEnv, workers: int = 2, cores_per_worker: int = 1, memory_per_worker: str = "1g",
        timeout: float = 120.0) -> SparkCluster:
     """Start a master and ``workers`` workers on free loopback ports; returns when every worker has
@@ -77,7 +90,7 @@ def up(env: local.LocalEnv, workers: int = 2, cores_per_worker: int = 1, memory_
     # launcher needs it said (as Spark's own load-spark-env.sh does). The executors' block managers and fetched
     # files go under the state directory, not the machine's temporary one: a worker stopped before its
     # executors clean up (a stop, a killed worker) would leave them there
-    spawn_env = {**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
+    spawn_env = {**daemon_env(os.environ), "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
                  "SPARK_SCALA_VERSION": os.environ.get("SPARK_SCALA_VERSION", "2.13"),
                  "SPARK_LOCAL_DIRS": str(scratch)}
     pids: list[int] = []

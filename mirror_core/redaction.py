@@ -22,20 +22,42 @@ from typing import Any
 
 from pydantic import SecretStr
 
-#: Kafka / registry client property names whose values are secrets.
-#: inline private keys (librdkafka ``ssl.key.pem``, Java ``ssl.keystore.key``) are secrets too
+#: Kafka / registry client and Spark / Hadoop property names whose values are secrets: passwords and
+#: passphrases (librdkafka's ``sasl.oauthbearer.assertion.private.key.passphrase``, Spark's ``spark.ssl.keyPassword``),
+#: secrets and tokens, JAAS / OAUTHBEARER / basic-auth lines, inline private keys (librdkafka ``ssl.key.pem`` and
+#: ``sasl.oauthbearer.assertion.private.key.pem``, Java ``ssl.keystore.key``) and keys named ``*.key`` (Hadoop's
+#: ``fs.s3a.secret.key`` / ``access.key`` / ``encryption.key``, ``fs.azure.account.key.<account>``). Paths to
+#: such files (``*.location``, ``*.file``) are not secrets
 SECRET_KEY_RE = re.compile(
-    r"(password|secret|sasl\.jaas\.config|basic\.auth\.user\.info|token|ssl\.key\.pem|ssl\.keystore\.key)", re.I)
+    r"(password|passphrase|secret|token|sasl\.jaas\.config|sasl\.oauthbearer\.config|basic\.auth\.user\.info"
+    r"|key\.pem$|\.key$|account\.key\.)", re.I)
 
-#: ``scheme://userinfo@`` anywhere in a text; userinfo cannot contain ``/``, whitespace or ``@``
-_USERINFO_IN_TEXT = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"]+@")
+#: ``scheme://userinfo@`` anywhere in a text (``scheme//`` too, a common typo): the userinfo runs to the
+#: authority's LAST ``@`` (an unencoded ``@``, ``'`` or ``"`` in a password is still the password's), the
+#: authority ending at ``/``, ``?``, ``#`` or a blank as a URL parser ends it
+_USERINFO_IN_TEXT = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*:?//)[^/?#\s]*@")
 
 MASK = "**********"
 
 
 def redact_url(url: str) -> str:
-    """``url`` without its ``user:password@`` part (the rest unchanged)."""
+    """``url`` without its ``user:password@`` part (the rest unchanged). A value without ``scheme://`` (a
+    typo, a missing scheme) loses everything up to its last ``@``: its userinfo cannot be told apart."""
+    if "//" not in url:
+        return url.rpartition("@")[2]
     return _USERINFO_IN_TEXT.sub(r"\g<scheme>", url, count=1)
+
+
+#: what :func:`url_host` shows: a host name or address, and a port
+_HOST_PORT = re.compile(r"^(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::\d+)?$")
+
+
+def url_host(url: str) -> str | None:
+    """The ``host[:port]`` of a URL (well formed or not) for an error message, or None when what stands
+    there does not look like one (it may then be part of a password): never any userinfo."""
+    rest = url.split("//", 1)[1] if "//" in url else url
+    host = re.split(r"[/?#\s]", rest.rpartition("@")[2], maxsplit=1)[0]
+    return host if _HOST_PORT.match(host) else None
 
 
 def redact_text(text: str) -> str:

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import functools
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -47,6 +49,7 @@ from mirror_core.logs import setup_logging
 from mirror_core.process import DEFAULT_STOP_TIMEOUT
 from mirror_core.replicate import release_producers
 from mirror_core.stream import RESULT_DDL, CollectError, MirrorRuntime, arrow_writer, write_batches
+from mirror_core.tls import write_private
 from spark_jobs import jvm_archive, local_fs
 from spark_jobs.local_fs import is_local_path
 
@@ -64,7 +67,8 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
     fs_jar = local_fs.existing_jar(cache)
     # executors' Python workers must run this interpreter (the venv with confluent-kafka), not PATH's python3
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.update(jvm_archive.driver_env(group.spark.master, group.spark.conf))  # read when the JVM starts
+    conf = group.spark.public_conf()  # secret-looking values never go on the JVM's command line: below
+    os.environ.update(jvm_archive.driver_env(group.spark.master, conf))  # read when the JVM starts
     builder = (
         SparkSession.builder.appName(app_name or f"mirrorflow-{group.name}")
         .master(group.spark.master)
@@ -85,17 +89,17 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
     )
     # a group's own options after mirrorflow's, as spark-submit gets them (jvm_archive.submit_conf): theirs
     # win where they overlap
-    driver_options = jvm_archive.driver_options(cache, group.spark.conf.get("spark.driver.extraJavaOptions", ""),
+    driver_options = jvm_archive.driver_options(cache, conf.get("spark.driver.extraJavaOptions", ""),
                                                 direct=group.spark.plans_only)
     starts_jvm = local_fs.starts_jvm()
-    scratch = scratch_dir(group.spark.master, group.spark.conf, driver_options, starts_jvm)
+    scratch = scratch_dir(group.spark.master, conf, driver_options, starts_jvm)
     if scratch is not None:
         # the JVM's temporary directory, which Spark takes for its scratch files without spark.local.dir;
         # setting that makes Spark warn at every start that a cluster manager would override it
         given = jvm_archive.with_tmpdir(driver_options, scratch) if starts_jvm else None
         if given is not None:
             driver_options = given
-        elif local_scratch(group.spark.master, group.spark.conf):
+        elif local_scratch(group.spark.master, conf):
             # a JVM already running (spark-submit started it): Spark's own setting, warning and all
             builder = builder.config("spark.local.dir", str(scratch))
     builder = builder.config("spark.driver.extraJavaOptions", driver_options)
@@ -107,21 +111,79 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
         # A local rename is atomic either way; other stores keep Spark's default.
         builder = builder.config("spark.sql.streaming.checkpointFileManagerClass", LOCAL_CHECKPOINT_MANAGER)
         # and no chmod process per checkpoint file (spark_jobs/local_fs.py)
-        for k, v in local_fs.session_conf(group.spark.master, fs_jar, group.spark.conf).items():
+        for k, v in local_fs.session_conf(group.spark.master, fs_jar, conf).items():
             builder = builder.config(k, v)
-    for k, v in group.spark.conf.items():
+    for k, v in conf.items():
         if k == "spark.driver.extraJavaOptions":
             continue  # given above
         if k == "spark.driver.extraClassPath" and fs_jar is not None:
             v = f"{fs_jar}{os.pathsep}{v}"
         builder = builder.config(k, v)
-    spark = builder.getOrCreate()
+    secret = group.spark.secret_conf()
+    if starts_jvm:
+        with secret_conf_file(secret):
+            spark = builder.getOrCreate()
+    else:  # spark-submit started the JVM: no command line to keep them off, but its context is made already
+        for k, v in secret.items():
+            builder = builder.config(k, v)
+        spark = builder.getOrCreate()
+        set_hadoop_options(spark, secret)
     leave_stop_signals_to_python(spark)
     spark.sparkContext.setLogLevel("WARN")
     quiet_spark_loggers(spark)
     if is_local_path(group.spark.checkpoint_dir):
         local_fs.install(spark)  # a JVM started before this session: where Spark has not cached one yet
     return spark
+
+
+#: a job's private directory for the properties file of its secret ``spark.conf`` values (:func:`secret_conf_file`):
+#: this, its process id, ``-``, its host's hash, ``-`` (see :func:`clients.private_dir`)
+SECRET_CONF_PREFIX = "mirrorflow-sparkconf-"
+#: how pyspark's ``launch_gateway`` is told what else to hand ``spark-submit`` (after the ``--conf`` options it
+#: makes of the session's builder options)
+SUBMIT_ARGS_ENV = "PYSPARK_SUBMIT_ARGS"
+
+
+@contextlib.contextmanager
+def secret_conf_file(secret: dict[str, str]) -> Iterator[None]:
+    """While the block starts the driver JVM, its ``secret`` Spark options are in a 0600 properties file that
+    ``spark-submit`` is given with ``--properties-file`` (``--load-spark-defaults``: Spark's
+    ``spark-defaults.conf`` is still read, under it) through :data:`SUBMIT_ARGS_ENV`. pyspark turns every
+    builder option into ``--conf key=value`` on the ``spark-submit`` and ``java`` command lines, which ``ps``
+    shows every user of the host; the file's path is all they show now. The file's directory is removed when
+    the block ends (the JVM has read it by then), or by the next job on the host when a SIGKILL cut it short."""
+    if not secret:
+        yield
+        return
+    before = os.environ.get(SUBMIT_ARGS_ENV)
+    args = before or "pyspark-shell"
+    if any(a.split("=", 1)[0] == "--properties-file" for a in shlex.split(args)):
+        raise MirrorError(f"{SUBMIT_ARGS_ENV} names a --properties-file: the secret spark.conf options "
+                          f"({', '.join(sorted(secret))}) need their own; put them in that file instead")
+    directory = clients.private_dir(SECRET_CONF_PREFIX)
+    try:
+        path = write_private(directory / "spark.properties", clients.properties_text(secret).encode())
+        os.environ[SUBMIT_ARGS_ENV] = f"--properties-file {shlex.quote(str(path))} --load-spark-defaults {args}"
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SUBMIT_ARGS_ENV, None)
+        else:
+            os.environ[SUBMIT_ARGS_ENV] = before
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+HADOOP_PREFIX = "spark.hadoop."
+
+
+def set_hadoop_options(spark: SparkSession, options: dict[str, str]) -> None:
+    """The ``spark.hadoop.*`` of ``options`` set on the running context's Hadoop configuration (without the
+    prefix), where a session's options for an existing context do not go. File systems are made when a path
+    first needs one, so before any query starts is in time for its checkpoint's."""
+    hadoop: Any = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    for k, v in options.items():
+        if k.startswith(HADOOP_PREFIX):
+            hadoop.set(k[len(HADOOP_PREFIX):], v)
 
 
 #: a job's private scratch directory for Spark (:func:`scratch_dir`): this, its process id, ``-``, its host's hash,

@@ -16,9 +16,7 @@ and every secret value found is registered with Airflow's log masker.
 from __future__ import annotations
 
 import json
-import os
-import stat
-import tempfile
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -35,6 +33,10 @@ from mirror_core.config import (
     load_config,
     with_connections,
 )
+
+#: a task's private directory for its connections file (:meth:`MirrorflowHook.connections_file`): this, its
+#: process id, ``-``, its host's hash, ``-`` (see :func:`mirror_core.clients.private_dir`)
+CONNECTIONS_DIR_PREFIX = "mirrorflow-connections-"
 
 
 def _mask(value: Any) -> None:
@@ -111,24 +113,26 @@ class MirrorflowHook(BaseHook):
 
     @contextmanager
     def connections_file(self) -> Iterator[str | None]:
-        """A private (0600) temporary file holding the resolved connections, for a child process (the
-        Spark job) that cannot ask Airflow; None when the config names no connection. Removed on exit."""
+        """A private (0600) file holding the resolved connections, for a child process (the Spark job) that
+        cannot ask Airflow; None when the config names no connection. It lives in a private directory of this
+        process (:func:`mirror_core.clients.private_dir`, :data:`CONNECTIONS_DIR_PREFIX`), removed when the block
+        ends; one a SIGKILLed task left behind, passwords and all, is removed when the next task on the host
+        makes its own."""
         cfg = self.get_config()
         payload = connections_payload(cfg)
         if not payload:
             yield None
             return
-        fd, path = tempfile.mkstemp(prefix="mirrorflow-connections-", suffix=".json")
+        # here, not at the top: DAG files import this module as they are parsed, and clients loads Kafka's client
+        from mirror_core.clients import private_dir
+        from mirror_core.tls import write_private
+
+        directory = private_dir(CONNECTIONS_DIR_PREFIX)
         try:
-            os.fchmod(fd, stat.S_IRUSR | stat.S_IWUSR)
-            with os.fdopen(fd, "w") as fh:
-                json.dump(payload, fh)
-            yield path
+            path = write_private(directory / "connections.json", json.dumps(payload).encode())
+            yield str(path)
         finally:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 __all__ = ["CONNECTIONS_FILE_ENV", "MirrorflowHook", "kafka_properties", "registry_fields"]

@@ -479,7 +479,8 @@ class MirrorStreamOperator(SparkSubmitOperator):
             self.jars = ",".join(artifacts.spark_kafka_jars(cache))
         master = self._hook_master()
         group = with_master(group, master)  # the job runs where it is submitted (SUBMITTED_MASTER_ENV below)
-        driver = jvm_archive.submit_conf(cache, master, group.spark.checkpoint_dir, group.spark.conf,
+        # the group's secret spark.conf values never reach spark-submit's command line: its job's session sets them
+        driver = jvm_archive.submit_conf(cache, master, group.spark.checkpoint_dir, group.spark.public_conf(),
                                          direct=group.spark.plans_only)
         own = dict(self.conf or {})
         for key, sep in (("spark.driver.extraJavaOptions", " "), ("spark.driver.extraClassPath", os.pathsep)):
@@ -488,7 +489,8 @@ class MirrorStreamOperator(SparkSubmitOperator):
             if key in driver and own.get(key) and not own[key].startswith(driver[key]):
                 own[key] = f"{driver[key]}{sep}{own[key]}"
         self.conf = {**driver, **own}
-        self.env_vars = {**jvm_archive.driver_env(master, {**group.spark.conf, **self.conf}), **(self.env_vars or {}),
+        self.env_vars = {**jvm_archive.driver_env(master, {**group.spark.public_conf(), **self.conf}),
+                         **(self.env_vars or {}),
                          SUBMITTED_MASTER_ENV: master}
 
     def execute(self, context: Any) -> None:

@@ -82,3 +82,35 @@ def test_a_master_that_never_leads_ends_the_wait_with_one_line() -> None:
             local_spark.wait_master(f"http://127.0.0.1:{server.server_port}", os.getpid(), 1.0, "/tmp")
     finally:
         server.shutdown()
+
+
+def test_the_local_clusters_daemons_start_without_the_callers_secret_variables(monkeypatch, tmp_path) -> None:
+    """Passwords a user sourced for the secure local config never reach the master, the workers or their
+    executors' environment; Spark's own variables and ordinary settings still do."""
+    import subprocess
+
+    from mirror_core import local
+
+    planted = "pl4nted-env-pw"
+    monkeypatch.setenv("MIRRORFLOW_SOURCE_PASSWORD", planted)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", planted)
+    monkeypatch.setenv("MIRRORFLOW_REGISTRY_TOKEN", planted)
+    monkeypatch.setenv("MIRRORFLOW_GC", "1")
+    monkeypatch.setenv("SPARK_WORKER_OPTS", "-Dx=1")
+    monkeypatch.setattr(local, "find_java", lambda version: "java")
+    seen: list[dict[str, str]] = []
+
+    class _Started(Exception):
+        pass
+
+    def fake_popen(cmd: list[str], **kwargs: object) -> None:
+        seen.append(dict(kwargs["env"]))  # type: ignore[call-overload]
+        raise _Started()
+
+    monkeypatch.setattr(subprocess, "Popen", fake_popen)
+    with pytest.raises(_Started):
+        local_spark.up(local.LocalEnv(state_dir=tmp_path, cache=tmp_path / "cache"))
+    env = seen[0]
+    assert planted not in env.values()
+    assert env["MIRRORFLOW_GC"] == "1" and env["SPARK_WORKER_OPTS"] == "-Dx=1" and env["PATH"] == os.environ["PATH"]
+    assert env["SPARK_LOCAL_IP"] == "127.0.0.1"

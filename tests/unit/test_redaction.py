@@ -203,3 +203,123 @@ def test_pydantics_notice_about_airflows_xcom_route_is_left_out_of_a_users_outpu
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
     for alias in ("key", "task_instance_id"):
         assert (f"The 'alias' attribute with value '{alias}'" in err) is not quiet, err
+
+
+# --------------------------------------------------------------------------- secret property names
+
+#: secret-valued properties the name pattern once missed: librdkafka 2.16's JWT-bearer assertion (sensitive there)
+#: and its OAUTHBEARER config line, and Hadoop's object store keys as a group's spark.conf gives them
+MISSED_SECRET_KEYS = [
+    "sasl.oauthbearer.assertion.private.key.passphrase",
+    "sasl.oauthbearer.assertion.private.key.pem",
+    "sasl.oauthbearer.config",
+    "spark.hadoop.fs.s3a.access.key",
+    "spark.hadoop.fs.s3a.encryption.key",
+    "spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net",
+]
+SECRET = "Passphr4se-s3cret"
+
+
+@pytest.mark.parametrize("key", MISSED_SECRET_KEYS)
+def test_secret_property_names_are_masked_everywhere_they_show(key, tmp_path, monkeypatch):
+    """A cluster's value under such a name is a SecretStr (config repr and dumps), masked in a ClientConfig,
+    registered with Airflow's log masker, and written to the 0600 secrets file instead of Spark's options."""
+    import importlib
+    from types import SimpleNamespace
+
+    from mirror_core import clients
+    from mirror_core.config import ClusterConfig
+    from mirror_core.redaction import ClientConfig, is_secret_key
+
+    assert is_secret_key(key)
+    c = ClusterConfig.model_validate({"kafka": {"bootstrap.servers": "b:9092", key: SECRET},
+                                      "java_kafka": {key: SECRET}})
+    assert c.kafka_properties()[key] == SECRET  # what the client gets
+    for shown in (repr(c), str(c.model_dump()), c.model_dump_json(), repr(clients.kafka_config(c)),
+                  repr(ClientConfig({key: SECRET}))):
+        assert SECRET not in shown, shown
+    options = clients.java_kafka_options(c, tmp_path, "g-source")
+    assert SECRET not in str(dict(options))
+    assert SECRET in (tmp_path / "g-source.properties").read_text()
+
+    hooks = importlib.import_module("mirrorflow_airflow.hooks")
+    masked: list[str] = []
+    monkeypatch.setattr(hooks, "_mask", masked.append)
+    hooks.kafka_properties(SimpleNamespace(extra_dejson={"bootstrap.servers": "b:9092", key: SECRET},
+                                           login=None, password=None, host=None, port=None))
+    assert masked == [SECRET]
+
+
+@pytest.mark.parametrize("key", [
+    "bootstrap.servers", "ssl.key.location", "ssl.certificate.pem", "ssl.ca.pem", "ssl.keystore.location",
+    "sasl.oauthbearer.assertion.private.key.file", "sasl.oauthbearer.client.id", "bearer.auth.credentials.source",
+    "spark.hadoop.fs.s3a.aws.credentials.provider", "spark.hadoop.fs.s3a.endpoint", "key.serializer",
+])
+def test_ordinary_property_names_are_not_secrets(key):
+    from mirror_core.redaction import is_secret_key
+
+    assert not is_secret_key(key)
+
+
+# --------------------------------------------------------------------------- registry URLs a parser might misread
+
+#: passwords with what once ended the redaction early: a quote, an unencoded ``@``; and a plain one
+TRICKY_PASSWORDS = ["Le4k'Tail9", 'Le4k"Tail9', "Le4k@Tail9", "Le4kTail9"]
+
+
+def _leaks(pw: str, text: str) -> list[str]:
+    """The pieces of ``pw`` (split at its quote or ``@``) that ``text`` shows."""
+    import re
+
+    return [part for part in re.split(r"['\"@]", pw) if part in text]
+
+
+def _formatted(message: str) -> str:
+    from mirror_core.redaction import RedactingFormatter
+
+    record = logging.LogRecord("mirror_core.test", logging.ERROR, __file__, 1, "%s", (message,), None)
+    return RedactingFormatter("%(message)s").format(record)
+
+
+@pytest.mark.parametrize("pw", TRICKY_PASSWORDS)
+def test_registry_url_passwords_with_quotes_or_at_signs_never_show(pw, tmp_path):
+    """A registry URL's password, whatever it holds, is in none of: str/repr of SecretUrl, the repr and dumps of
+    its config, the tls_context error, a log line through the formatter."""
+    from mirror_core.errors import SchemaMirrorError
+    from mirror_core.registry import split_userinfo, tls_context
+
+    url = f"https://svc:{pw}@reg.example:8081/apis"
+    u = SecretUrl(url)
+    cfg = SchemaRegistryConfig.model_validate({"url": url, "ssl.ca.location": str(tmp_path / "missing.pem")})
+    with pytest.raises(SchemaMirrorError) as err:
+        tls_context(cfg)
+    shown = [str(u), repr(u), u.display, repr(cfg), cfg.model_dump_json(), str(err.value),
+             _formatted(f"GET {url} failed"), _formatted(f"failed: {cfg!r} {(url,)!r}")]
+    for text in shown:
+        assert _leaks(pw, text) == [], text
+    assert "reg.example:8081/apis" in str(u) and "reg.example:8081" in str(err.value)
+    assert cfg.url.get_secret_value() == url and split_userinfo(url)[1] == ("svc", pw)  # the client still has it
+
+
+@pytest.mark.parametrize("pw", TRICKY_PASSWORDS)
+@pytest.mark.parametrize("form", ["svc:{pw}@reg.example:8081", "https//svc:{pw}@reg.example:8081",
+                                  "ftp://svc:{pw}@reg.example:8081"])
+def test_a_malformed_registry_url_is_not_echoed(pw, form):
+    """A URL without ``scheme://`` (or with a typo in it) is named by its field and host only: in the config
+    error (CLI stderr, the DAG import error), pydantic's own error, str/repr of a SecretUrl holding it, a log
+    line through the formatter."""
+    from mirror_core.config import parse_config
+    from mirror_core.errors import ConfigError
+
+    bad = form.format(pw=pw)
+    raw = {"clusters": {"a": {"kafka": {"bootstrap.servers": "b:9092"}, "schema_registry": {"url": bad}},
+                        "b": {"kafka": {"bootstrap.servers": "c:9092"}}},
+           "groups": [{"name": "g", "source": "a", "destination": "b", "mirrors": [{"source_topic": "t"}]}]}
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw, env={})
+    with pytest.raises(ValueError) as direct:
+        SchemaRegistryConfig(url=bad)
+    text = str(err.value)
+    assert "clusters.a.schema_registry.url" in text and "reg.example:8081" in text
+    for shown in (text, str(direct.value), str(SecretUrl(bad)), repr(SecretUrl(bad)), _formatted(text)):
+        assert _leaks(pw, shown) == [], shown
