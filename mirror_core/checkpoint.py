@@ -248,8 +248,10 @@ class SourceTranslator:
 
     def __init__(self, cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore):
         self.cfg, self.group, self.store = cfg, group, store
-        #: the reverse group's sync history and how it names this group's destination topics (None: not read yet)
-        self._reverse: tuple[OffsetSyncStore, Callable[[str], str]] | tuple[()] | None = None
+        #: the groups mirroring the other way: each with its sync history (read when first needed) and how it names
+        #: this group's destination topics (None: not listed yet)
+        self._reverse: list[tuple[GroupConfig, OffsetSyncStore | None, Callable[[str], str]]] | None = None
+        self._there: dict[str, dict[int, tuple[int, int]]] = {}  # destination topics' ends, for _remapped
         self._ends: dict[str, dict[int, tuple[int, int]]] = {}
         #: per source topic: the destination topic's ends, then the source's, read in that order (see translate)
         self._pairs: dict[str, tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]]]] = {}
@@ -268,16 +270,28 @@ class SourceTranslator:
     def _through_originals(self, topic: str, partition: int, committed: int, destination_topic: str) -> int | None:
         """Where the originals of loop-skipped records are (see the class docstring), or None."""
         if self._reverse is None:
-            rev = next((g for g in self.cfg.groups if g.source == self.group.destination
-                        and g.destination == self.group.source), None)
-            self._reverse = () if rev is None else (load_sync_store(self.cfg, rev), remote_topic_name(rev))
-        if not self._reverse:
-            return None
-        store, remote = self._reverse
-        # the reverse group copied destination_topic into this group's source topic (else its syncs say nothing)
-        if remote(destination_topic) != topic:
-            return None
-        return store.upstream_for(destination_topic, partition, committed)
+            self._reverse = [(g, None, remote_topic_name(g)) for g in self.cfg.groups
+                             if g.source == self.group.destination and g.destination == self.group.source]
+        for i, (rev, store, remote) in enumerate(self._reverse):
+            # a reverse group that copied destination_topic into this group's source topic (else its syncs say
+            # nothing here), keeping partitions (placed by key hash, its offsets are no single partition's)
+            if remote(destination_topic) != topic or self._remapped(topic, destination_topic):
+                continue
+            if store is None:
+                store = load_sync_store(self.cfg, rev)
+                self._reverse[i] = (rev, store, remote)
+            found = store.upstream_for(destination_topic, partition, committed)
+            if found is not None:
+                return found
+        return None
+
+    def _remapped(self, topic: str, destination_topic: str) -> bool:
+        """Whether ``topic`` (here) has fewer partitions than ``destination_topic``: a flow the other way placed
+        its records by key hash."""
+        if destination_topic not in self._there:
+            self._there[destination_topic] = _ends_or_none(self.cfg.cluster(self.group.destination),
+                                                           self.group.destination, destination_topic)
+        return len(self._source_ends(topic)) < len(self._there[destination_topic])
 
     def translate(self, topic: str, partition: int, committed: int, destination_topic: str) -> Translation:
         tr = self.store.translate(topic, partition, committed)

@@ -754,41 +754,43 @@ def position_syncs(topic: str, partition: int, first_upstream: int, upstream_end
 
 
 def loop_marked_syncs(syncs: list[OffsetSync], looped: list[int], mirrored: list[tuple[int, int]],
-                      first_upstream: int, downstream_after: int, kept_at: int | None) -> list[OffsetSync]:
+                      first_upstream: int, downstream_after: int) -> list[OffsetSync]:
     """``syncs`` (a chunk's, from :func:`syncs_for_batch` or :func:`position_syncs`) with each run of
     loop-skipped records (``looped``: upstream offsets the loop guard skipped, sorted) made untranslatable: a
     sync ``(start, UNMAPPED)`` opens the run and a real one follows it (the invariant's case 3,
     :data:`mirror_core.offsets.SYNC_INVARIANT`). Without it such records were a gap like a dead letter's, and a
     position among them mapped past their originals on the destination: a failback's consumers skipped them.
+    (Such positions are placed through the reverse group's syncs instead: ``checkpoint.SourceTranslator``.)
 
-    A run starts just after the chunk's mirrored record before it (or at ``first_upstream``) and ends after its
-    last looped record. ``mirrored``: the chunk's (upstream, downstream) pairs; ``downstream_after``: the
-    downstream position after the chunk. ``kept_at``: the chunk's committed start position when a sync with a
-    destination offset already stands there (the end of what the source held before, at the last batch): that
-    one is kept, not superseded, and the run is marked from the next position."""
+    A run starts just after the chunk's mirrored record before it (or at ``first_upstream``: a sync the last
+    chunk ended with there is superseded, since its records may be copies too) and ends after its last looped
+    record. ``mirrored``: the chunk's (upstream, downstream) pairs, of which the one before each run keeps a sync
+    of its own (a collinear middle point would otherwise be dropped and its run's positions go with the marker);
+    ``downstream_after``: the downstream position after the chunk."""
     if not looped:
         return syncs
     topic, partition = syncs[0].topic, syncs[0].partition
     ups = [u for u, _ in mirrored]
-    runs: list[tuple[int, int]] = []  # (start, resume)
+    runs: list[tuple[int, int, int]] = []  # (start, resume, index in mirrored of the record after the run)
     for u in looped:
         i = bisect.bisect_left(ups, u)
         start = ups[i - 1] + 1 if i else first_upstream
         if runs and runs[-1][0] == start:
-            runs[-1] = (start, u + 1)
+            runs[-1] = (start, u + 1, i)
         else:
-            runs.append((start, u + 1))
+            runs.append((start, u + 1, i))
     out = {(x.upstream_offset, x.downstream_offset): x for x in syncs}
-    for start, resume in runs:
+    for start, resume, i in runs:
         for x in syncs:
             if start <= x.upstream_offset < resume:
                 out.pop((x.upstream_offset, x.downstream_offset), None)
-        mark = start + 1 if start == kept_at else start
-        if mark < resume:
-            out[(mark, UNMAPPED)] = OffsetSync(topic, partition, mark, UNMAPPED)
+        if i:
+            before = OffsetSync(topic, partition, *mirrored[i - 1])
+            out[(before.upstream_offset, before.downstream_offset)] = before
+        out[(start, UNMAPPED)] = OffsetSync(topic, partition, start, UNMAPPED)
         # the next position maps as it did: to its own record if mirrored, else to the next mirrored one
-        i = bisect.bisect_left(ups, resume)
-        d = mirrored[i][1] if i < len(mirrored) else downstream_after
+        j = bisect.bisect_left(ups, resume)
+        d = mirrored[j][1] if j < len(mirrored) else downstream_after
         if not any(x.upstream_offset == resume for x in out.values()):
             out[(resume, d)] = OffsetSync(topic, partition, resume, d)
     return sorted(out.values(), key=lambda x: x.upstream_offset)
@@ -1387,7 +1389,6 @@ class PartitionWriter:
                position: Position | None) -> tuple[list[OffsetSync], int | None]:
         """The chunk's offset syncs and the downstream position after it (None: nothing to record)."""
         looped = sorted(u for u in self._looped.pop(partition, ()) if first_upstream <= u < upstream_end)
-        kept_at = position.upstream if position is not None and position.downstream is not None else None
         if pairs:
             syncs = syncs_for_batch(self.s.source_topic, partition, pairs, upstream_end)
             if first_upstream < pairs[0][0]:
@@ -1396,13 +1397,13 @@ class PartitionWriter:
                 # translatable even when nothing was synced before them
                 syncs.insert(0, OffsetSync(self.s.source_topic, partition, first_upstream, pairs[0][1]))
             downstream = pairs[-1][1] + 1
-            return loop_marked_syncs(syncs, looped, pairs, first_upstream, downstream, kept_at), downstream
+            return loop_marked_syncs(syncs, looped, pairs, first_upstream, downstream), downstream
         if position is not None and position.downstream is not None:
             downstream = position.downstream
         else:
             downstream = self.downstream_end(self.s.destination_topic, self._dst_partition(partition))
         syncs = position_syncs(self.s.source_topic, partition, first_upstream, upstream_end, downstream)
-        return loop_marked_syncs(syncs, looped, [], first_upstream, downstream, kept_at), downstream
+        return loop_marked_syncs(syncs, looped, [], first_upstream, downstream), downstream
 
     # -- exactly once, transactions per writer
 

@@ -123,7 +123,8 @@ def build_session(group: GroupConfig, app_name: str | None = None) -> SparkSessi
     if starts_jvm:
         with secret_conf_file(secret):
             spark = builder.getOrCreate()
-    else:  # spark-submit started the JVM: no command line to keep them off, but its context is made already
+    else:  # spark-submit started the JVM (its command line is whoever ran it): the options go in as usual, and
+        # spark.hadoop.* on the Hadoop configuration too, in case a context was made before this session
         for k, v in secret.items():
             builder = builder.config(k, v)
         spark = builder.getOrCreate()

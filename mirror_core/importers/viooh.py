@@ -25,7 +25,7 @@ from mirror_core.config import NAME_RE, TOPIC_RE
 from mirror_core.importers import common
 from mirror_core.importers.draft import Draft, Path
 from mirror_core.importers.javaclient import safe_text, shown, translate
-from mirror_core.redaction import redact_text
+from mirror_core.redaction import redact_text, url_host
 
 # edn_format's lexer logs its whole grammar at INFO when first used
 logging.getLogger("edn_format").setLevel(logging.WARNING)
@@ -116,8 +116,9 @@ def _registry_url(draft: Draft, where: str, url: Any) -> str:
     """A registry URL as mirrorflow reads it (scheme in lower case, as URL schemes compare). Errors
     never repeat the URL's credentials."""
     if not isinstance(url, str) or not re.match(r"^https?://[^/\s]+", url, re.I):
-        shown = redact_text(url) if isinstance(url, str) else type(url).__name__
-        raise draft.error(where, f"not an http(s) URL: {shown!r}")
+        host = url_host(url) if isinstance(url, str) else None
+        raise draft.error(where, "not an http(s) URL" + (f" (host {host})" if host else "")
+                          + ("" if isinstance(url, str) else f": a {type(url).__name__}"))
     parts = urlsplit(url)
     try:
         parts.port  # noqa: B018 - urlsplit checks the port only when asked

@@ -317,11 +317,11 @@ def test_a_failbacks_copies_leave_no_position_among_them_mapped_past_their_origi
     assert [store.translate("t", 1, u).downstream_offset for u in (0, 4, 9, 10, 12, 13)] == [None, None, None, 10, 12, 13]
 
 
-def test_a_second_failover_keeps_the_last_eras_position_and_maps_none_past_the_originals(monkeypatch) -> None:
+def test_a_second_failover_maps_none_past_the_originals(monkeypatch) -> None:
     """Second failover: the flow's era 1 ended at 100 -> 105. Since, the destination produced 105-114, which a
     failback's reverse flow copied here to 100-109, and this cluster's producers wrote 110-114. A group at 100
-    is where era 1 left it (105 is right: the originals start there); one at 105 had read 5 of the copies (its
-    originals 110-114 are not read: 115 skipped them), so it has no exact place; one at 110 read them all."""
+    or 105 has copies ahead of it (their originals 105-114: 115 skipped them), so the syncs give it no place
+    (the reverse group's do: test_source_translator); one at 110 read them all."""
     fake, writer = _loop_writer(monkeypatch, 115, OffsetSync("t", 1, 100, 105))
     batch = [rec(b"b%d" % o, ((PROVENANCE_HEADER, b"dst"),), offset=o) for o in range(100, 110)] + \
             [rec(b"a%d" % o, offset=o) for o in range(110, 115)]
@@ -330,7 +330,42 @@ def test_a_second_failover_keeps_the_last_eras_position_and_maps_none_past_the_o
     store = OffsetSyncStore()
     store.add_all([OffsetSync("t", 1, 99, 104), OffsetSync("t", 1, 100, 105), *syncs])
     assert [store.translate("t", 1, u).downstream_offset for u in (99, 100, 101, 105, 109, 110, 114, 115)] == \
-        [104, 105, None, None, None, 115, 119, 120]
+        [104, None, None, None, None, 115, 119, 120]
+
+
+def test_copies_read_over_two_batches_leave_no_exact_place_at_the_boundary(monkeypatch) -> None:
+    """The reverse flow reads the copies over two micro-batches: the first ends with a sync at its end, which
+    the second, starting with copies too, must supersede (a group at 50 has the copies of 50-99 ahead of it)."""
+    fake, writer = _loop_writer(monkeypatch, 100, None)
+    looped = ((PROVENANCE_HEADER, b"dst"),)
+    writer.write(1, [rec(b"c", looped, offset=o) for o in range(50)], upstream_end=50)
+    writer.write(1, [rec(b"c", looped, offset=o) for o in range(50, 100)], upstream_end=100)
+    store = OffsetSyncStore()
+    store.add_all(OffsetSync.from_record(k, v) for txn in fake.committed for t, k, v in txn if t == "syncs")
+    assert [store.translate("t", 1, u).downstream_offset for u in (0, 49, 50, 51, 99, 100)] == \
+        [None, None, None, None, None, 100]
+
+
+def test_records_mirrored_before_copies_keep_their_places_when_the_offsets_line_up(monkeypatch) -> None:
+    """Two-way mirroring: 0-4 mirrored to 0-4, 5 a copy (its original is the destination's own 5), 6-9 mirrored
+    to 6-9. The offsets line up, so the records' syncs are collinear; the ones before the copy keep theirs."""
+    fake, writer = _loop_writer(monkeypatch, 0, None)
+    fake._next[("t", 1)] = 0
+    looped = ((PROVENANCE_HEADER, b"dst"),)
+    batch = [rec(b"m", offset=o) for o in range(5)] + [rec(b"c", looped, offset=5)] + \
+            [rec(b"m", offset=o) for o in range(6, 10)]
+    real_produce = fake.produce
+
+    def produce(topic, value=None, key=None, partition=0, **kw):  # the destination's own record lands at 5
+        if topic == "t" and fake._next.get(("t", partition)) == 5:
+            fake._next[("t", partition)] = 6
+        return real_produce(topic, value, key, partition, **kw)
+    monkeypatch.setattr(fake, "produce", produce)
+    writer.write(1, batch, upstream_end=10)
+    store = OffsetSyncStore()
+    store.add_all(OffsetSync.from_record(k, v) for t, k, v in fake.committed[0] if t == "syncs")
+    assert [store.translate("t", 1, u).downstream_offset for u in range(11)] == \
+        [0, 1, 2, 3, 4, None, 6, 7, 8, 9, 10]
 
 
 def test_dead_letters_and_copies_in_one_gap_leave_it_untranslatable_up_to_the_last_copy(monkeypatch) -> None:

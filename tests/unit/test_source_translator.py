@@ -102,30 +102,42 @@ def test_an_unanswered_or_exhausted_source_leaves_positions_unplaced(world: Any)
     assert tr.translate("t", 0, 0, "t").reason == checkpoint.NOTHING_TO_MIRROR
 
 
+def _two_way(*reverse_topics: str) -> Any:
+    return parse_config({"clusters": {"a": {"kafka": {"bootstrap.servers": "a:1"}},
+                                      "b": {"kafka": {"bootstrap.servers": "b:1"}}},
+                         "groups": [*({"name": f"fwd-{t}", "source": "a", "destination": "b",
+                                       "mirrors": [{"source_topic": t}]} for t in reverse_topics),
+                                    {"name": "back", "source": "b", "destination": "a",
+                                     "mirrors": [{"source_topic": "t"}]}]}, env={})
+
+
 def test_a_failbacks_position_among_copies_goes_to_their_originals_by_the_failovers_syncs(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The failback group (b -> a) skipped b's 0-9: copies the failover's group (a -> b) made of a's 0-9 (a commit
     marker of a -> b's transaction at b's 5: a's 5-9 are b's 6-10). A consumer group at b's 4 has read the
     copies of a's 0-3: on a it goes to 4, not to a's end (which skipped 4-9) and not nowhere."""
-    cfg = parse_config({"clusters": {"a": {"kafka": {"bootstrap.servers": "a:1"}},
-                                     "b": {"kafka": {"bootstrap.servers": "b:1"}}},
-                        "groups": [{"name": "fwd", "source": "a", "destination": "b", "mirrors": [{"source_topic": "t"}]},
-                                   {"name": "back", "source": "b", "destination": "a",
-                                    "mirrors": [{"source_topic": "t"}]}]}, env={})
+    # another group the other way, of another topic, comes first in the file: its syncs do not hold t
+    cfg = _two_way("x", "t")
     forward = OffsetSyncStore()
     forward.add_all(OffsetSync("t", 0, u, d) for u, d in ((0, 0), (4, 4), (5, 6), (9, 10), (10, 11)))
+    other = OffsetSyncStore()
+    other.add_all(OffsetSync("x", 0, u, d) for u, d in ((0, 0), (50, 50)))
     read: list[str] = []
-    monkeypatch.setattr(checkpoint, "load_sync_store", lambda _cfg, g: read.append(g.name) or forward)
+    monkeypatch.setattr(checkpoint, "load_sync_store",
+                        lambda _cfg, g: read.append(g.name) or (forward if g.name == "fwd-t" else other))
+    parts = {("b", "t"): {0: (0, 14)}, ("a", "t"): {0: (0, 11)}}
+    monkeypatch.setattr(checkpoint, "_ends_or_none", lambda _c, alias, topic: parts.get((alias, topic), {}))
     back = OffsetSyncStore()
     back.add_all(OffsetSync("t", 0, u, d) for u, d in ((0, UNMAPPED), (11, 10), (14, 13)))
-    tr = checkpoint.SourceTranslator(cfg, cfg.groups[1], back)
+    tr = checkpoint.SourceTranslator(cfg, cfg.groups[-1], back)
     got = {pos: tr.translate("t", 0, pos, "t") for pos in (0, 4, 5, 6, 10, 11, 12)}
     assert {pos: t.downstream_offset for pos, t in got.items()} == {0: 0, 4: 4, 5: 5, 6: 5, 10: 9, 11: 10, 12: 11}
     assert got[4].exact and got[4].reason == THROUGH_ORIGINALS
-    assert read == ["fwd"]  # read once, for all of them
+    assert sorted(read) == ["fwd-t", "fwd-x"]  # each read once, for all of them
+    # a flow the other way that placed records by key hash (t has more partitions on a than on b) says nothing
+    parts[("a", "t")] = {0: (0, 11), 1: (0, 0)}
+    tr = checkpoint.SourceTranslator(cfg, cfg.groups[-1], back)
+    assert tr.translate("t", 0, 4, "t").reason == LOOPED
     # without the reverse group in the config: no answer, as before
-    alone = parse_config({"clusters": {"a": {"kafka": {"bootstrap.servers": "a:1"}},
-                                       "b": {"kafka": {"bootstrap.servers": "b:1"}}},
-                          "groups": [{"name": "back", "source": "b", "destination": "a",
-                                      "mirrors": [{"source_topic": "t"}]}]}, env={})
+    alone = _two_way()
     assert checkpoint.SourceTranslator(alone, alone.groups[0], back).translate("t", 0, 4, "t").reason == LOOPED

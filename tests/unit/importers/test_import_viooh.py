@@ -182,7 +182,8 @@ def test_registry_url_scheme_any_case_and_errors_never_repeat_credentials():
     reg = load(res).clusters["src-1"].schema_registry
     assert reg is not None and reg.url.get_secret_value() == "http://src-sr:8081"
     assert "s3cr3t" not in _everything(res)
-    for bad in ('"http://user:s3cr3t@src-sr:80x"', '"ftp://user:s3cr3t@src-sr"'):
+    for bad in ('"http://user:s3cr3t@src-sr:80x"', '"ftp://user:s3cr3t@src-sr"', '"user:s3cr3t@src-sr:8081"',
+                '"http:/user:s3cr3t@src-sr:8081"'):
         try:
             _imp(_cfg(M1).replace('"http://src-sr:8081"', bad))
         except ConfigError as exc:
