@@ -1,0 +1,126 @@
+"""A failback's consumer groups on real clusters: positions among the copies the failover's flow made go to
+their originals, not past them.
+
+Both flows are written by the partition writer directly (no Spark), exactly once, in uneven chunks, as the
+Spark job does per micro-batch, with the loop guard on (identity naming). The failover's flow copied the
+source's records to the destination (with commit markers among them there); after the failover the destination
+got records of its own; the failback's flow then skips the copies (their provenance names its destination) and
+mirrors only those. A consumer group still among the copies on the destination goes, by the failback's sync step,
+to where their originals are on the source.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import yaml
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from mirror_core import clients, failover, replicate
+from mirror_core.config import parse_config
+from mirror_core.provision import provision_group
+from mirror_core.replicate import PartitionWriter, SchemaIdTranslator, WriterSettings, last_committed_position
+from mirror_core.topics import create_topics
+from tests.integration.test_offsets_real import commit_source_group, produce
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 2
+
+
+def two_way_config(clusters, tmp_path, name, topic):  # noqa: ANN001, ANN201
+    group = """
+  - name: {name}{suffix}
+    source: {src}
+    destination: {dst}
+    delivery: exactly_once
+    offsets: {{groups: {{include: "{name}-.*"}}}}
+    heartbeats: {{enabled: false}}
+    topics_mirroring: {{replication_factor: {{type: fix, value: 1}}}}
+    mirrors:
+      - {{source_topic: {topic}}}
+"""
+    text = clusters.config_yaml("groups:" + group.format(name=name, suffix="", src="src", dst="dst", topic=topic)
+                                + group.format(name=name, suffix="-back", src="dst", dst="src", topic=topic))
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    cfg = parse_config(yaml.safe_load(text), env={})
+    for g in cfg.groups:
+        res = provision_group(cfg, g)
+        assert not res.errors, res.errors
+    return cfg
+
+
+def mirror(cfg, g, topic, seed):  # noqa: ANN001, ANN201
+    """Everything committed on ``g``'s source, in random chunks, with the loop guard on."""
+    dst = cfg.cluster(g.destination)
+    s = WriterSettings(
+        group=g.name, mirror=f"{g.name}__{topic}", source_alias=g.source, destination_alias=g.destination,
+        source_topic=topic, destination_topic=topic, source_partitions=PARTITIONS, destination_partitions=PARTITIONS,
+        delivery="exactly_once", key_serde="bytes", value_serde="bytes", on_error="dead_letter",
+        dlq_topic=g.dlq_topic, offset_syncs_topic=g.offset_syncs, provenance=True,
+        producer_config=clients.kafka_config(dst))
+    cc = clients.kafka_config(dst)
+    writer = PartitionWriter(s, SchemaIdTranslator({}), lambda t, p: last_committed_position(cc, g.offset_syncs, t, p))
+    rnd = random.Random(seed)
+    src = cfg.cluster(g.source)
+    for p, (low, high) in clients.end_offsets(src, topic).items():
+        records = [replicate.SourceRecord(topic, p, m.offset(), m.key(), m.value(), tuple(m.headers() or ()),
+                                          m.timestamp()[1])
+                   for m in clients.read_partition(src, topic, p, low, high)]
+        i = 0
+        while i < len(records):
+            n = rnd.randint(1, 60)
+            writer.write(p, records[i:i + n], records[i + n].offset if i + n < len(records) else high)
+            i += n
+
+
+def offsets_of_keys(bootstrap, topic, p):  # noqa: ANN001, ANN201
+    """key -> offset of every committed record of the partition."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader", "isolation.level": "read_committed",
+                  "enable.partition.eof": True})
+    c.assign([TopicPartition(topic, p, 0)])
+    out = {}
+    while True:
+        m = c.poll(10)
+        assert m is not None, "read stalled"
+        if m.error():
+            break
+        out[m.key()] = m.offset()
+    c.close()
+    return out
+
+
+def committed(bootstrap, group, topic):  # noqa: ANN001, ANN201
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    got = c.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=30)
+    c.close()
+    return {tp.partition: tp.offset for tp in got}
+
+
+def test_a_failbacks_consumers_among_the_copies_go_to_their_originals(clusters, unique, tmp_path) -> None:
+    topic, name = unique("fb"), unique("fbg")
+    create_topics(AdminClient({"bootstrap.servers": clusters.src_bootstrap}), [NewTopic(topic, PARTITIONS, 1)])
+    cfg = two_way_config(clusters, tmp_path, name, topic)
+    fwd, back = cfg.groups
+    produce(clusters.src_bootstrap, topic, PARTITIONS, 300)
+    mirror(cfg, fwd, topic, seed=1)  # the failover's flow: the destination holds copies (and commit markers)
+    produce(clusters.dst_bootstrap, topic, PARTITIONS, 40, start=1000)  # after the failover, on the destination
+    mirror(cfg, back, topic, seed=2)  # the failback's flow: copies skipped, the destination's own 40 mirrored
+
+    on_dst = {p: offsets_of_keys(clusters.dst_bootstrap, topic, p) for p in range(PARTITIONS)}
+    on_src = {p: offsets_of_keys(clusters.src_bootstrap, topic, p) for p in range(PARTITIONS)}
+    # a consumer group on the destination: partition 0 among the copies (has read the copies of 0-119),
+    # partition 1 among the destination's own records (has read 10 of them)
+    group = f"{name}-app"
+    at = {0: on_dst[0][b"0:120"], 1: on_dst[1][b"1:1010"]}
+    commit_source_group(clusters.dst_bootstrap, group, topic, at)
+
+    rep = failover.final_sync(cfg, back, failover.FailoverParams((group,)))
+    assert rep.ok, rep.summary
+    # on the source: partition 0 at the original of the copy it had not read (before, at the first of the
+    # destination's own records: 180 records skipped); partition 1 at the copy of 1:1010
+    assert committed(clusters.src_bootstrap, group, topic) == {0: on_src[0][b"0:120"], 1: on_src[1][b"1:1010"]}
+    assert on_src[0][b"0:120"] == 120
