@@ -17,6 +17,7 @@ Per enabled group ``G`` (dag ids ``mirrorflow__<G>__<purpose>``):
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -141,7 +142,9 @@ translated offsets written into idle destination groups), `heartbeat`, and `reco
 per partition for the Mirrors page, as this task's XCom).
 """) as dag:
         kw: dict[str, Any] = {"config_path": path, "group_name": group.name}
-        CheckpointOperator(task_id="checkpoint", **kw) >> RecordLagOperator(task_id="record_lag", **kw)
+        # a lag sample also when the checkpoint round failed: that is when the page is looked at
+        CheckpointOperator(task_id="checkpoint", **kw) >> RecordLagOperator(task_id="record_lag",
+                                                                             trigger_rule="all_done", **kw)
         HeartbeatOperator(task_id="heartbeat", **kw)
     return dag
 
@@ -151,9 +154,12 @@ FAILOVER_PARAMS_DOC = """Params: `consumer_groups` (the source consumer groups t
 source must stay without new records once producers are stopped)."""
 
 
-def failover_dag(path: str, owner: GroupConfig, flow: GroupConfig, purpose: str) -> DAG:
+def failover_dag(path: str, owner: GroupConfig, flow: GroupConfig, purpose: str,
+                 siblings: Sequence[str] = ()) -> DAG:
     """The migration of ``flow``'s consumers from its source to its destination (``owner`` names the DAG:
-    for a failback, ``flow`` is the owner's reverse group)."""
+    for a failback, ``flow`` is the owner's reverse group). ``siblings``: the other DAGs that move the same
+    flow (with both directions in the config, ``B__failover`` and ``A__failback`` both do): the preflight
+    refuses while one of them runs."""
     continuous = flow.spark.mode == "continuous"
     stream_id = dag_id(flow.name, "stream")
     with DAG(dag_id(owner.name, purpose), schedule=None, start_date=START, catchup=False, max_active_runs=1,
@@ -176,12 +182,14 @@ A Reject at either approval ends the run: nothing changes after it, and the repo
 {FAILOVER_PARAMS_DOC}
 """) as dag:
         kw: dict[str, Any] = {"config_path": path, "group_name": flow.name}
-        preflight = FailoverStepOperator(task_id="preflight", step="preflight", stream_dag_id=stream_id, **kw)
+        preflight = FailoverStepOperator(task_id="preflight", step="preflight", stream_dag_id=stream_id,
+                                         sibling_dag_ids=list(siblings), **kw)
         lag = ReplicationLagSensor(task_id="wait_for_lag", poke_interval=5, timeout=6 * 3600, **kw)
         stop_producers = ApprovalOperator(
             task_id="approve_stop_producers", subject=f"Stop the producers on {flow.source}",
             body=(f"Group **{flow.name}** is ready to fail over to `{flow.destination}`.\n\n"
-                  "{{ ti.xcom_pull(task_ids='wait_for_lag', key='step_report')['summary'] }}\n\n"
+                  "{{ (ti.xcom_pull(task_ids='wait_for_lag', key='step_report') or {}).get('summary', "
+                  "'(no lag report: the sensor was marked done by hand)') }}\n\n"
                   f"Approve once every producer writing the mirrored topics on `{flow.source}` is stopped. "
                   "Reject to call the failover off (nothing has been changed)."))
         quiet = SourceQuietSensor(task_id="wait_for_quiet", poke_interval=2, timeout=3600,
@@ -190,16 +198,20 @@ A Reject at either approval ends the run: nothing changes after it, and the repo
         parity = FailoverStepOperator(task_id="verify_parity", step="verify", **kw)
         switch = ApprovalOperator(
             task_id="approve_switch_consumers", subject=f"Switch consumers to {flow.destination}",
-            body=("{{ ti.xcom_pull(task_ids='final_sync', key='step_report')['summary'] }}; "
-                  "{{ ti.xcom_pull(task_ids='verify_parity', key='step_report')['summary'] }}.\n\n"
-                  f"Stop the consumers of these groups on `{flow.source}`, then Approve: `finalize` moves their "
+            body=("{{ (ti.xcom_pull(task_ids='final_sync', key='step_report') or {}).get('summary', "
+                  "'(no sync report: the step was marked done by hand)') }}; "
+                  "{{ (ti.xcom_pull(task_ids='verify_parity', key='step_report') or {}).get('summary', "
+                  "'(no parity report: the step was marked done by hand)') }}.\n\n"
+                  "Stop the consumers of {{ params.consumer_groups | join(', ') }} on "
+                  f"`{flow.source}`, then Approve: `finalize` moves their "
                   f"offsets on `{flow.destination}` up to where they stopped and stops the mirror `{flow.source}` -> "
                   f"`{flow.destination}` for good. Start the consumers on `{flow.destination}` once it has "
                   "ended. Reject to stop here (destination offsets are synced, the mirror keeps its state)."))
         finalize = FinalizeFailoverOperator(task_id="finalize", stream_dag_id=stream_id, **kw)
         steps = [("preflight", "preflight"), ("wait_for_lag", "lag"), ("approve_stop_producers", "approval"),
-                 ("wait_for_quiet", "quiet"), ("final_sync", "sync"), ("verify_parity", "verify"),
-                 ("approve_switch_consumers", "approval"), ("finalize", "finalize")]
+                 ("wait_for_quiet", "quiet"), *([] if continuous else [("final_drain", "task")]),
+                 ("final_sync", "sync"), ("verify_parity", "verify"), ("approve_switch_consumers", "approval"),
+                 ("finalize", "finalize")]
         report = FailoverReportOperator(task_id="report", steps=steps, trigger_rule="all_done", **kw)
         if continuous:
             preflight >> lag >> stop_producers >> quiet >> sync
@@ -213,14 +225,19 @@ A Reject at either approval ends the run: nothing changes after it, and the repo
 def build(cfg: MirrorsConfig, path: str) -> dict[str, DAG]:
     """Every DAG of every enabled group, by dag id."""
     dags: dict[str, DAG] = {}
+    moves: list[tuple[GroupConfig, GroupConfig, str]] = []  # (owner, flow, purpose) of each failover DAG
     for group in cfg.enabled_groups():
-        for d in (provision_dag(path, group), stream_dag(path, group), offset_sync_dag(path, group),
-                  failover_dag(path, group, group, "failover")):
+        for d in (provision_dag(path, group), stream_dag(path, group), offset_sync_dag(path, group)):
             dags[d.dag_id] = d
+        moves.append((group, group, "failover"))
         rev = reverse_group(cfg, group)
         if rev is not None:
-            d = failover_dag(path, group, rev, "failback")
-            dags[d.dag_id] = d
+            moves.append((group, rev, "failback"))
+    for owner, flow, purpose in moves:
+        siblings = [dag_id(o.name, p) for o, f, p in moves
+                    if f.name == flow.name and (o.name, p) != (owner.name, purpose)]
+        d = failover_dag(path, owner, flow, purpose, siblings)
+        dags[d.dag_id] = d
     return dags
 
 

@@ -306,7 +306,8 @@ class SourceTranslator:
             # below the log start a consumer resets anyway; a first sync beyond the source's end is an earlier
             # incarnation's (topic re-created): nothing to tell
             # a first sync that opens a run of loop-skipped records (UNMAPPED): what follows came back from there
-            if ends is None or committed < ends[0] or first.upstream_offset > ends[1] or first.downstream_offset < 0 or \
+            if ends is None or committed < ends[0] or first.upstream_offset > ends[1] or \
+                    first.downstream_offset < 0 or \
                     not self._nothing_committed(topic, partition, committed, first.upstream_offset):
                 return tr
             return Translation(first.downstream_offset, True, BEFORE_FIRST)

@@ -234,9 +234,9 @@ Translation of an upstream position ``U``:
 
 History: a sync whose ``u`` is <= the partition's newest ``u`` (an at-least-once replay after a
 restart, or a rewind) supersedes every retained sync with ``u`` >= its ``u``; history is rewritten from
-there. A sync whose ``d`` is below a retained one's (the writer mirrors into a re-created destination
-topic, from offset 0 again) ends the history before it: those syncs point into the deleted topic. When the cut falls inside a linear run, the run is kept up to ``u - 1`` so older positions stay
-exact. Memory is bounded by an optional cap per partition that drops the oldest syncs (which makes
+there. When the cut falls inside a linear run, the run is kept up to ``u - 1`` so older positions stay
+exact. A sync whose ``d`` is below a retained one's (the writer mirrors into a re-created destination
+topic, from offset 0 again) ends the history before it: those syncs point into the deleted topic. Memory is bounded by an optional cap per partition that drops the oldest syncs (which makes
 very old positions untranslatable, reported as such).
 """
 

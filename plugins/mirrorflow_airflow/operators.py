@@ -207,12 +207,16 @@ class FailoverStepOperator(MirrorflowOperator):
     template_fields: Sequence[str] = ("config_path", "group_name", "stream_dag_id")
     STEPS = ("preflight", "sync", "verify")
 
-    def __init__(self, *, step: str, stream_dag_id: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, step: str, stream_dag_id: str | None = None, sibling_dag_ids: Sequence[str] = (),
+                 **kwargs: Any) -> None:
+        """``sibling_dag_ids``: the other DAGs that move the same group's consumers; the preflight refuses while
+        a run of one is going on (two failovers of one flow at once stop and sync each other's steps)."""
         if step not in self.STEPS:
             raise ValueError(f"step must be one of {self.STEPS}, got {step!r}")
         super().__init__(**kwargs)
         self.step = step
         self.stream_dag_id = stream_dag_id
+        self.sibling_dag_ids = list(sibling_dag_ids)
 
     def execute(self, context: Any) -> dict[str, Any]:
         from mirror_core import failover
@@ -224,9 +228,14 @@ class FailoverStepOperator(MirrorflowOperator):
             raise AirflowFailException(f"invalid params: {exc}") from None
         cfg, group = self.load()
         if self.step == "preflight":
+            ti = context["ti"]
+            busy = [d for d in self.sibling_dag_ids if ti.get_dr_count(dag_id=d, states=["running"])]
+            if busy:
+                raise AirflowFailException(f"preflight: a run of {', '.join(busy)} moves the consumers of group "
+                                           f"{group.name} already: let it end (or mark it failed) first")
             running = None
             if group.spark.mode == "continuous" and self.stream_dag_id:
-                running = stream_jobs_running(context["ti"], self.stream_dag_id) > 0
+                running = stream_jobs_running(ti, self.stream_dag_id) > 0
             rep = failover.preflight(cfg, group, params, stream_running=running)
         elif self.step == "sync":
             rep = failover.final_sync(cfg, group, params)
@@ -315,13 +324,19 @@ def pause_dag(dag_id: str, log: Any) -> bool | None:
         base = conn.host if "://" in (conn.host or "") else f"http://{conn.host}"
         if conn.port:
             base = f"{base}:{conn.port}"
-        with httpx.Client(base_url=base, timeout=30) as http:
-            tok = http.post("/auth/token", json={"username": conn.login, "password": conn.password})
-            tok.raise_for_status()
-            headers = {"Authorization": f"Bearer {tok.json()['access_token']}"}
-            r = http.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": True}, headers=headers)
-            log.info("paused %s through the API: HTTP %d", dag_id, r.status_code)
-            return r.status_code == 200
+        try:
+            with httpx.Client(base_url=base, timeout=30) as http:
+                tok = http.post("/auth/token", json={"username": conn.login, "password": conn.password})
+                tok.raise_for_status()
+                headers = {"Authorization": f"Bearer {tok.json()['access_token']}"}
+                r = http.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": True}, headers=headers)
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            # the stop is written already: the failover goes on (the job sees the stop, the DAG's runs skip)
+            log.warning("could not pause %s through the API at %s: %s", dag_id, base,
+                        exc if isinstance(exc, httpx.HTTPError) else "no token in its answer")
+            return None
+        log.info("paused %s through the API: HTTP %d", dag_id, r.status_code)
+        return r.status_code == 200
     try:
         from airflow.models.dag import DagModel
         from airflow.utils.session import create_session
@@ -363,10 +378,20 @@ class FailoverReportOperator(BaseOperator):
         for task_id, kind in self.steps:
             if kind == "approval":
                 # a Reject makes the ApprovalOperator skip what follows (its skip list is an XCom);
-                # an Approve leaves no trace here, so it shows as the next step having run
+                # an Approve leaves no trace here but the task's success
                 skipped = ti.xcom_pull(task_ids=task_id, key="skipmixin_key")
                 if skipped:
                     stopped_at, reason = task_id, "rejected at the approval"
+                    break
+                state = _state(ti, task_id)
+                if state != "success":
+                    stopped_at, reason, failed = task_id, f"the approval did not complete ({state})", True
+                    break
+                continue
+            if kind == "task":  # a step that reports nothing but its state (the final drain)
+                state = _state(ti, task_id)
+                if state != "success":
+                    stopped_at, reason, failed = task_id, f"did not complete ({state})", True
                     break
                 continue
             data = ti.xcom_pull(task_ids=task_id, key=STEP_REPORT_KEY)
@@ -384,6 +409,12 @@ class FailoverReportOperator(BaseOperator):
             ti.xcom_push(key="return_value", value=summary)
             raise AirflowFailException(f"failover stopped at {stopped_at}: {reason}")
         return summary
+
+
+def _state(ti: Any, task_id: str) -> str:
+    """The state of ``task_id`` in this task's DAG run (``none`` when it never ran)."""
+    states = ti.get_task_states(dag_id=ti.dag_id, task_ids=[task_id], run_ids=[ti.run_id])
+    return str(states.get(ti.run_id, {}).get(task_id) or "none")
 
 
 # --------------------------------------------------------------------------- the stream (Spark)

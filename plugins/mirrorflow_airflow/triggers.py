@@ -14,7 +14,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from mirror_core.errors import MirrorError
+from mirror_core.errors import AccessDeniedError, ConfigError, MirrorError
 
 
 class _FailoverCheckTrigger(BaseTrigger):
@@ -49,13 +49,27 @@ class _FailoverCheckTrigger(BaseTrigger):
         return cfg, group, FailoverParams.from_mapping(self.params)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        from confluent_kafka import KafkaException
+
         previous: dict[str, Any] | None = None
         while True:
             try:
                 report = await asyncio.to_thread(self.check, previous)
-            except MirrorError as exc:
+            except (ConfigError, AccessDeniedError) as exc:  # the config, the params, an ACL: no wait mends it
                 yield TriggerEvent({"status": "error", "message": f"{self.step}: {exc}"})
                 return
+            except (MirrorError, KafkaException, OSError, TimeoutError) as exc:
+                # a cluster that does not answer for a while (a broker restarting): not yet, until the timeout;
+                # the quiet period starts again once it answers
+                why = f"{type(exc).__name__}: {exc}" if isinstance(exc, KafkaException) else str(exc)
+                if time.time() - self.started_at >= self.timeout:
+                    yield TriggerEvent({"status": "timeout", "message": f"{self.step}: not reached within "
+                                                                        f"{self.timeout:.0f} s; last: {why}"})
+                    return
+                previous = None
+                self.log.warning("%s: no answer, trying again: %s", self.step, why)
+                await asyncio.sleep(self.poll_interval)
+                continue
             if report.ok:
                 yield TriggerEvent({"status": "ok", "report": report.as_dict()})
                 return

@@ -111,3 +111,24 @@ def test_the_plugin_puts_the_page_in_the_navigation(client: Any) -> None:
     assert [(v["name"], v["href"], v["destination"]) for v in ours["external_views"]] == \
         [("Mirrors", "/mirrorflow/", "nav")]
     assert [a["url_prefix"] for a in ours["fastapi_apps"]] == ["/mirrorflow"]
+
+
+def test_a_user_sees_only_the_groups_whose_dags_they_may_read(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The route lets in a user who may read some DAG's XComs (``?dag_id=`` even names which); each group on the
+    page is one whose offset_sync DAG the user may read."""
+    from mirrorflow_airflow.web import app as page
+
+    headers = {"Authorization": f"Bearer {_token(client)}"}
+
+    class _Auth:
+        def get_authorized_dag_ids(self, user: Any, method: str, session: Any) -> set[str]:
+            return {"mirrorflow__othergroup__offset_sync", "mirrorflow__pagetest__stream"}
+    monkeypatch.setattr(page, "get_auth_manager", _Auth)
+    data = client.get("/mirrorflow/api/lag?dag_id=mirrorflow__othergroup__offset_sync", headers=headers).json()
+    assert [g["group"] for g in data["groups"]] == []
+    html = client.get("/mirrorflow/", headers=headers).text
+    assert "pagetest" not in html
+    monkeypatch.setattr(_Auth, "get_authorized_dag_ids",
+                        lambda self, user, method, session: {"mirrorflow__pagetest__offset_sync"})
+    data = client.get("/mirrorflow/api/lag", headers=headers).json()
+    assert [g["group"] for g in data["groups"]] == ["pagetest"]

@@ -314,7 +314,8 @@ def test_a_failbacks_copies_leave_no_position_among_them_mapped_past_their_origi
     syncs = [OffsetSync.from_record(k, v) for t, k, v in fake.committed[0] if t == "syncs"]
     store = OffsetSyncStore()
     store.add_all(syncs)
-    assert [store.translate("t", 1, u).downstream_offset for u in (0, 4, 9, 10, 12, 13)] == [None, None, None, 10, 12, 13]
+    assert [store.translate("t", 1, u).downstream_offset for u in (0, 4, 9, 10, 12, 13)] == \
+        [None, None, None, 10, 12, 13]
 
 
 def test_a_second_failover_maps_none_past_the_originals(monkeypatch) -> None:

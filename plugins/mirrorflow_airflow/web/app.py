@@ -12,9 +12,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
-from airflow.api_fastapi.core_api.security import requires_access_dag
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from airflow.models.xcom import XComModel
@@ -57,9 +58,24 @@ def load_stream_states(session: Any) -> dict[str, str | None]:
     return states
 
 
-def page_model(session: Any, hours: float, now: datetime | None = None) -> PageModel:
+def page_model(session: Any, hours: float, now: datetime | None = None, readable: set[str] | None = None
+               ) -> PageModel:
+    """The page's data; with ``readable``, only those groups'."""
     now = now or datetime.now(UTC)
-    return build_page(load_samples(session, now - timedelta(hours=hours)), load_stream_states(session), now)
+    samples = load_samples(session, now - timedelta(hours=hours))
+    states = load_stream_states(session)
+    if readable is not None:
+        samples = [x for x in samples if isinstance(x, dict) and x.get("group") in readable]
+        states = {g: st for g, st in states.items() if g in readable}
+    return build_page(samples, states, now)
+
+
+def readable_groups(user: Any, session: Any) -> set[str]:
+    """The groups whose ``offset_sync`` DAG (where the lag samples come from) the user may read. The route's own
+    check lets in any user who may read some DAG's XComs (and a ``?dag_id=`` names which): each group on the
+    page is checked here."""
+    dags = get_auth_manager().get_authorized_dag_ids(user=user, method="GET", session=session)
+    return {g for d in dags if (g := group_of(d, "offset_sync"))}
 
 
 #: Airflow's own authentication and authorization on every route: a user who may read DAG XComs
@@ -72,11 +88,13 @@ def create_app() -> FastAPI:
                   openapi_url=None)
 
     @app.get("/", response_class=HTMLResponse)
-    def mirrors_page(session: SessionDep, hours: float = Query(6.0, gt=0, le=24 * 14)) -> HTMLResponse:
-        return HTMLResponse(render(page_model(session, hours), hours))
+    def mirrors_page(session: SessionDep, user: GetUserDep,
+                     hours: float = Query(6.0, gt=0, le=24 * 14)) -> HTMLResponse:
+        return HTMLResponse(render(page_model(session, hours, readable=readable_groups(user, session)), hours))
 
     @app.get("/api/lag")
-    def mirrors_json(session: SessionDep, hours: float = Query(6.0, gt=0, le=24 * 14)) -> JSONResponse:
-        return JSONResponse(as_json(page_model(session, hours)))
+    def mirrors_json(session: SessionDep, user: GetUserDep,
+                     hours: float = Query(6.0, gt=0, le=24 * 14)) -> JSONResponse:
+        return JSONResponse(as_json(page_model(session, hours, readable=readable_groups(user, session))))
 
     return app
