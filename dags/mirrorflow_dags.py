@@ -142,9 +142,10 @@ translated offsets written into idle destination groups), `heartbeat`, and `reco
 per partition for the Mirrors page, as this task's XCom).
 """) as dag:
         kw: dict[str, Any] = {"config_path": path, "group_name": group.name}
-        # a lag sample also when the checkpoint round failed: that is when the page is looked at
-        CheckpointOperator(task_id="checkpoint", **kw) >> RecordLagOperator(task_id="record_lag",
-                                                                             trigger_rule="all_done", **kw)
+        # side by side: a lag sample also when the checkpoint round fails (that is when the page is looked at),
+        # and the run fails then (each is a leaf: a run's state comes from its leaves)
+        CheckpointOperator(task_id="checkpoint", **kw)
+        RecordLagOperator(task_id="record_lag", **kw)
         HeartbeatOperator(task_id="heartbeat", **kw)
     return dag
 

@@ -335,8 +335,11 @@ def pause_dag(dag_id: str, log: Any) -> bool | None:
             log.warning("could not pause %s through the API at %s: %s", dag_id, base,
                         exc if isinstance(exc, httpx.HTTPError) else "no token in its answer")
             return None
-        log.info("paused %s through the API: HTTP %d", dag_id, r.status_code)
-        return r.status_code == 200
+        if r.status_code != 200:
+            log.warning("could not pause %s through the API at %s: HTTP %d", dag_id, base, r.status_code)
+            return False
+        log.info("paused %s through the API", dag_id)
+        return True
     try:
         from airflow.models.dag import DagModel
         from airflow.utils.session import create_session

@@ -14,7 +14,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from mirror_core.errors import AccessDeniedError, ConfigError, MirrorError
+from mirror_core.errors import KafkaOperationError, MirrorError, UnreachableError
 
 
 class _FailoverCheckTrigger(BaseTrigger):
@@ -49,25 +49,26 @@ class _FailoverCheckTrigger(BaseTrigger):
         return cfg, group, FailoverParams.from_mapping(self.params)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from confluent_kafka import KafkaException
-
         previous: dict[str, Any] | None = None
+        said, said_at = "", 0.0
         while True:
             try:
                 report = await asyncio.to_thread(self.check, previous)
-            except (ConfigError, AccessDeniedError) as exc:  # the config, the params, an ACL: no wait mends it
-                yield TriggerEvent({"status": "error", "message": f"{self.step}: {exc}"})
-                return
-            except (MirrorError, KafkaException, OSError, TimeoutError) as exc:
+            except Exception as exc:  # noqa: BLE001 - every failure ends as an event the task reports
+                why = _why(exc)
+                if not _no_answer(exc):  # the config, the params, a refusal, a missing topic: no wait mends it
+                    yield TriggerEvent({"status": "error", "message": f"{self.step}: {why}"})
+                    return
                 # a cluster that does not answer for a while (a broker restarting): not yet, until the timeout;
                 # the quiet period starts again once it answers
-                why = f"{type(exc).__name__}: {exc}" if isinstance(exc, KafkaException) else str(exc)
                 if time.time() - self.started_at >= self.timeout:
                     yield TriggerEvent({"status": "timeout", "message": f"{self.step}: not reached within "
                                                                         f"{self.timeout:.0f} s; last: {why}"})
                     return
                 previous = None
-                self.log.warning("%s: no answer, trying again: %s", self.step, why)
+                if why != said or time.time() - said_at >= 60:
+                    self.log.warning("%s: no answer, trying again: %s", self.step, why)
+                    said, said_at = why, time.time()
                 await asyncio.sleep(self.poll_interval)
                 continue
             if report.ok:
@@ -80,6 +81,35 @@ class _FailoverCheckTrigger(BaseTrigger):
             previous = dict(report.details)
             self.log.info("%s: %s", self.step, report.summary)
             await asyncio.sleep(self.poll_interval)
+
+
+#: KafkaOperationError codes of a cluster that did not answer (as clients.no_answer tells for a KafkaError)
+_NO_ANSWER_CODES = frozenset({"_TRANSPORT", "_TIMED_OUT", "_MSG_TIMED_OUT", "_ALL_BROKERS_DOWN", "REQUEST_TIMED_OUT"})
+
+
+def _no_answer(exc: BaseException) -> bool:
+    """Whether a check failed because a cluster did not answer (worth trying again), rather than refused or found
+    something wrong (a config error, an ACL refusal, a topic that is gone: a wait does not mend those)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from mirror_core import clients
+
+    if isinstance(exc, (UnreachableError, OSError, TimeoutError)):
+        return True
+    if isinstance(exc, KafkaException):
+        err = exc.args[0] if exc.args else None
+        return isinstance(err, KafkaError) and clients.no_answer(err)
+    if isinstance(exc, KafkaOperationError):
+        return exc.code in _NO_ANSWER_CODES
+    return False
+
+
+def _why(exc: BaseException) -> str:
+    from confluent_kafka import KafkaException
+
+    if isinstance(exc, KafkaException) and exc.args and hasattr(exc.args[0], "str"):
+        return str(exc.args[0].str())
+    return str(exc) if isinstance(exc, MirrorError) else f"{type(exc).__name__}: {exc}"
 
 
 class ReplicationLagTrigger(_FailoverCheckTrigger):

@@ -115,7 +115,7 @@ def test_a_wait_outlasts_a_cluster_that_does_not_answer_and_stops_on_a_bad_confi
     from confluent_kafka import KafkaError, KafkaException
     from mirrorflow_airflow.triggers import ReplicationLagTrigger
 
-    from mirror_core.errors import ConfigError, ConfigIssue
+    from mirror_core.errors import ConfigError, ConfigIssue, KafkaOperationError
     from mirror_core.failover import StepReport
 
     answers: list[Any] = [KafkaException(KafkaError(KafkaError._TRANSPORT)), OSError("connection refused"),
@@ -139,4 +139,19 @@ def test_a_wait_outlasts_a_cluster_that_does_not_answer_and_stops_on_a_bad_confi
     assert event["status"] == "error" and "consumer_groups" in event["message"]
     answers[:] = [OSError("connection refused")] * 3
     event = asyncio.run(first(_Trigger("c.yaml", "ab", {}, poll_interval=0, timeout=0)))
-    assert event == {"status": "timeout", "message": "lag: not reached within 0 s; last: connection refused"}
+    assert event == {"status": "timeout", "message": "lag: not reached within 0 s; last: OSError: connection refused"}
+    # a refusal, or a topic that is gone: no wait mends it
+    for refused in (KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)),
+                    KafkaOperationError("topic 'orders' does not exist", "UNKNOWN_TOPIC_OR_PART")):
+        answers[:] = [refused, StepReport("lag", "ab", True, "lag 0", {})]
+        event = asyncio.run(first(_Trigger("c.yaml", "ab", {}, poll_interval=0, timeout=60)))
+        assert event["status"] == "error" and len(answers) == 1, event
+
+
+def test_a_lag_sample_does_not_wait_for_the_checkpoint_round_nor_hide_its_failure(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sample is taken when the checkpoint round fails (that is when the page is looked at), and the round
+    stays a leaf, so its failure fails the run (a run's state comes from its leaves)."""
+    dag = _two_way(tmp_path, monkeypatch).dags["mirrorflow__ab__offset_sync"]
+    assert {t.task_id for t in dag.leaves} == {"checkpoint", "record_lag", "heartbeat"}
+    assert dag.get_task("record_lag").upstream_task_ids == set()
