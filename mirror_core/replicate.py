@@ -764,8 +764,9 @@ def loop_marked_syncs(syncs: list[OffsetSync], looped: list[int], mirrored: list
 
     A run starts just after the chunk's mirrored record before it (or at ``first_upstream``: a sync the last
     chunk ended with there is superseded, since its records may be copies too) and ends after its last looped
-    record. ``mirrored``: the chunk's (upstream, downstream) pairs, of which the one before each run keeps a sync
-    of its own (a collinear middle point would otherwise be dropped and its run's positions go with the marker);
+    record. ``mirrored``: the chunk's (upstream, downstream) pairs, of which the ones just before and just after
+    each run keep syncs of their own (as collinear middle points they were dropped: the positions before the run
+    then went with the marker, and those after it mapped all to the end of their run);
     ``downstream_after``: the downstream position after the chunk."""
     if not looped:
         return syncs
@@ -784,9 +785,11 @@ def loop_marked_syncs(syncs: list[OffsetSync], looped: list[int], mirrored: list
         for x in syncs:
             if start <= x.upstream_offset < resume:
                 out.pop((x.upstream_offset, x.downstream_offset), None)
-        if i:
-            before = OffsetSync(topic, partition, *mirrored[i - 1])
-            out[(before.upstream_offset, before.downstream_offset)] = before
+        # the records on either side keep syncs of their own (collinear ones were dropped as middle points)
+        for k in (i - 1, i):
+            if 0 <= k < len(mirrored):
+                own = OffsetSync(topic, partition, *mirrored[k])
+                out[(own.upstream_offset, own.downstream_offset)] = own
         out[(start, UNMAPPED)] = OffsetSync(topic, partition, start, UNMAPPED)
         # the next position maps as it did: to its own record if mirrored, else to the next mirrored one
         j = bisect.bisect_left(ups, resume)

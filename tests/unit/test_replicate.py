@@ -12,7 +12,7 @@ import yaml
 from mirror_core import replicate
 from mirror_core.config import parse_config
 from mirror_core.errors import ConfigError
-from mirror_core.offsets import UNMAPPED, OffsetSync, OffsetSyncStore
+from mirror_core.offsets import UNMAPPED, OffsetSync, OffsetSyncStore, syncs_for_batch
 from mirror_core.policy import build_replication_policy
 from mirror_core.replicate import (
     PROVENANCE_HEADER,
@@ -367,6 +367,18 @@ def test_records_mirrored_before_copies_keep_their_places_when_the_offsets_line_
     store.add_all(OffsetSync.from_record(k, v) for t, k, v in fake.committed[0] if t == "syncs")
     assert [store.translate("t", 1, u).downstream_offset for u in range(11)] == \
         [0, 1, 2, 3, 4, None, 6, 7, 8, 9, 10]
+
+
+def test_records_after_copies_keep_their_places_when_the_offsets_line_up() -> None:
+    """0-4 mirrored to 0-4, 5 a copy, 6 a dead letter, 7-20 mirrored to 7-20 (the destination's own records took
+    5 and 6): one collinear run, of which the batch's syncs keep only the ends. The records after the gap keep
+    their own places, and the dead letter's position maps to the next record."""
+    pairs = [(u, u) for u in range(5)] + [(u, u) for u in range(7, 21)]
+    syncs = replicate.loop_marked_syncs(syncs_for_batch("t", 0, pairs, 21), [5], pairs, 0, 21)
+    store = OffsetSyncStore()
+    store.add_all(syncs)
+    assert [store.translate("t", 0, u).downstream_offset for u in range(22)] == \
+        [0, 1, 2, 3, 4, None, 7, *range(7, 22)]
 
 
 def test_dead_letters_and_copies_in_one_gap_leave_it_untranslatable_up_to_the_last_copy(monkeypatch) -> None:
