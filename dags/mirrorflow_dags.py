@@ -37,6 +37,7 @@ from mirrorflow_airflow.operators import (
     MirrorStreamOperator,
     PlanOperator,
     RecordLagOperator,
+    UpstreamFailedOperator,
     ValidateConfigOperator,
 )
 from mirrorflow_airflow.sensors import ReplicationLagSensor, SourceQuietSensor
@@ -142,10 +143,12 @@ translated offsets written into idle destination groups), `heartbeat`, and `reco
 per partition for the Mirrors page, as this task's XCom).
 """) as dag:
         kw: dict[str, Any] = {"config_path": path, "group_name": group.name}
-        # side by side: a lag sample also when the checkpoint round fails (that is when the page is looked at),
-        # and the run fails then (each is a leaf: a run's state comes from its leaves)
-        CheckpointOperator(task_id="checkpoint", **kw)
-        RecordLagOperator(task_id="record_lag", **kw)
+        # the sample after the round (it shows the round's checkpoint), and also when the round failed: that is
+        # when the page is looked at. A run's state comes from its leaves: checkpoint_failed (which only a failed
+        # round runs) fails the run then
+        checkpoint = CheckpointOperator(task_id="checkpoint", **kw)
+        checkpoint >> RecordLagOperator(task_id="record_lag", trigger_rule="all_done", **kw)
+        checkpoint >> UpstreamFailedOperator(task_id="checkpoint_failed", trigger_rule="one_failed")
         HeartbeatOperator(task_id="heartbeat", **kw)
     return dag
 

@@ -181,6 +181,16 @@ class RecordLagOperator(MirrorflowOperator):
         return sample
 
 
+class UpstreamFailedOperator(BaseOperator):
+    """Runs only when a task before it failed (trigger rule ``one_failed``; skipped otherwise) and fails, so that
+    the DAG run fails: a run's state comes from its last tasks, and the one that failed may not be one of them
+    (the offset_sync DAG's checkpoint round, after which the lag sample is taken all the same)."""
+
+    def execute(self, context: Any) -> None:
+        failed = sorted(self.upstream_task_ids)
+        raise AirflowFailException(f"{', '.join(failed)} failed: see its log")
+
+
 class VerifyOperator(MirrorflowOperator):
     """Parity of every mirrored partition (counts + checksums); fails on a mismatch."""
 

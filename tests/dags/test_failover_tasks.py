@@ -150,8 +150,15 @@ def test_a_wait_outlasts_a_cluster_that_does_not_answer_and_stops_on_a_bad_confi
 
 def test_a_lag_sample_does_not_wait_for_the_checkpoint_round_nor_hide_its_failure(tmp_path: Path,
                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """The sample is taken when the checkpoint round fails (that is when the page is looked at), and the round
-    stays a leaf, so its failure fails the run (a run's state comes from its leaves)."""
+    """The sample is taken after the checkpoint round (it shows the round's checkpoint) and also when the round
+    failed (that is when the page is looked at); the run fails then all the same (a run's state comes from its
+    last tasks: checkpoint_failed runs only after a failed round, and fails)."""
+    from mirrorflow_airflow import operators
+
     dag = _two_way(tmp_path, monkeypatch).dags["mirrorflow__ab__offset_sync"]
-    assert {t.task_id for t in dag.leaves} == {"checkpoint", "record_lag", "heartbeat"}
-    assert dag.get_task("record_lag").upstream_task_ids == set()
+    assert {t.task_id for t in dag.leaves} == {"record_lag", "checkpoint_failed", "heartbeat"}
+    lag, watch = dag.get_task("record_lag"), dag.get_task("checkpoint_failed")
+    assert (lag.upstream_task_ids, lag.trigger_rule) == ({"checkpoint"}, "all_done")
+    assert (watch.upstream_task_ids, watch.trigger_rule) == ({"checkpoint"}, "one_failed")
+    with pytest.raises(operators.AirflowFailException, match="checkpoint failed: see its log"):
+        watch.execute({})
