@@ -161,10 +161,29 @@ _NO_ANSWER = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError
                         KafkaError._ALL_BROKERS_DOWN, KafkaError.REQUEST_TIMED_OUT})
 
 
+_NO_ANSWER_NAMES = frozenset(KafkaError(c).name() for c in _NO_ANSWER)
+
+
 def no_answer(err: KafkaError) -> bool:
     """The cluster did not answer in time (a broken connection, no broker up, a request or a record timed
     out), rather than refused what was asked."""
     return err.code() in _NO_ANSWER
+
+
+def unanswered(exc: BaseException) -> bool:
+    """:func:`no_answer` of a ``KafkaException``'s error or of a :class:`KafkaOperationError`'s code; False for
+    anything else."""
+    if isinstance(exc, KafkaException):
+        err = exc.args[0] if exc.args else None
+        return isinstance(err, KafkaError) and no_answer(err)
+    return isinstance(exc, KafkaOperationError) and exc.code in _NO_ANSWER_NAMES
+
+
+def error_text(exc: BaseException) -> str:
+    """One line for a client failure: a ``KafkaException``'s error text (without the exception's wrapping),
+    else the exception's own message."""
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return str(err.str()) if err is not None and hasattr(err, "str") else str(exc)
 
 
 def kafka_config(cluster: ClusterConfig, **extra: Any) -> ClientConfig:

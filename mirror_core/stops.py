@@ -142,7 +142,7 @@ class KafkaBoard:
                     c.unassign()  # no fetching between looks
                 self._next = max(self._next, high)
         except (KafkaException, KafkaOperationError) as exc:
-            raise StopSignalError(f"cannot read the failover stops from {self.where()}: {_why(exc)}") from None
+            raise StopSignalError(f"cannot read the failover stops from {self.where()}: {clients.error_text(exc)}") from None
         return dict(self._stops)
 
     def put(self, key: str, reason: str | None) -> None:
@@ -177,7 +177,7 @@ class KafkaBoard:
                 with clients.fatal_unmasked():
                     unacked = p.flush(self.timeout + 5)
         except (KafkaException, KafkaOperationError, FutureTimeout) as exc:
-            why = f"no answer within {self.timeout:.0f} s" if isinstance(exc, FutureTimeout) else _why(exc)
+            why = f"no answer within {self.timeout:.0f} s" if isinstance(exc, FutureTimeout) else clients.error_text(exc)
             raise StopSignalError(f"cannot write to {self.where()}: {why}") from None
         if unacked or failed:
             raise StopSignalError(f"cannot write to {self.where()}: "
@@ -215,13 +215,6 @@ def _reason(value: bytes) -> str:
     # printable only (no terminal escapes from someone else's record), one line, bounded
     text = "".join(ch if ch.isprintable() else " " for ch in text).strip()
     return (text[:REASON_MAX] + "...") if len(text) > REASON_MAX else (text or "stopped")
-
-
-def _why(exc: BaseException) -> str:
-    if isinstance(exc, KafkaOperationError):
-        return str(exc)
-    err = exc.args[0] if exc.args else None
-    return str(err.str()) if err is not None and hasattr(err, "str") else str(exc)
 
 
 def board(cfg: MirrorsConfig, group: GroupConfig) -> Board:

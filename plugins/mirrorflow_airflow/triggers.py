@@ -14,7 +14,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from mirror_core.errors import KafkaOperationError, MirrorError, UnreachableError
+from mirror_core.errors import MirrorError, UnreachableError
 
 
 class _FailoverCheckTrigger(BaseTrigger):
@@ -83,33 +83,22 @@ class _FailoverCheckTrigger(BaseTrigger):
             await asyncio.sleep(self.poll_interval)
 
 
-#: KafkaOperationError codes of a cluster that did not answer (as clients.no_answer tells for a KafkaError)
-_NO_ANSWER_CODES = frozenset({"_TRANSPORT", "_TIMED_OUT", "_MSG_TIMED_OUT", "_ALL_BROKERS_DOWN", "REQUEST_TIMED_OUT"})
-
-
 def _no_answer(exc: BaseException) -> bool:
     """Whether a check failed because a cluster did not answer (worth trying again), rather than refused or found
     something wrong (a config error, an ACL refusal, a topic that is gone: a wait does not mend those)."""
-    from confluent_kafka import KafkaError, KafkaException
-
     from mirror_core import clients
 
-    if isinstance(exc, (UnreachableError, OSError, TimeoutError)):
-        return True
-    if isinstance(exc, KafkaException):
-        err = exc.args[0] if exc.args else None
-        return isinstance(err, KafkaError) and clients.no_answer(err)
-    if isinstance(exc, KafkaOperationError):
-        return exc.code in _NO_ANSWER_CODES
-    return False
+    return isinstance(exc, (UnreachableError, OSError, TimeoutError)) or clients.unanswered(exc)
 
 
 def _why(exc: BaseException) -> str:
     from confluent_kafka import KafkaException
 
-    if isinstance(exc, KafkaException) and exc.args and hasattr(exc.args[0], "str"):
-        return str(exc.args[0].str())
-    return str(exc) if isinstance(exc, MirrorError) else f"{type(exc).__name__}: {exc}"
+    from mirror_core import clients
+
+    if isinstance(exc, (KafkaException, MirrorError)):
+        return clients.error_text(exc)
+    return f"{type(exc).__name__}: {exc}"
 
 
 class ReplicationLagTrigger(_FailoverCheckTrigger):
