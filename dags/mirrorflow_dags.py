@@ -2,8 +2,9 @@
 
 The config comes from ``$MIRRORFLOW_CONFIG``, else ``config/mirrors.yaml``, else ``config/local.yaml``
 (next to this repository's ``dags/``). Parsing reads and validates it, nothing more: no connection is
-looked up and no cluster is contacted until a task runs. An invalid config is one import error that
-names the YAML file and each problem's path.
+looked up and no cluster is contacted until a task runs. A group with a problem of its own (or of a cluster
+it uses) is left out, and ``mirrorflow_config_check.py`` is the import error that names it and each problem's
+path; a problem no group owns is this file's import error, and no DAG is built.
 
 Per enabled group ``G`` (dag ids ``mirrorflow__<G>__<purpose>``):
 
@@ -16,7 +17,6 @@ Per enabled group ``G`` (dag ids ``mirrorflow__<G>__<purpose>``):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -26,6 +26,7 @@ import pendulum
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import DAG, Asset, AssetOrTimeSchedule, Param
 from airflow.sdk.definitions.timetables.trigger import DeltaTriggerTimetable
+from mirrorflow_airflow import dagfile
 from mirrorflow_airflow.operators import (
     ApplyTopicsOperator,
     CheckpointOperator,
@@ -42,28 +43,16 @@ from mirrorflow_airflow.operators import (
 )
 from mirrorflow_airflow.sensors import ReplicationLagSensor, SourceQuietSensor
 
-from mirror_core.config import GroupConfig, MirrorsConfig, load_config, resolve_mirrors
-from mirror_core.errors import ConfigError
+from mirror_core.config import GroupConfig, MirrorsConfig, resolve_mirrors
 from mirror_core.failover import reverse_group
 
 ROOT = Path(__file__).resolve().parent.parent
 START = pendulum.datetime(2024, 1, 1, tz="UTC")
 
 
-class MirrorflowConfigError(Exception):
-    """The mirrors config is invalid (the message names the file and every problem's path)."""
-
-
 def config_path(env: dict[str, str] | None = None) -> Path:
     """``$MIRRORFLOW_CONFIG``, else config/mirrors.yaml, else config/local.yaml."""
-    env = dict(os.environ) if env is None else env
-    if env.get("MIRRORFLOW_CONFIG"):
-        # absolute, symlinks kept: a relative checkpoint_dir is relative to the directory of the path as given
-        # (config.resolve_state_dirs), the same for the CLI and the Spark job; resolving links would give a
-        # Kubernetes ConfigMap mount's timestamped directory, which changes with every update
-        return Path(os.path.abspath(env["MIRRORFLOW_CONFIG"]))
-    mirrors = ROOT / "config" / "mirrors.yaml"
-    return mirrors if mirrors.exists() else ROOT / "config" / "local.yaml"
+    return dagfile.config_path(ROOT, env)
 
 
 def dag_id(group: str, purpose: str) -> str:
@@ -245,13 +234,6 @@ def build(cfg: MirrorsConfig, path: str) -> dict[str, DAG]:
     return dags
 
 
-def _load(path: Path) -> MirrorsConfig:
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        raise MirrorflowConfigError(f"{exc.source or path}: invalid mirrors config: "
-                                    + "; ".join(str(i) for i in exc.issues)) from None
-
-
 _PATH = config_path()
-globals().update(build(_load(_PATH), str(_PATH)))
+# the valid groups; mirrorflow_config_check.py is the import error naming the others
+globals().update(build(dagfile.load(_PATH)[0], str(_PATH)))

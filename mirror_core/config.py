@@ -19,6 +19,7 @@ import hashlib
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -1018,24 +1019,128 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None, source: str | N
     return cfg
 
 
-def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> MirrorsConfig:
-    """Read, interpolate and validate the YAML file at ``path``."""
-    p = Path(path)
+def _read_yaml(p: Path) -> Any:
     try:
         text = p.read_text()
     except OSError as exc:
         raise ConfigError(ConfigIssue("", f"cannot read: {exc.strerror}"), str(p)) from None
     try:
-        raw = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(ConfigIssue(where, f"invalid YAML: {problem}"), str(p)) from None
-    cfg = resolve_state_dirs(parse_config(raw, env, str(p)), p, str(p))
+
+
+def _with_connections_env(cfg: MirrorsConfig, env: Mapping[str, str] | None) -> MirrorsConfig:
     conn_file = (os.environ if env is None else env).get(CONNECTIONS_FILE_ENV)
     if conn_file and any(c.needs_connection for c in cfg.clusters.values()):
         cfg = with_connections_file(cfg, conn_file)
+    return cfg
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> MirrorsConfig:
+    """Read, interpolate and validate the YAML file at ``path``: every group must be valid."""
+    p = Path(path)
+    raw = _read_yaml(p)
+    return _with_connections_env(resolve_state_dirs(parse_config(raw, env, str(p)), p, str(p)), env)
+
+
+@dataclass(frozen=True)
+class InvalidGroup:
+    """A group :func:`load_groups` left out, with the problems that are its own or its clusters'."""
+
+    path: str  #: ``groups[i]`` in the file
+    name: str | None  #: its ``name``, when that is a string
+    issues: tuple[ConfigIssue, ...]
+
+    def __str__(self) -> str:
+        label = f"group {self.name!r} ({self.path})" if self.name else self.path
+        return f"{label}: " + "; ".join(str(i) for i in self.issues)
+
+
+_GROUP_PATH_RE = re.compile(r"^groups\[(\d+)\]")
+_CLUSTER_PATH_RE = re.compile(r"^clusters\.([^.\[]+)")
+
+
+def load_groups(path: str | Path, env: Mapping[str, str] | None = None) -> tuple[MirrorsConfig, list[InvalidGroup]]:
+    """:func:`load_config` for what runs one group at a time (the Airflow DAGs, their tasks, the Spark job they
+    submit), where one group's mistake must not stop the others: a problem of a group's own keys, or of a
+    cluster (say an unset ``${VAR}`` in its password), leaves out the groups it concerns, and the rest load as
+    if those were not in the file. Returns the valid groups' config and the groups left out, in file order.
+
+    Raises :class:`ConfigError` (every issue, located in the file) when the file cannot be read, when a problem
+    is not confined to groups (a top-level key, an empty ``clusters``), or when no group is valid."""
+    p, source = Path(path), str(path)
+    env = os.environ if env is None else env
+    raw = _read_yaml(p)
+    raw_groups = raw.get("groups") if isinstance(raw, dict) else None
+    if not isinstance(raw_groups, list) or not isinstance(raw.get("clusters"), dict):
+        return load_config(p, env), []  # raises what is wrong at the top
+    keep = list(range(len(raw_groups)))
+    clusters = dict(raw["clusters"])
+    found: dict[int, list[ConfigIssue]] = {}
+    while True:
+        tree = {**raw, "clusters": clusters, "groups": [raw_groups[i] for i in keep]}
+        try:
+            cfg = resolve_state_dirs(parse_config(tree, env, source), p, source)
+            break
+        except ConfigError as exc:
+            blamed, unconfined = _blame(exc.issues, keep, raw_groups, clusters, env, found)
+            if unconfined or not blamed or blamed >= set(keep):
+                every = [i for k in sorted(found) for i in found[k]]
+                raise ConfigError(every + [i for i in unconfined if i not in every], source) from None
+            keep = [i for i in keep if i not in blamed]
+    invalid = []
+    for i in sorted(found):
+        name = raw_groups[i].get("name") if isinstance(raw_groups[i], dict) else None
+        invalid.append(InvalidGroup(f"groups[{i}]", name if isinstance(name, str) else None, tuple(found[i])))
+    return _with_connections_env(cfg, env), invalid
+
+
+def _blame(issues: list[ConfigIssue], keep: list[int], raw_groups: list[Any], clusters: dict[str, Any],
+           env: Mapping[str, str], found: dict[int, list[ConfigIssue]]) -> tuple[set[int], list[ConfigIssue]]:
+    """Sort one validation's ``issues`` by the groups they concern (``keep[k]`` is the file's index of the
+    validated tree's ``groups[k]``), into ``found``; a cluster's problem concerns the groups that use it, and the
+    cluster leaves ``clusters``. Returns (the groups blamed, the issues no group owns)."""
+    blamed: set[int] = set()
+    unconfined: list[ConfigIssue] = []
+    for issue in issues:
+        if m := _GROUP_PATH_RE.match(issue.path):
+            i = keep[int(m.group(1))]
+            issue = ConfigIssue(f"groups[{i}]" + issue.path[m.end():], issue.message)
+            users = [i]
+        elif m := _CLUSTER_PATH_RE.match(issue.path):
+            alias = m.group(1)
+            clusters.pop(alias, None)
+            users = [i for i in keep if isinstance(raw_groups[i], dict)
+                     and alias in (interpolate(raw_groups[i].get(side), env, []) for side in ("source", "destination"))]
+        else:
+            users = []
+        if not users:
+            unconfined.append(issue)
+        for i in users:
+            found.setdefault(i, []).append(issue)
+            blamed.add(i)
+    return blamed, unconfined
+
+
+def load_group(path: str | Path, name: str, env: Mapping[str, str] | None = None) -> MirrorsConfig:
+    """The config of the valid groups of the file at ``path``, one of which is ``name``; else
+    :class:`ConfigError` naming that group's own problems (or, from :func:`load_groups`, the file's)."""
+    cfg, invalid = load_groups(path, env)
+    return require_group(cfg, invalid, name, str(path))
+
+
+def require_group(cfg: MirrorsConfig, invalid: list[InvalidGroup], name: str, source: str | None) -> MirrorsConfig:
+    """``cfg`` when it holds the group ``name``, else the :class:`ConfigError` that says why it does not."""
+    if any(g.name == name for g in cfg.groups):
+        return cfg
+    for bad in invalid:
+        if bad.name == name:
+            raise ConfigError(list(bad.issues), source)
+    cfg.group(name)  # no group of that name: says which there are
     return cfg
 
 
@@ -1054,7 +1159,7 @@ def resolve_state_dirs(cfg: MirrorsConfig, path: str | Path, source: str | None 
     lock and stop. Raises :class:`ConfigError` for a group whose checkpoint is only found against the
     working directory (``cwd``; where relative paths pointed before 7 December): started there, the job would
     begin a new checkpoint and read its sources again from the earliest offsets."""
-    base = Path(os.path.abspath(Path(path).parent))  # symlinks kept: see dags/mirrorflow_dags.config_path
+    base = Path(os.path.abspath(Path(path).parent))  # symlinks kept: see mirrorflow_airflow.dagfile.config_path
     if cwd is None:
         try:
             cwd = Path.cwd()

@@ -40,7 +40,7 @@ from mirror_core.config import (
     SUBMITTED_MASTER_ENV,
     GroupConfig,
     MirrorsConfig,
-    load_config,
+    load_group,
     transactional_id,
     with_master,
 )
@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     # before anything that can block (provisioning, the JVM's start): a stop is bounded from the start
     stopper = Stopper(args.group, args.stop_timeout or DEFAULT_STOP_TIMEOUT)
     stopper.install()
-    cfg = load_config(args.config)
+    cfg = load_group(args.config, args.group)  # another group's mistake does not stop this one
     # submitted by Airflow: the Spark connection's master, not the group's (the session's master would win)
     group = with_master(cfg.group(args.group), os.environ.get(SUBMITTED_MASTER_ENV))
     if args.stop_timeout is None:

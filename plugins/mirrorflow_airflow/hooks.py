@@ -28,9 +28,11 @@ from mirror_core.config import (
     SECRET_KEY_RE,
     ClusterConfig,
     GroupConfig,
+    InvalidGroup,
     MirrorsConfig,
     connections_payload,
-    load_config,
+    load_groups,
+    require_group,
     with_connections,
 )
 
@@ -91,6 +93,7 @@ class MirrorflowHook(BaseHook):
         super().__init__(**kwargs)
         self.config_path = config_path
         self._cfg: MirrorsConfig | None = None
+        self._invalid: list[InvalidGroup] = []
 
     def resolve_cluster(self, cluster: ClusterConfig) -> tuple[dict[str, str] | None, dict[str, Any] | None]:
         kafka = kafka_properties(self.get_connection(cluster.connection)) if cluster.connection else None
@@ -99,16 +102,17 @@ class MirrorflowHook(BaseHook):
         return kafka, registry
 
     def get_config(self) -> MirrorsConfig:
-        """Load, validate and resolve (once per hook)."""
+        """Load, validate and resolve (once per hook): the file's valid groups (a task runs one group, and another
+        group's mistake does not stop it; see :func:`mirror_core.config.load_groups`)."""
         if self._cfg is None:
-            cfg = load_config(self.config_path)
+            cfg, self._invalid = load_groups(self.config_path)
             if any(c.needs_connection for c in cfg.clusters.values()):
                 cfg = with_connections(cfg, self.resolve_cluster)
             self._cfg = cfg
         return self._cfg
 
     def get_group(self, name: str) -> tuple[MirrorsConfig, GroupConfig]:
-        cfg = self.get_config()
+        cfg = require_group(self.get_config(), self._invalid, name, self.config_path)
         return cfg, cfg.group(name)
 
     @contextmanager

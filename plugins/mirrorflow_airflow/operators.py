@@ -380,9 +380,9 @@ class FailoverReportOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from mirror_core import failover
-        from mirror_core.config import load_config
+        from mirror_core.config import load_group
 
-        group = load_config(self.config_path).group(self.group_name)  # names only: no connection needed
+        group = load_group(self.config_path, self.group_name).group(self.group_name)  # names only: no connection
         ti = context["ti"]
         reports: list[failover.StepReport] = []
         stopped_at: str | None = None

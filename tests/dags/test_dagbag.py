@@ -86,6 +86,41 @@ def test_an_invalid_config_is_one_import_error_naming_the_yaml(monkeypatch: pyte
     assert str(cfg) in last and "groups[0].destination: undefined cluster 'nowhere'" in last
 
 
+def test_one_groups_mistake_leaves_the_other_groups_dags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A ${VAR} unset where the DAG processor parses the file, in a cluster one group uses: that group's DAGs are
+    left out and one import error names it and the problem; the other group's DAGs stay, and its tasks load it."""
+    from mirrorflow_airflow.hooks import MirrorflowHook
+
+    from mirror_core.errors import ConfigError
+
+    cfg = tmp_path / "mirrors.yaml"
+    cfg.write_text(textwrap.dedent("""
+        clusters:
+          a: {kafka: {bootstrap.servers: "a:9092"}}
+          b: {kafka: {bootstrap.servers: "b:9092"}}
+          legacy: {kafka: {bootstrap.servers: "l:9092", sasl.password: "${LEGACY_PASSWORD}"}}
+        groups:
+          - {name: orders, source: a, destination: b, mirrors: [{source_topic: orders}]}
+          - {name: old, source: legacy, destination: b, mirrors: [{source_topic: old}]}
+    """))
+    monkeypatch.delenv("LEGACY_PASSWORD", raising=False)
+    bag = _dagbag(cfg, monkeypatch)
+    assert sorted(bag.dags) == [f"mirrorflow__orders__{p}" for p in ("failover", "offset_sync", "provision", "stream")]
+    assert [Path(f).name for f in bag.import_errors] == ["mirrorflow_config_check.py"]
+    last = next(iter(bag.import_errors.values())).strip().splitlines()[-1]
+    assert str(cfg) in last and "1 group(s) left out" in last
+    assert "group 'old' (groups[1]): clusters.legacy.kafka.sasl.password: environment variable ${LEGACY_PASSWORD}" \
+        in last and "'orders'" not in last
+
+    assert MirrorflowHook(str(cfg)).get_group("orders")[1].source == "a"
+    with pytest.raises(ConfigError, match="LEGACY_PASSWORD"):
+        MirrorflowHook(str(cfg)).get_group("old")
+
+    monkeypatch.setenv("LEGACY_PASSWORD", "set")  # fixed: both groups, no error
+    bag = _dagbag(cfg, monkeypatch)
+    assert bag.import_errors == {} and len(bag.dags) == 8
+
+
 def _big_config(path: Path, groups: int = 10, per_group: int = 10) -> Path:
     lines = ["clusters:", "  src: {kafka: {bootstrap.servers: 'src:9092'}}", "  dst: {kafka: {bootstrap.servers: 'dst:9092'}}",
              "groups:"]

@@ -28,6 +28,8 @@ from mirror_core.config import (
     RegexFilter,
     flow_id,
     load_config,
+    load_group,
+    load_groups,
     parse_config,
     resolve_mirrors,
     with_master,
@@ -209,6 +211,102 @@ def test_every_missing_variable_is_reported() -> None:
     paths = [i.path for i in info.value.issues]
     assert paths == ["clusters.dst.kafka.sasl.username", "clusters.dst.kafka.sasl.password"]
     assert "${A_PASSWORD}" in info.value.issues[1].message
+
+
+# --------------------------------------------------------------------------- one group's mistake
+
+
+def _three_groups() -> dict[str, Any]:
+    """base_config's clusters plus a third, used by one group only; three groups."""
+    raw = base_config()
+    raw["clusters"]["other"] = {"kafka": {"bootstrap.servers": "other:9092", "sasl.password": "${OTHER_PASSWORD}"}}
+    prod = raw["groups"][0]
+    raw["groups"] = [
+        prod,
+        {"name": "audit", "source": "src", "destination": "dst", "mirrors": [{"source_topic": "audit"}]},
+        {"name": "legacy", "source": "other", "destination": "dst", "mirrors": [{"source_topic": "legacy"}]},
+    ]
+    return raw
+
+
+def _write(tmp_path: Path, raw: dict[str, Any]) -> Path:
+    path = tmp_path / "mirrors.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_one_groups_mistake_leaves_the_other_groups_usable(tmp_path: Path) -> None:
+    """An unset ${VAR} in a cluster only one group uses, and a typo in another group's keys: the DAGs, their tasks
+    and the Spark job (load_groups / load_group) still get the valid group; each left-out group keeps its problems,
+    located in the file as it is (groups[2] although groups[1] was left out before it)."""
+    raw = _three_groups()
+    raw["groups"][1]["mirorrs"] = raw["groups"][1].pop("mirrors")
+    path = _write(tmp_path, raw)
+    with pytest.raises(ConfigError):
+        load_config(path, env={})  # the CLI's validate still wants every group right
+
+    cfg, invalid = load_groups(path, env={})
+    assert [g.name for g in cfg.groups] == ["prod"]
+    assert "other" not in cfg.clusters
+    assert [(g.path, g.name) for g in invalid] == [("groups[1]", "audit"), ("groups[2]", "legacy")]
+    assert sorted(str(i) for i in invalid[0].issues) == ["groups[1].mirorrs: unknown key",
+                                                         "groups[1].mirrors: Field required"]
+    assert [i.path for i in invalid[1].issues] == ["clusters.other.kafka.sasl.password"]
+    assert "${OTHER_PASSWORD}" in str(invalid[1])
+
+    assert load_group(path, "prod", env={}).group("prod").mirrors[0].source_topic == "orders"
+    with pytest.raises(ConfigError) as info:
+        load_group(path, "legacy", env={})
+    assert [i.path for i in info.value.issues] == ["clusters.other.kafka.sasl.password"]
+    with pytest.raises(ConfigError, match="no group named 'nope'"):
+        load_group(path, "nope", env={})
+
+    cfg, invalid = load_groups(path, env={"OTHER_PASSWORD": "set"})  # set where it runs: that group is back
+    assert [g.name for g in cfg.groups] == ["prod", "legacy"] and [g.name for g in invalid] == ["audit"]
+
+
+def test_a_later_groups_problem_keeps_its_place_in_the_file(tmp_path: Path) -> None:
+    """groups[0]'s unset variable is found first (interpolation), groups[2]'s bad value only once groups[0] is out:
+    it is still called groups[2]."""
+    raw = _three_groups()
+    raw["groups"][0]["spark"] = {"max_offsets_per_trigger": "${NOT_SET}"}
+    raw["groups"][2]["source"] = "src"
+    raw["groups"][2]["spark"] = {"mode": "sometimes"}
+    cfg, invalid = load_groups(_write(tmp_path, raw), env={"OTHER_PASSWORD": "x"})
+    assert [g.name for g in cfg.groups] == ["audit"]
+    assert [(g.name, [i.path for i in g.issues]) for g in invalid] == [
+        ("prod", ["groups[0].spark.max_offsets_per_trigger"]), ("legacy", ["groups[2].spark.mode"])]
+
+
+def test_a_duplicate_group_is_left_out_and_the_first_one_kept(tmp_path: Path) -> None:
+    raw = _three_groups()
+    raw["groups"][2] = {**raw["groups"][1], "mirrors": [{"source_topic": "audit2"}]}
+    del raw["clusters"]["other"]
+    cfg, invalid = load_groups(_write(tmp_path, raw), env={})
+    assert [g.name for g in cfg.groups] == ["prod", "audit"]
+    assert [(g.path, str(g.issues[0])) for g in invalid] == [
+        ("groups[2]", "groups[2].name: duplicate group name 'audit' (also groups[1])")]
+    assert load_group(_write(tmp_path, raw), "audit", env={}).group("audit").mirrors[0].source_topic == "audit"
+
+
+@pytest.mark.parametrize("mistake", ["top-level key", "every group", "unused cluster"])
+def test_a_mistake_no_group_owns_fails_the_whole_file(tmp_path: Path, mistake: str) -> None:
+    """Nothing to build around: the whole file is rejected, every problem named (as load_config does)."""
+    raw = _three_groups()
+    if mistake == "top-level key":
+        raw["grups"] = []
+        expected = {"grups", "clusters.other.kafka.sasl.password"}
+    elif mistake == "every group":
+        for g in raw["groups"]:
+            g["destination"] = "nowhere"
+        raw["clusters"]["other"]["kafka"]["sasl.password"] = "plain"
+        expected = {f"groups[{i}].destination" for i in range(3)}
+    else:
+        raw["groups"].pop()
+        expected = {"clusters.other.kafka.sasl.password"}
+    with pytest.raises(ConfigError) as info:
+        load_groups(_write(tmp_path, raw), env={})
+    assert {i.path for i in info.value.issues} == expected
 
 
 # --------------------------------------------------------------------------- derived names and merge
