@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pendulum
-from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import DAG, Asset, AssetOrTimeSchedule, Param
 from airflow.sdk.definitions.timetables.trigger import DeltaTriggerTimetable
 from mirrorflow_airflow import dagfile
 from mirrorflow_airflow.operators import (
     ApplyTopicsOperator,
     CheckpointOperator,
+    FailoverApprovalOperator,
     FailoverReportOperator,
     FailoverStepOperator,
     FinalizeFailoverOperator,
@@ -142,6 +142,34 @@ per partition for the Mirrors page, as this task's XCom).
     return dag
 
 
+def _approval_args(owner: GroupConfig) -> tuple[dict[str, Any], str]:
+    """The approvals' arguments from the DAG owner's ``failover`` settings (who may answer, and how long an
+    unanswered one waits before it is answered Reject), and the sentence that tells the approver so."""
+    settings = owner.failover
+    args: dict[str, Any] = {}
+    if settings.approvers:
+        args["assigned_users"] = [{"id": u, "name": u} for u in settings.approvers]
+    if settings.approval_timeout is None:
+        return args, ""
+    args.update(response_timeout=timedelta(seconds=settings.approval_timeout), defaults="Reject")
+    return args, f" Unanswered for {_duration(settings.approval_timeout)}, this is answered Reject."
+
+
+def _approvals_doc(owner: GroupConfig) -> str:
+    settings = owner.failover
+    who = ", ".join(f"`{u}`" for u in settings.approvers) or "anyone who may act on this DAG's runs"
+    wait = ("waits for good" if settings.approval_timeout is None
+            else f"is answered Reject after {_duration(settings.approval_timeout)}")
+    return f"Approvals: answered by {who}; an unanswered one {wait} (`failover` in the group's config)."
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
+
+
 FAILOVER_PARAMS_DOC = """Params: `consumer_groups` (the source consumer groups to move), `max_lag_records` and
 `max_lag_seconds` (when the lag sensor lets the run ask to stop producers), `quiet_seconds` (how long the
 source must stay without new records once producers are stopped)."""
@@ -171,26 +199,28 @@ Manual. `preflight` -> `wait_for_lag` (deferrable) -> **approve_stop_producers**
 -> **approve_switch_consumers** -> `finalize` (group offsets synced again, stream `{stream_id}` stopped and
 paused) -> `report`.
 A Reject at either approval ends the run: nothing changes after it, and the report says where it stopped.
+{_approvals_doc(owner)}
 
 {FAILOVER_PARAMS_DOC}
 """) as dag:
         kw: dict[str, Any] = {"config_path": path, "group_name": flow.name}
+        asking, unanswered = _approval_args(owner)
         preflight = FailoverStepOperator(task_id="preflight", step="preflight", stream_dag_id=stream_id,
                                          sibling_dag_ids=list(siblings), **kw)
         lag = ReplicationLagSensor(task_id="wait_for_lag", poke_interval=5, timeout=6 * 3600, **kw)
-        stop_producers = ApprovalOperator(
-            task_id="approve_stop_producers", subject=f"Stop the producers on {flow.source}",
+        stop_producers = FailoverApprovalOperator(
+            task_id="approve_stop_producers", subject=f"Stop the producers on {flow.source}", **asking,
             body=(f"Group **{flow.name}** is ready to fail over to `{flow.destination}`.\n\n"
                   "{{ (ti.xcom_pull(task_ids='wait_for_lag', key='step_report') or {}).get('summary', "
                   "'(no lag report: the sensor was marked done by hand)') }}\n\n"
                   f"Approve once every producer writing the mirrored topics on `{flow.source}` is stopped. "
-                  "Reject to call the failover off (nothing has been changed)."))
+                  f"Reject to call the failover off (nothing has been changed).{unanswered}"))
         quiet = SourceQuietSensor(task_id="wait_for_quiet", poke_interval=2, timeout=3600,
                                   require_lag_zero=continuous, **kw)
         sync = FailoverStepOperator(task_id="final_sync", step="sync", **kw)
         parity = FailoverStepOperator(task_id="verify_parity", step="verify", **kw)
-        switch = ApprovalOperator(
-            task_id="approve_switch_consumers", subject=f"Switch consumers to {flow.destination}",
+        switch = FailoverApprovalOperator(
+            task_id="approve_switch_consumers", subject=f"Switch consumers to {flow.destination}", **asking,
             body=("{{ (ti.xcom_pull(task_ids='final_sync', key='step_report') or {}).get('summary', "
                   "'(no sync report: the step was marked done by hand)') }}; "
                   "{{ (ti.xcom_pull(task_ids='verify_parity', key='step_report') or {}).get('summary', "
@@ -199,7 +229,8 @@ A Reject at either approval ends the run: nothing changes after it, and the repo
                   f"`{flow.source}`, then Approve: `finalize` moves their "
                   f"offsets on `{flow.destination}` up to where they stopped and stops the mirror `{flow.source}` -> "
                   f"`{flow.destination}` for good. Start the consumers on `{flow.destination}` once it has "
-                  "ended. Reject to stop here (destination offsets are synced, the mirror keeps its state)."))
+                  "ended. Reject to stop here (destination offsets are synced, the mirror keeps its state)."
+                  f"{unanswered}"))
         finalize = FinalizeFailoverOperator(task_id="finalize", stream_dag_id=stream_id, **kw)
         steps = [("preflight", "preflight"), ("wait_for_lag", "lag"), ("approve_stop_producers", "approval"),
                  ("wait_for_quiet", "quiet"), *([] if continuous else [("final_drain", "task")]),

@@ -354,6 +354,22 @@ class HeartbeatsConfig(_Frozen):
         return v
 
 
+class FailoverConfig(_Frozen):
+    """The failover and failback DAGs' two approvals."""
+
+    #: Airflow user ids who may answer them (the user name with the simple auth manager, the numeric id with
+    #: FAB); empty: anyone who may act on the DAG run
+    approvers: list[Annotated[str, Field(min_length=1)]] = []
+    #: an approval left unanswered this long is answered Reject (the run ends where it is, and the next failover
+    #: can start); null waits for good
+    approval_timeout: Duration | None = 86400.0
+
+    @field_validator("approval_timeout", mode="before")
+    @classmethod
+    def _dur(cls, v: Any) -> float | None:
+        return None if v is None else parse_duration(v)
+
+
 #: Spark Kafka source options mirrorflow sets itself, and why a user may not.
 RESERVED_SOURCE_OPTIONS: dict[str, str] = {
     "subscribe": "the topics come from the group's mirrors",
@@ -671,6 +687,7 @@ class GroupConfig(MirrorSettings):
     offsets: OffsetsConfig = OffsetsConfig()
     heartbeats: HeartbeatsConfig = HeartbeatsConfig()
     spark: SparkConfig = SparkConfig()
+    failover: FailoverConfig = FailoverConfig()
     mirrors: list[MirrorSpec] = Field(min_length=1)
 
     @field_validator("replication_policy")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
@@ -189,6 +190,22 @@ class UpstreamFailedOperator(BaseOperator):
     def execute(self, context: Any) -> None:
         failed = sorted(self.upstream_task_ids)
         raise AirflowFailException(f"{', '.join(failed)} failed: see its log")
+
+
+#: XCom key of a failover approval answered by its response timeout (True), not by a person
+TIMED_OUT_KEY = "timed_out"
+
+
+class FailoverApprovalOperator(ApprovalOperator):
+    """An approval of the failover DAG that also records when its response timeout answered it (with its
+    default, Reject), so that the report tells that from a person's Reject."""
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        if event.get("timedout"):
+            self.log.warning("nobody answered before the approval's response timeout: answered %s",
+                             ", ".join(event.get("chosen_options") or []))
+            context["ti"].xcom_push(key=TIMED_OUT_KEY, value=True)
+        return super().execute_complete(context, event)
 
 
 class VerifyOperator(MirrorflowOperator):
@@ -394,7 +411,9 @@ class FailoverReportOperator(BaseOperator):
                 # an Approve leaves no trace here but the task's success
                 skipped = ti.xcom_pull(task_ids=task_id, key="skipmixin_key")
                 if skipped:
-                    stopped_at, reason = task_id, "rejected at the approval"
+                    stopped_at, reason = task_id, ("no answer before the approval's timeout: rejected"
+                                                   if ti.xcom_pull(task_ids=task_id, key=TIMED_OUT_KEY)
+                                                   else "rejected at the approval")
                     break
                 state = _state(ti, task_id)
                 if state != "success":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import struct
 import subprocess
 import sys
@@ -47,7 +48,8 @@ class Scenario:
 
 
 def write_config(clusters: Any, tmp_path: Path, name: str, topic: str, cg: str, mode: str = "available_now",
-                 extra_clusters: str = "", clusters_yaml: str | None = None, retries: int = 3) -> tuple[Path, Path]:
+                 extra_clusters: str = "", clusters_yaml: str | None = None, retries: int = 3,
+                 group_yaml: str = "") -> tuple[Path, Path]:
     ckpt = tmp_path / "ckpt"
     groups = f"""groups:
   - name: {name}
@@ -64,7 +66,7 @@ def write_config(clusters: Any, tmp_path: Path, name: str, topic: str, cg: str, 
     heartbeats: {{enabled: true, topic: "{topic}.heartbeats"}}
     spark: {{mode: {mode}, master: "local[2]", trigger: "1 second", checkpoint_dir: "{ckpt}", retries: {retries},
              retry_delay: 1s, airflow_conn_id: mirrorflow_spark_{name}}}
-    mirrors:
+{group_yaml}    mirrors:
       - {{source_topic: {topic}, destination_topic: {topic}.mirror}}
 """
     text = (clusters_yaml + groups) if clusters_yaml is not None else clusters.config_yaml(groups)
@@ -200,8 +202,10 @@ def task_states(dr: Any) -> dict[str, str]:
 class Approver:
     """Answers a run's approvals through Airflow's public API, in process, from a thread.
 
-    ``answers`` maps an approval task id to "Approve" / "Reject". A watchdog fails whatever still waits
-    for input after ``timeout`` seconds, so a missing answer ends the run instead of hanging the test."""
+    ``answers`` maps an approval task id to "Approve" / "Reject", or to "timeout": then nobody answers, and once
+    the approval's response timeout has passed the approver runs the scheduler's sweep of such approvals (what
+    a scheduler does every loop; it is ``answered`` with status 0). A watchdog fails whatever still waits for
+    input after ``timeout`` seconds, so a missing answer ends the run instead of hanging the test."""
 
     def __init__(self, dag_id: str, answers: dict[str, str], timeout: float = 600.0) -> None:
         self.dag_id = dag_id
@@ -227,6 +231,11 @@ class Approver:
                         self.errors.append(f"unexpected approval {task_id}")
                         hitl.fail_awaiting_input(self.dag_id)
                         return
+                    if choice == "timeout":
+                        sweep_timed_out_approvals(self.dag_id, task_id, run_id)
+                        self.answered.append((task_id, choice, 0))
+                        self.answers.pop(task_id)
+                        continue
                     r = client.patch(f"/api/v2/dags/{self.dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/"
                                      f"{map_index}/hitlDetails", json={"chosen_options": [choice]})
                     if r.status_code != 200:
@@ -252,6 +261,29 @@ class Approver:
         finally:
             self._stop.set()
             t.join(30)
+
+
+def sweep_timed_out_approvals(dag_id: str, task_id: str, run_id: str, wait: float = 120.0) -> None:
+    """Wait (up to ``wait`` seconds) for the response timeout of ``task_id`` in ``run_id`` to pass, then run the
+    scheduler's sweep that answers timed-out approvals with their defaults (a scheduler runs it every loop;
+    ``dag.test()`` runs none)."""
+    from types import SimpleNamespace
+
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils import timezone
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        with create_session() as session:
+            due = session.scalar(select(TaskInstance.trigger_timeout).where(
+                TaskInstance.dag_id == dag_id, TaskInstance.task_id == task_id, TaskInstance.run_id == run_id))
+        if due is not None and due < timezone.utcnow():
+            break
+        time.sleep(0.5)
+    SchedulerJobRunner.check_awaiting_input_timeouts(SimpleNamespace(log=logging.getLogger("sweep")))  # type: ignore[arg-type]
 
 
 @contextmanager

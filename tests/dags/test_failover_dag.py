@@ -30,6 +30,18 @@ def run_failover(dag: Any, cg: str, answers: dict[str, str]) -> tuple[Any, suppo
     return dr, approver
 
 
+def ended_at_first_approval(dag: Any, cg: str, answer: tuple[str, int], reason: str) -> Any:
+    """A run whose first approval gets ``answer`` (choice, HTTP status): it ends there, and the report says
+    ``reason``."""
+    dr, approver = run_failover(dag, cg, {"approve_stop_producers": answer[0]})
+    assert dr.state == "success", support.task_states(dr)
+    assert approver.answered == [("approve_stop_producers", *answer)]
+    report = support.xcom(dr.dag_id, dr.run_id, "report")
+    assert report["completed"] is False and report["stopped_at"] == "approve_stop_producers"
+    assert report["reason"] == reason
+    return dr
+
+
 def set_paused(dag_id: str, paused: bool) -> None:
     from airflow.models.dag import DagModel
     from airflow.utils.session import create_session
@@ -62,12 +74,7 @@ def test_failover_reject_reject_then_approve(clusters: Any, unique: Any, tmp_pat
     failover = dags[s.dag_id("failover")]
 
     # 1. Reject "stop the producers": the run ends cleanly, nothing anywhere changed
-    dr, approver = run_failover(failover, s.consumer_group, {"approve_stop_producers": "Reject"})
-    assert dr.state == "success", support.task_states(dr)
-    assert approver.answered == [("approve_stop_producers", "Reject", 200)]
-    report = support.xcom(dr.dag_id, dr.run_id, "report")
-    assert report["completed"] is False and report["stopped_at"] == "approve_stop_producers"
-    assert report["reason"] == "rejected at the approval"
+    dr = ended_at_first_approval(failover, s.consumer_group, ("Reject", 200), "rejected at the approval")
     states = support.task_states(dr)
     assert {t: states[t] for t in ("wait_for_quiet", "final_drain", "final_sync", "verify_parity", "finalize")} == {
         t: "skipped" for t in ("wait_for_quiet", "final_drain", "final_sync", "verify_parity", "finalize")}
@@ -108,3 +115,25 @@ def test_failover_reject_reject_then_approve(clusters: Any, unique: Any, tmp_pat
     assert finalize["details"]["stream_stopped"] is True
     dr = dags[s.dag_id("stream")].test()  # a stream run after the failover launches no job
     assert support.task_states(dr) == {"mirror_stream": "skipped"}
+
+
+def test_an_approval_nobody_may_or_does_answer_ends_the_run(clusters: Any, unique: Any, tmp_path: Path,
+                                                             airflow_db: Path, monkeypatch: Any) -> None:
+    """failover.approvers are the approvals' assigned users (Airflow lets only them answer; these tests run in the
+    simple auth manager's all-admins mode, where everyone may); failover.approval_timeout: unanswered, the
+    approval is answered Reject when it passes (by the scheduler's sweep), the run ends where it was (nothing
+    changed), and the report says nobody answered."""
+    s = support.scenario(clusters, unique, tmp_path, partitions=1, records=20,
+                         group_yaml="    failover: {approvers: [sre-oncall], approval_timeout: 3s}\n")
+    support.commit_source_group(s, {0: 5})
+    dags = support.load_dags(s.config, monkeypatch)
+    assert dags[s.dag_id("stream")].test().state == "success"
+    failover = dags[s.dag_id("failover")]
+    stop = failover.get_task("approve_stop_producers")
+    assert stop.assigned_users == [{"id": "sre-oncall", "name": "sre-oncall"}] and stop.defaults == ["Reject"]
+    assert "Unanswered for 3 s, this is answered Reject." in stop.body
+
+    dr = ended_at_first_approval(failover, s.consumer_group, ("timeout", 0),
+                                 "no answer before the approval's timeout: rejected")
+    assert support.task_states(dr)["final_sync"] == "skipped"
+    assert support.committed(s.dst, s.consumer_group, f"{s.topic}.mirror", 1) == {0: -1001}
