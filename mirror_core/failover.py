@@ -45,7 +45,7 @@ from mirror_core.checkpoint import (
     topic_mappings,
 )
 from mirror_core.config import GroupConfig, MirrorsConfig, RegexFilter
-from mirror_core.errors import ConfigError, ConfigIssue, KafkaOperationError
+from mirror_core.errors import ConfigError, ConfigIssue
 from mirror_core.health import LagReport, replication_lag, verify_parity
 
 STEPS = ("preflight", "lag", "quiet", "drain", "sync", "verify", "finalize", "report")
@@ -512,70 +512,3 @@ def render_report(group: GroupConfig, reports: Sequence[StepReport], stopped_at:
                "steps": {r.step: {"ok": r.ok, "summary": r.summary} for r in reports},
                "offsets": offsets, "records_verified": verified}
     return "\n".join(lines) + "\n", summary
-
-
-# --------------------------------------------------------------------------- lag samples (the UI)
-
-
-def to_sample(group: str, lag: LagReport, destination_topics: Mapping[str, str],
-              destination_ends: Mapping[tuple[str, int], int], last_checkpoint_at: str | None,
-              taken_at: str | None = None, stream_stopped: str | None = None) -> dict[str, Any]:
-    """The lag sample the Airflow ``record_lag`` task returns (its JSON contract is in the notes):
-    per mirrored partition, lag in records and seconds and both sides' end offsets; ``stream_stopped``: why a
-    failover stopped the group's stream for good (its lag then grows for good), or None."""
-    parts = []
-    for p in lag.partitions:
-        dst_topic = destination_topics.get(p.source_topic, p.source_topic)
-        parts.append({"source_topic": p.source_topic, "destination_topic": dst_topic, "partition": p.partition,
-                      "lag_records": int(p.lag_records),
-                      "lag_seconds": None if p.lag_seconds is None else float(p.lag_seconds),
-                      "source_end": int(p.source_end),
-                      "destination_end": int(destination_ends.get((dst_topic, p.partition), 0))})
-    return {"group": group, "taken_at": taken_at or utc_now(), "partitions": parts,
-            "last_checkpoint_at": last_checkpoint_at, "stream_stopped": stream_stopped}
-
-
-def lag_sample(cfg: MirrorsConfig, group: GroupConfig) -> dict[str, Any]:
-    """Measure the group's lag now and return it as a :func:`to_sample` dict."""
-    mappings = topic_mappings(cfg, group)
-    taken_at = utc_now()
-    lag = replication_lag(cfg, group, mappings=mappings)
-    dst_topics = {m.source_topic: m.destination_topic for m in mappings}
-    ends: dict[tuple[str, int], int] = {}
-    for topic in set(dst_topics.values()):
-        try:
-            for p, (_low, high) in clients.end_offsets(cfg.cluster(group.destination), topic).items():
-                ends[(topic, p)] = high
-        except KafkaOperationError:
-            continue
-    sample = to_sample(group.name, lag, dst_topics, ends,
-                       last_checkpoint_time(cfg, group, set(dst_topics.values())), taken_at)
-    try:
-        sample["stream_stopped"] = stops.requested(cfg, group, timeout=stops.WATCH_TIMEOUT_S)
-    except stops.StopSignalError:
-        del sample["stream_stopped"]  # the sample is about lag: a stop it cannot read is left out (not "none")
-    return sample
-
-
-def last_checkpoint_time(cfg: MirrorsConfig, group: GroupConfig, destination_topics: set[str],
-                         tail: int = 1000) -> str | None:
-    """When the newest checkpoint for one of these destination topics was written (ISO UTC), or None."""
-    from mirror_core.offsets import Checkpoint
-
-    dst = cfg.cluster(group.destination)
-    try:
-        ends = clients.end_offsets(dst, group.checkpoints_topic)
-    except KafkaOperationError:
-        return None
-    newest: int | None = None
-    for p, (low, high) in ends.items():
-        for m in clients.read_partition(dst, group.checkpoints_topic, p, max(low, high - tail), high, timeout=20):
-            try:
-                cp = Checkpoint.from_record(m.key(), m.value())
-            except Exception:  # noqa: BLE001 - a record that is not ours
-                continue
-            if cp.topic in destination_topics:
-                newest = max(newest or 0, m.timestamp()[1])
-    if newest is None:
-        return None
-    return datetime.fromtimestamp(newest / 1000, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

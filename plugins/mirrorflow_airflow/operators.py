@@ -24,6 +24,7 @@ from mirror_core.config import CONNECTIONS_FILE_ENV, SUBMITTED_MASTER_ENV, with_
 from mirror_core.process import OWNER_ENV, owner_token
 from mirrorflow_airflow.hooks import MirrorflowHook
 from mirrorflow_airflow.sensors import STEP_REPORT_KEY
+from mirrorflow_airflow.web.model import SAMPLE_KEY, TOTALS_KEY
 
 #: Airflow ``http`` connection of Airflow's own public API (host = base URL, login / password), used
 #: by the failover's finalize to pause the stream DAG; without it the pause is done through the
@@ -170,16 +171,28 @@ class HeartbeatOperator(MirrorflowOperator):
 
 
 class RecordLagOperator(MirrorflowOperator):
-    """A lag sample for the Mirrors page: its return value is the ``record_lag`` JSON contract."""
+    """A lag sample for the Mirrors page, as two XComs (contract in ``mirrorflow_airflow.web.model``): the sample
+    with every partition (``lag_sample``), kept only in the newest run (this run deletes the one before), and
+    its totals (``lag_totals``, a few hundred bytes), kept in every run: the page's lag-over-time history."""
 
-    def execute(self, context: Any) -> dict[str, Any]:
-        from mirror_core.failover import lag_sample
+    def execute(self, context: Any) -> None:
+        from mirror_core.lag_samples import lag_sample, totals, with_throughput
 
         cfg, group = self.load()
-        sample = lag_sample(cfg, group)
-        total = sum(p["lag_records"] for p in sample["partitions"])
-        self.log.info("%s: lag %d records over %d partitions", group.name, total, len(sample["partitions"]))
-        return sample
+        ti = context["ti"]
+        previous = ti.xcom_pull(task_ids=self.task_id, key=SAMPLE_KEY, include_prior_dates=True, map_indexes=-1)
+        previous = previous if isinstance(previous, dict) else None
+        sample = with_throughput(lag_sample(cfg, group), previous)
+        sample["run_id"] = context["run_id"]  # the next run deletes this sample by it
+        ti.xcom_push(SAMPLE_KEY, sample)
+        ti.xcom_push(TOTALS_KEY, totals(sample))
+        stale_run = previous.get("run_id") if previous else None
+        if isinstance(stale_run, str) and stale_run != context["run_id"]:
+            from airflow.sdk.execution_time.xcom import XCom
+
+            XCom.delete(key=SAMPLE_KEY, task_id=self.task_id, dag_id=ti.dag_id, run_id=stale_run, map_index=-1)
+        self.log.info("%s: lag %d records over %d partitions", group.name, sample["lag_records"],
+                      len(sample["partitions"]))
 
 
 class UpstreamFailedOperator(BaseOperator):

@@ -52,10 +52,21 @@ def test_provision_stream_and_offset_sync_leave_the_destination_right(clusters: 
     resumed = support.resume_on_destination(s, dst_topic)
     assert resumed[0] == support.keys(s.src, s.topic, 0, start=10)
     assert resumed[1] == support.keys(s.src, s.topic, 1, start=20)
-    sample = support.xcom(dr.dag_id, dr.run_id, "record_lag")
+    sample = support.xcom(dr.dag_id, dr.run_id, "record_lag", "lag_sample")
     assert sample["group"] == s.name and sample["last_checkpoint_at"]
     assert sorted((p["partition"], p["lag_records"], p["source_end"]) for p in sample["partitions"]) == [
         (0, 0, 30), (1, 0, 30)]
     assert all(p["destination_topic"] == dst_topic and p["destination_end"] >= 30 for p in sample["partitions"])
+    assert sample["throughput"] is None  # the group's first sample
+    # the next run: a rate since this sample, whose whole copy it deletes (the totals of both runs stay)
+    first = dr
+    dr = dags[s.dag_id("offset_sync")].test()
+    assert dr.state == "success", support.task_states(dr)
+    sample = support.xcom(dr.dag_id, dr.run_id, "record_lag", "lag_sample")
+    assert [p["throughput"] for p in sample["partitions"]] == [0.0, 0.0] and sample["throughput"] == 0.0
+    assert support.xcom(first.dag_id, first.run_id, "record_lag", "lag_sample") is None
+    for run in (first, dr):
+        t = support.xcom(run.dag_id, run.run_id, "record_lag", "lag_totals")
+        assert (t["group"], t["lag_records"], t["partitions"]) == (s.name, 0, 2)
     cp = support.xcom(dr.dag_id, dr.run_id, "checkpoint")
     assert [g["group"] for g in cp["consumer_groups"]] == [s.consumer_group]

@@ -70,7 +70,7 @@ def test_failover_by_hand(clusters: Any, unique: Any, tmp_path: Path) -> None:
     assert lagged["stream_stop_error"] is None
     lag = CliRunner().invoke(app, ["lag", str(s.config), "--group", s.name])
     assert f"{s.name}: the stream is stopped for good: failover of group {s.name} to dst at " in lag.output
-    from mirror_core.failover import lag_sample  # what the Mirrors page shows, from the offset_sync DAG
+    from mirror_core.lag_samples import lag_sample  # what the Mirrors page shows, from the offset_sync DAG
 
     assert lag_sample(cfg, cfg.group(s.name))["stream_stopped"].startswith(f"failover of group {s.name} to dst")
     # a stopped group's stream does not start again (it reads its stop on the destination) until resumed

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +13,7 @@ import yaml
 from mirror_core import failover, stops
 from mirror_core.config import parse_config
 from mirror_core.errors import ConfigError
-from mirror_core.health import LagReport, PartitionLag
+from mirror_core.health import LagReport
 from tests.fakes import FakeBoard, fake_boards
 
 
@@ -36,23 +35,6 @@ def test_params_are_validated_with_their_names() -> None:
     assert [str(i) for i in err.value.issues] == [
         "consumer_groups: give at least one consumer group id", "max_lag_seconds: must be >= 0, got -1",
         "quiet_seconds: not a number: 'x'"]
-
-
-def test_to_sample_is_the_record_lag_contract() -> None:
-    lag = LagReport([PartitionLag("g", "g__o__o2", "o", 0, 120, 100, 20, 1.5),
-                     PartitionLag("g", "g__o__o2", "o", 1, 7, None, 7, None)])
-    sample = failover.to_sample("g", lag, {"o": "o2"}, {("o2", 0): 101, ("o2", 1): 0}, None,
-                                taken_at="2026-01-01T00:00:00Z", stream_stopped="failover of group g to b at 09:00")
-    assert sample == {
-        "group": "g", "taken_at": "2026-01-01T00:00:00Z", "last_checkpoint_at": None,
-        "stream_stopped": "failover of group g to b at 09:00",
-        "partitions": [
-            {"source_topic": "o", "destination_topic": "o2", "partition": 0, "lag_records": 20, "lag_seconds": 1.5,
-             "source_end": 120, "destination_end": 101},
-            {"source_topic": "o", "destination_topic": "o2", "partition": 1, "lag_records": 7, "lag_seconds": None,
-             "source_end": 7, "destination_end": 0}]}
-    assert json.loads(json.dumps(sample)) == sample
-    assert failover.to_sample("g", LagReport(), {}, {}, None)["taken_at"].endswith("Z")
 
 
 def test_report_says_where_a_rejected_run_stopped(tmp_path: Path) -> None:

@@ -10,26 +10,43 @@ from mirrorflow_airflow.web.model import build_page, group_of, parse_sample
 from mirrorflow_airflow.web.plot import lag_plot_svg
 from mirrorflow_airflow.web.render import as_json, render
 
+from mirror_core.lag_samples import totals, with_throughput
+
 T0 = datetime(2026, 11, 26, 9, 0, tzinfo=UTC)
 
 
 def sample(group: str, at: datetime, parts: list[tuple[str, int, int, float | None, int, int]],
            checkpoint: datetime | None = None, **extra) -> dict:
-    """A record_lag XCom value: parts are (topic, partition, lag records, lag seconds, source end, dst end)."""
+    """A record_lag sample: parts are (topic, partition, lag records, lag seconds, source end, dst end)."""
+    lags = [secs for *_, secs, _, _ in parts if secs is not None]
     return {"group": group, "taken_at": at.isoformat().replace("+00:00", "Z"),
             "partitions": [{"source_topic": t, "destination_topic": f"{t}.mirror", "partition": p,
                             "lag_records": lag, "lag_seconds": secs, "source_end": se, "destination_end": de}
                            for t, p, lag, secs, se, de in parts],
+            "lag_records": sum(lag for _, _, lag, *_ in parts), "max_lag_seconds": max(lags) if lags else None,
             "last_checkpoint_at": checkpoint.isoformat() if checkpoint else None, **extra}
 
 
+def recorded(*samples: dict) -> tuple[list[dict], list[dict]]:
+    """What the record_lag task leaves of these samples (oldest first): the newest whole, each one's totals."""
+    out, before = [], None
+    for s in samples:
+        before = with_throughput(s, before)
+        out.append(before)
+    return out[-1:], [totals(s) for s in out]
+
+
+def page_of(*samples: dict, states: dict | None = None, now: datetime = T0):  # noqa: ANN201
+    newest, history = recorded(*samples)
+    return build_page(newest, history, states or {}, now=now)
+
+
 def test_latest_sample_per_partition_with_throughput_and_checkpoint_age():
-    raw = [
+    page = page_of(
+        sample("prod", T0, [("orders", 0, 400, 12.0, 800, 400), ("orders", 1, 300, 9.0, 900, 600)]),
         sample("prod", T0 + timedelta(seconds=60), [("orders", 0, 50, 2.5, 1050, 1000), ("orders", 1, 0, None, 900, 900)],
                checkpoint=T0 + timedelta(seconds=55)),
-        sample("prod", T0, [("orders", 0, 400, 12.0, 800, 400), ("orders", 1, 300, 9.0, 900, 600)]),
-    ]
-    page = build_page(raw, {"prod": "running"}, now=T0 + timedelta(seconds=90))
+        states={"prod": "running"}, now=T0 + timedelta(seconds=90))
     (g,) = page.groups
     assert g.group == "prod" and g.stream_state == "running" and g.stream_dag_id == "mirrorflow__prod__stream"
     assert g.taken_at == T0 + timedelta(seconds=60)
@@ -43,9 +60,10 @@ def test_latest_sample_per_partition_with_throughput_and_checkpoint_age():
 
 
 def test_groups_without_samples_and_malformed_samples():
-    raw = [sample("a", T0, [("x", 0, 1, 0.5, 2, 1)]), {"group": "a", "taken_at": "yesterday"}, "junk",
-           {"group": "a", "taken_at": T0.isoformat(), "partitions": [{"partition": 0}]}]
-    page = build_page(raw, {"a": None, "b": "failed"}, now=T0)
+    newest, history = recorded(sample("a", T0, [("x", 0, 1, 0.5, 2, 1)]))
+    junk = [{"group": "a", "taken_at": "yesterday"}, "junk",
+            {"group": "a", "taken_at": T0.isoformat(), "partitions": [{"partition": 0}], "lag_records": "many"}]
+    page = build_page([*newest, *junk], [*history, *junk], {"a": None, "b": "failed"}, now=T0)
     assert [(g.group, g.stream_state, len(g.rows), len(g.series)) for g in page.groups] == \
         [("a", None, 1, 1), ("b", "failed", 0, 0)]
     assert page.groups[0].throughput is None  # one sample: no rate yet
@@ -60,9 +78,9 @@ def test_dag_id_parsing():
 
 
 def test_rendered_page_has_the_figures_and_a_self_contained_plot():
-    raw = [sample("prod", T0 + timedelta(minutes=i), [("orders", 0, 100 - 10 * i, 5.0 - i, 1000 + 50 * i, 900 + 60 * i)],
-                  checkpoint=T0) for i in range(5)]
-    page = build_page(raw, {"prod": "running"}, now=T0 + timedelta(minutes=5))
+    page = page_of(*[sample("prod", T0 + timedelta(minutes=i), [("orders", 0, 100 - 10 * i, 5.0 - i, 1000 + 50 * i,
+                                                               900 + 60 * i)], checkpoint=T0) for i in range(5)],
+                   states={"prod": "running"}, now=T0 + timedelta(minutes=5))
     html = render(page, hours=6)
     assert "prod" in html and "running" in html and "mirrorflow__prod__stream" in html
     assert ">60<" in html  # the last sample's lag in records
@@ -87,40 +105,60 @@ def test_a_secret_in_a_sample_never_reaches_the_page():
     planted = "s3cr3t-Pl4nted-pw"
     raw = [sample("prod", T0, [("orders", 0, 1, 0.1, 2, 1)], sasl_password=planted,
                   cluster={"sasl.password": planted})]
-    page = build_page(raw, {"prod": "running"}, now=T0)
+    page = build_page(raw, raw, {"prod": "running"}, now=T0)
     assert planted not in render(page, hours=6)
     assert planted not in str(as_json(page))
 
 
 def test_values_are_escaped():
     raw = [sample("prod", T0, [("<script>alert(1)</script>", 0, 1, 0.1, 2, 1)])]
-    html = render(build_page(raw, {}, now=T0), hours=1)
+    html = render(page_of(*raw), hours=1)
     assert "<script>alert" not in html and "&lt;script&gt;" in html
     assert parse_sample(raw[0]) is not None
 
 
 def test_a_group_a_failover_stopped_says_so_and_why():
     """After a failover the group's lag grows for good: the page says the stream is stopped and why (escaped:
-    the reason is a record's text on the destination), and samples from before the field was there still load."""
+    the reason is a record's text on the destination)."""
     stopped = "failover of group prod to dst at 2026-11-26T09:00:00Z <b>"
-    raw = [sample("prod", T0 + timedelta(seconds=60), [("orders", 0, 50, 2.5, 1050, 1000)], stream_stopped=stopped),
-           sample("prod", T0, [("orders", 0, 40, 2.0, 1040, 1000)]),
-           sample("dev", T0, [("orders", 0, 0, 0.0, 10, 10)], stream_stopped=None)]
-    page = build_page(raw, {"prod": "success", "dev": "running"}, now=T0 + timedelta(seconds=90))
-    by = {g.group: g for g in page.groups}
+    prod = [sample("prod", T0, [("orders", 0, 40, 2.0, 1040, 1000)], stream_stopped=None),
+            sample("prod", T0 + timedelta(seconds=60), [("orders", 0, 50, 2.5, 1050, 1000)], stream_stopped=stopped)]
+    dev = sample("dev", T0, [("orders", 0, 0, 0.0, 10, 10)], stream_stopped=None)
+
+    def page(*more: dict, at: int = 90):  # noqa: ANN202
+        newest, history = recorded(*prod, *more)
+        return build_page([*newest, dev], [*history, totals(dev)], {"prod": "success", "dev": "running"},
+                          now=T0 + timedelta(seconds=at))
+
+    by = {g.group: g for g in page().groups}
     assert by["prod"].stream_stopped == stopped and by["dev"].stream_stopped is None
-    html = render(page, hours=6)
+    html = render(page(), hours=6)
     assert "stopped for good: failover of group prod to dst at 2026-11-26T09:00:00Z &lt;b&gt;" in html
     assert html.count("stopped for good") == 1
-    assert [g["stream_stopped"] for g in as_json(page)["groups"]] == [None, stopped]
-    # a sample whose task could not read the stop leaves the field out: the newest that has it decides
+    assert [g["stream_stopped"] for g in as_json(page())["groups"]] == [None, stopped]
+    # a sample whose task could not read the stop leaves the field out: the newest record that has it decides
     unread = sample("prod", T0 + timedelta(seconds=120), [("orders", 0, 60, 3.0, 1060, 1000)])
-    assert build_page([*raw, unread], {}, now=T0 + timedelta(seconds=130)).groups[1].stream_stopped == stopped
+    assert page(unread, at=130).groups[1].stream_stopped == stopped
     # a resumed group is no longer shown as stopped
     later = sample("prod", T0 + timedelta(seconds=180), [("orders", 0, 0, 0.0, 1050, 1050)], stream_stopped=None)
-    assert build_page([*raw, unread, later], {}, now=T0 + timedelta(seconds=190)).groups[1].stream_stopped is None
+    assert page(unread, later, at=190).groups[1].stream_stopped is None
     # not a reason: a number, a mapping, blanks (none is shown, and none stands for a reason either)
     for odd in (123, {"reason": "x"}, "   "):
         odd_sample = sample("prod", T0 + timedelta(seconds=240), [("orders", 0, 0, 0.0, 1, 1)], stream_stopped=odd)
-        page = build_page([*raw, odd_sample], {}, now=T0 + timedelta(seconds=250))
-        assert page.groups[1].stream_stopped == (None if odd == "   " else stopped), odd
+        assert page(odd_sample, at=250).groups[1].stream_stopped == (None if odd == "   " else stopped), odd
+
+
+def test_the_table_is_the_newest_sample_and_the_plot_the_totals():
+    """Rows come from the group's newest sample only; the plot from its totals, oldest first, whatever order."""
+    samples = [sample("prod", T0 + timedelta(minutes=i), [("orders", 0, 10 * i, float(i), 100 + i, 90)])
+               for i in range(4)]
+    newest, history = recorded(*samples)
+    older = recorded(*samples[:2])[0]  # a sample its task failed to delete: the newest one wins
+    page = build_page([*older, *newest], history[::-1], {}, now=T0 + timedelta(minutes=4))
+    (g,) = page.groups
+    assert [(r.lag_records, r.source_end) for r in g.rows] == [(30, 103)]
+    assert [r for _, r, _ in g.series] == [0, 10, 20, 30]
+    assert [h["lag_records"] for h in as_json(page)["groups"][0]["history"]] == [0, 10, 20, 30]
+    # a stream task waiting for its next try is shown as such, with Airflow's name for it
+    html = render(build_page(newest, history, {"prod": "up_for_retry"}, now=T0), hours=6)
+    assert '"state up_for_retry">up_for_retry<' in html

@@ -1,11 +1,17 @@
 """The Mirrors page's model: lag samples in, what the page shows out. Pure (no Airflow, no I/O).
 
-The samples are the ``record_lag`` task's XComs of each group's ``offset_sync`` DAG (contract:
-``{"group", "taken_at", "partitions": [{"source_topic", "destination_topic", "partition",
-"lag_records", "lag_seconds", "source_end", "destination_end"}], "last_checkpoint_at", "stream_stopped"}``;
-``stream_stopped`` is absent from samples taken before 7 December, and from one whose task could not read the
-stop: the newest sample that has it decides). Only those fields are read, so nothing else a sample might carry
-ever reaches the page.
+The data are two XComs of each run of the ``record_lag`` task of a group's ``offset_sync`` DAG
+(``mirror_core.lag_samples`` makes them):
+
+* ``lag_sample``, kept only in the group's newest run: ``{"group", "taken_at", "partitions": [{"source_topic",
+  "destination_topic", "partition", "lag_records", "lag_seconds", "source_end", "destination_end",
+  "throughput"}], "lag_records", "max_lag_seconds", "throughput", "last_checkpoint_at", "stream_stopped"}``;
+* ``lag_totals``, kept in every run, a few hundred bytes: the same without ``partitions`` (their number instead).
+  The lag-over-time plot reads only these.
+
+``stream_stopped`` is absent when the task could not read the stop: the newest record that has it decides.
+``throughput`` is records written to the destination per second since the group's sample before (None for the
+first). Only these fields are read, so nothing else a record might carry ever reaches the page.
 """
 
 from __future__ import annotations
@@ -14,6 +20,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+#: the ``record_lag`` task's XCom keys: the newest sample with every partition, and every sample's totals
+SAMPLE_KEY = "lag_sample"
+TOTALS_KEY = "lag_totals"
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -31,7 +41,7 @@ def parse_time(value: Any) -> datetime | None:
 
 @dataclass(frozen=True)
 class PartitionLag:
-    """One mirrored partition in one sample."""
+    """One mirrored partition in one sample (a row of the page's table)."""
 
     source_topic: str
     destination_topic: str
@@ -40,6 +50,22 @@ class PartitionLag:
     lag_seconds: float | None
     source_end: int
     destination_end: int
+    #: records written to the destination per second since the sample before (None without one)
+    throughput: float | None = None
+
+
+@dataclass(frozen=True)
+class LagTotals:
+    """One sample's group figures: a point of the lag-over-time history."""
+
+    group: str
+    taken_at: datetime
+    lag_records: int
+    max_lag_seconds: float | None
+    #: why a failover stopped the group's stream for good, or None
+    stream_stopped: str | None = None
+    #: whether the record says (False: the task could not read the stop)
+    stream_stopped_known: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,8 +78,10 @@ class LagSample:
     last_checkpoint_at: datetime | None
     #: why a failover stopped the group's stream for good, or None
     stream_stopped: str | None = None
-    #: whether the sample says (False: taken before the field, or the stop could not be read)
+    #: whether the sample says (False: the stop could not be read)
     stream_stopped_known: bool = False
+    #: the partitions' throughput summed (None when none has one)
+    throughput: float | None = None
 
     @property
     def total_lag_records(self) -> int:
@@ -65,8 +93,21 @@ class LagSample:
         return max(known) if known else None
 
 
+def _number(value: Any) -> float | None:
+    """A float from a JSON number, None from None; anything else raises ValueError or TypeError."""
+    return None if value is None else float(value)
+
+
+def _stop(raw: Mapping[str, Any]) -> tuple[str | None, bool]:
+    """(why a failover stopped the stream, or None; whether the record says)."""
+    stopped = raw.get("stream_stopped")
+    known = "stream_stopped" in raw and (stopped is None or isinstance(stopped, str))
+    reason = stopped.strip() if isinstance(stopped, str) else ""
+    return reason or None, known
+
+
 def parse_sample(raw: Any) -> LagSample | None:
-    """A sample from its XCom value, or None when it does not follow the contract (the page skips it)."""
+    """A ``lag_sample`` from its XCom value, or None when it does not follow the contract (the page skips it)."""
     if not isinstance(raw, Mapping):
         return None
     taken = parse_time(raw.get("taken_at"))
@@ -75,36 +116,35 @@ def parse_sample(raw: Any) -> LagSample | None:
     if taken is None or not isinstance(group, str) or not isinstance(parts, list):
         return None
     out = []
-    for p in parts:
-        try:
-            lag_s = p.get("lag_seconds")
+    try:
+        for p in parts:
             out.append(PartitionLag(
                 source_topic=str(p["source_topic"]), destination_topic=str(p["destination_topic"]),
                 partition=int(p["partition"]), lag_records=int(p["lag_records"]),
-                lag_seconds=None if lag_s is None else float(lag_s),
+                lag_seconds=_number(p.get("lag_seconds")),
                 source_end=int(p["source_end"]), destination_end=int(p["destination_end"]),
+                throughput=_number(p.get("throughput")),
             ))
-        except (KeyError, TypeError, ValueError, AttributeError):
-            return None
-    stopped = raw.get("stream_stopped")
-    known = "stream_stopped" in raw and (stopped is None or isinstance(stopped, str))
-    reason = stopped.strip() if isinstance(stopped, str) else ""
-    return LagSample(group, taken, tuple(out), parse_time(raw.get("last_checkpoint_at")), reason or None, known)
+        throughput = _number(raw.get("throughput"))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    reason, known = _stop(raw)
+    return LagSample(group, taken, tuple(out), parse_time(raw.get("last_checkpoint_at")), reason, known, throughput)
 
 
-@dataclass(frozen=True)
-class PartitionRow:
-    """A table row: the latest sample's figures for one partition, and its throughput since the one before."""
-
-    source_topic: str
-    destination_topic: str
-    partition: int
-    lag_records: int
-    lag_seconds: float | None
-    source_end: int
-    destination_end: int
-    #: records written to the destination per second between the last two samples (None with one sample)
-    throughput: float | None
+def parse_totals(raw: Any) -> LagTotals | None:
+    """A ``lag_totals`` record from its XCom value, or None when it does not follow the contract (skipped)."""
+    if not isinstance(raw, Mapping):
+        return None
+    taken = parse_time(raw.get("taken_at"))
+    group = raw.get("group")
+    if taken is None or not isinstance(group, str):
+        return None
+    try:
+        records, seconds = int(raw["lag_records"]), _number(raw.get("max_lag_seconds"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return LagTotals(group, taken, records, seconds, *_stop(raw))
 
 
 @dataclass(frozen=True)
@@ -112,7 +152,9 @@ class GroupView:
     """Everything the page shows for one mirror group."""
 
     group: str
-    stream_state: str | None  # the stream DAG's latest run state; None: never ran
+    #: the ``mirror_stream`` task's state in the stream DAG's latest run (Airflow's names: ``running``,
+    #: ``up_for_retry``, ``failed``...; ``no_status`` before the scheduler set one); None: never ran
+    stream_state: str | None
     stream_dag_id: str
     #: why a failover stopped the stream for good (the latest sample's), or None
     stream_stopped: str | None
@@ -120,11 +162,12 @@ class GroupView:
     taken_at: datetime | None
     sample_age_seconds: float | None
     last_checkpoint_age_seconds: float | None
-    rows: tuple[PartitionRow, ...]
+    #: the newest sample's partitions, by topic and partition
+    rows: tuple[PartitionLag, ...]
     total_lag_records: int
     max_lag_seconds: float | None
     throughput: float | None
-    #: (taken_at, total lag records, max lag seconds) per sample, oldest first: the lag-over-time plot
+    #: (taken_at, total lag records, max lag seconds) per totals record, oldest first: the lag-over-time plot
     series: tuple[tuple[datetime, int, float | None], ...]
 
 
@@ -147,50 +190,40 @@ def group_of(dag: str, purpose: str) -> str | None:
     return None
 
 
-def _throughput(latest: LagSample, before: LagSample | None) -> tuple[dict[tuple[str, int], float], float | None]:
-    if before is None:
-        return {}, None
-    dt = (latest.taken_at - before.taken_at).total_seconds()
-    if dt <= 0:
-        return {}, None
-    prev = {(p.source_topic, p.partition): p.destination_end for p in before.partitions}
-    per: dict[tuple[str, int], float] = {}
-    for p in latest.partitions:
-        key = (p.source_topic, p.partition)
-        if key in prev:
-            per[key] = max(0, p.destination_end - prev[key]) / dt
-    return per, (sum(per.values()) if per else None)
-
-
-def group_view(group: str, samples: Iterable[LagSample], stream_state: str | None, now: datetime) -> GroupView:
-    """One group's view from its samples (any order) and its stream DAG's latest run state."""
-    ordered = sorted((s for s in samples if s.group == group), key=lambda s: s.taken_at)
-    latest = ordered[-1] if ordered else None
-    before = ordered[-2] if len(ordered) > 1 else None
-    per, total_tp = _throughput(latest, before) if latest else ({}, None)
-    rows = tuple(
-        PartitionRow(p.source_topic, p.destination_topic, p.partition, p.lag_records, p.lag_seconds,
-                     p.source_end, p.destination_end, per.get((p.source_topic, p.partition)))
-        for p in sorted(latest.partitions, key=lambda p: (p.source_topic, p.partition))
-    ) if latest else ()
+def group_view(group: str, latest: LagSample | None, history: Iterable[LagTotals], stream_state: str | None,
+               now: datetime) -> GroupView:
+    """One group's view from its newest sample (the table and figures), its totals in the window (any order: the
+    plot) and its stream task's state."""
+    ordered = sorted((t for t in history if t.group == group), key=lambda t: t.taken_at)
+    latest = latest if latest is not None and latest.group == group else None
+    rows = tuple(sorted(latest.partitions, key=lambda p: (p.source_topic, p.partition))) if latest else ()
+    stops = [(t.taken_at, t.stream_stopped) for t in ordered if t.stream_stopped_known]
+    if latest and latest.stream_stopped_known:
+        stops.append((latest.taken_at, latest.stream_stopped))
     ckpt = latest.last_checkpoint_at if latest else None
     return GroupView(
         group=group, stream_state=stream_state, stream_dag_id=dag_id(group, "stream"),
-        stream_stopped=next((s.stream_stopped for s in reversed(ordered) if s.stream_stopped_known), None),
+        stream_stopped=max(stops, key=lambda s: s[0])[1] if stops else None,
         offset_sync_dag_id=dag_id(group, "offset_sync"),
         taken_at=latest.taken_at if latest else None,
         sample_age_seconds=(now - latest.taken_at).total_seconds() if latest else None,
         last_checkpoint_age_seconds=(now - ckpt).total_seconds() if ckpt else None,
         rows=rows, total_lag_records=latest.total_lag_records if latest else 0,
-        max_lag_seconds=latest.max_lag_seconds if latest else None, throughput=total_tp,
-        series=tuple((s.taken_at, s.total_lag_records, s.max_lag_seconds) for s in ordered),
+        max_lag_seconds=latest.max_lag_seconds if latest else None,
+        throughput=latest.throughput if latest else None,
+        series=tuple((t.taken_at, t.lag_records, t.max_lag_seconds) for t in ordered),
     )
 
 
-def build_page(raw_samples: Iterable[Any], stream_states: Mapping[str, str | None], now: datetime,
-               groups: Iterable[str] = ()) -> PageModel:
-    """The page from raw XCom values (malformed ones skipped), the stream DAGs' latest run states by group,
-    and the groups known otherwise (a group with a stream DAG but no sample yet is listed too)."""
-    samples = [s for s in (parse_sample(r) for r in raw_samples) if s is not None]
-    names = sorted({s.group for s in samples} | set(stream_states) | set(groups))
-    return PageModel(now, tuple(group_view(g, samples, stream_states.get(g), now) for g in names))
+def build_page(raw_samples: Iterable[Any], raw_totals: Iterable[Any], stream_states: Mapping[str, str | None],
+               now: datetime, groups: Iterable[str] = ()) -> PageModel:
+    """The page from raw XCom values (malformed ones skipped): the groups' newest ``lag_sample`` (the newest
+    per group counts), their ``lag_totals`` in the window, their stream task's states, and the groups known
+    otherwise (a group with a DAG but no sample yet is listed too)."""
+    newest: dict[str, LagSample] = {}
+    for s in (parse_sample(r) for r in raw_samples):
+        if s is not None and (s.group not in newest or s.taken_at > newest[s.group].taken_at):
+            newest[s.group] = s
+    history = [t for t in (parse_totals(r) for r in raw_totals) if t is not None]
+    names = sorted(set(newest) | {t.group for t in history} | set(stream_states) | set(groups))
+    return PageModel(now, tuple(group_view(g, newest.get(g), history, stream_states.get(g), now) for g in names))

@@ -52,20 +52,22 @@ PAGE = _env.from_string("""<!doctype html>
  .state { padding: 1px 8px; border-radius: 10px; font-size: 12px; color: white; background: #8c959f; }
  .state.running { background: #1a7f37; } .state.success { background: #2da44e; }
  .state.failed { background: #cf222e; } .state.queued { background: #9a6700; }
- .state.stopped { background: #57606a; }
+ .state.stopped { background: #57606a; } .state.up_for_retry, .state.up_for_reschedule { background: #bc4c00; }
+ .state.upstream_failed { background: #cf222e; } .state.scheduled, .state.deferred { background: #8250df; }
  a { color: #0969da; text-decoration: none; }
  img.plot { max-width: 100%; margin-top: 8px; }
 </style></head><body>
 <h1>Mirrors</h1>
 <div class="muted">Lag samples recorded by each group's <code>offset_sync</code> DAG (task <code>record_lag</code>),
-last {{ hours|num("{:g}") }} h; stream state is the latest run of the group's <code>stream</code> DAG.
+last {{ hours|num("{:g}") }} h; stream: the <code>mirror_stream</code> task's state
+in the latest run of the group's <code>stream</code> DAG.
 Generated {{ page.generated_at.strftime("%Y-%m-%d %H:%M:%S") }} UTC; refreshes every {{ refresh }}s.</div>
 {% if not page.groups %}<p>No mirrorflow DAGs or lag samples yet: unpause a group's
 <code>offset_sync</code> DAG (it records a sample every run).</p>{% endif %}
 {% for g in page.groups %}
 <div class="group" id="group-{{ g.group }}">
  <div class="head"><h2>{{ g.group }}</h2>
-  <span>stream: <a target="_top" href="{{ base }}dags/{{ g.stream_dag_id }}"><span class="state {{ g.stream_state or 'none' }}">{{ g.stream_state or "never ran" }}</span></a>{% if g.stream_stopped %}
+  <span>mirror_stream: <a target="_top" href="{{ base }}dags/{{ g.stream_dag_id }}"><span class="state {{ g.stream_state or 'none' }}">{{ g.stream_state or "never ran" }}</span></a>{% if g.stream_stopped %}
    <span class="state stopped">stopped for good: {{ g.stream_stopped }}</span>{% endif %}</span>
   <span class="muted">sample {{ g.sample_age_seconds|age }} · <a target="_top" href="{{ base }}dags/{{ g.offset_sync_dag_id }}">offset_sync DAG</a></span>
  </div>
@@ -105,4 +107,6 @@ def as_json(page: PageModel) -> dict[str, Any]:
          "taken_at": iso(g.taken_at),
          "last_checkpoint_age_seconds": g.last_checkpoint_age_seconds, "total_lag_records": g.total_lag_records,
          "max_lag_seconds": g.max_lag_seconds, "throughput": g.throughput,
-         "partitions": [asdict(r) for r in g.rows]} for g in page.groups]}
+         "partitions": [asdict(r) for r in g.rows],
+         "history": [{"taken_at": iso(t), "lag_records": r, "max_lag_seconds": s} for t, r, s in g.series]}
+        for g in page.groups]}
