@@ -129,7 +129,7 @@ def offset_sync_dag(path: str, group: GroupConfig) -> DAG:
 
 Every {group.offsets.interval:g} s: `checkpoint` (MM2 checkpoints for the selected source consumer groups,
 translated offsets written into idle destination groups), `heartbeat`, and `record_lag` (a lag sample
-per partition for the Mirrors page, as this task's XCom).
+per partition for the Mirrors page: the newest kept whole, its totals kept for the history plot).
 """) as dag:
         kw: dict[str, Any] = {"config_path": path, "group_name": group.name}
         # the sample after the round (it shows the round's checkpoint), and also when the round failed: that is

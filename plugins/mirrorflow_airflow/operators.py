@@ -2,7 +2,8 @@
 
 Each operator keeps only names in ``__init__`` (config path, group name; no I/O), loads the config
 through :class:`~mirrorflow_airflow.hooks.MirrorflowHook` when it runs (resolving Airflow connections
-then), calls one core function and returns a JSON summary without secrets.
+then), calls one core function and returns a JSON summary without secrets (``record_lag`` pushes its two
+XComs by key instead).
 """
 
 from __future__ import annotations
