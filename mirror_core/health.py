@@ -8,6 +8,8 @@
   (key, value, headers without mirrorflow's provenance header, timestamp) on both sides, with every
   registry-local schema reference zeroed (the id or GUID framing a schema-serde key or value, and the
   ``__key_schema_id`` / ``__value_schema_id`` headers), and the first source offset where the sides differ.
+  Records the flow rightly did not mirror (dead letters, copies its loop guard skipped) and destination records
+  it did not write are left out, and counted.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import struct
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from mirror_core import clients
 from mirror_core.checkpoint import (
@@ -31,7 +33,7 @@ from mirror_core.config import GroupConfig, MirrorsConfig
 from mirror_core.errors import KafkaOperationError
 from mirror_core.offsets import Heartbeat, OffsetSyncStore
 from mirror_core.policy import build_replication_policy
-from mirror_core.replicate import PROVENANCE_HEADER, SCHEMA_SERDES
+from mirror_core.replicate import PROVENANCE_HEADER, SCHEMA_SERDES, provenance_of
 from mirror_core.wire import GUID_FRAME_LEN, ID_FRAME_LEN, MAGIC_GUID, MAGIC_ID, SCHEMA_ID_HEADERS
 
 
@@ -248,11 +250,14 @@ class PartitionParity:
 
 def verify_parity(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore | None = None,
                   mappings: list[TopicMapping] | None = None) -> list[PartitionParity]:
-    """Compare every mirrored partition over the range the offset-sync history covers."""
+    """Compare every mirrored partition over the range the offset-sync history covers: what a consumer of the
+    source reads there, but the records the flow rightly did not mirror (:class:`_Unmirrored`), against what a
+    consumer of the destination reads in the matching range, but the records the flow did not write there."""
     store = store or load_sync_store(cfg, group)
     mappings = mappings if mappings is not None else topic_mappings(cfg, group)
     src, dst = cfg.cluster(group.source), cfg.cluster(group.destination)
-    framed = _framed_sides(cfg, group)
+    sides = _mirror_sides(cfg, group)
+    dead: dict[tuple[str, int], set[int]] | None = None  # read once, only when a partition needs it
     out = []
     for m in mappings:
         src_ends = clients.end_offsets(src, m.source_topic)
@@ -260,6 +265,7 @@ def verify_parity(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore
             dst_ends = clients.end_offsets(dst, m.destination_topic)
         except KafkaOperationError:
             dst_ends = {}
+        framed, provenance = sides.get(m.mirror, ((False, True), False))
         for p, (low, _high) in src_ends.items():
             oldest, latest = store.oldest(m.source_topic, p), store.latest(m.source_topic, p)
             if oldest is None or latest is None:
@@ -270,28 +276,103 @@ def verify_parity(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore
                 continue
             u0 = max(oldest.upstream_offset, low)
             u1 = latest.upstream_offset
-            d0 = store.translate(m.source_topic, p, u0).downstream_offset
-            d1 = store.translate(m.source_topic, p, u1).downstream_offset
-            out.append(_compare(src, dst, m, p, (u0, u1), (d0, d1), framed.get(m.mirror, (False, True))))
+            drange = (_downstream_from(store, m.source_topic, p, u0),
+                      store.translate(m.source_topic, p, u1).downstream_offset)
+            skip = _Unmirrored(group.source, group.destination if provenance else None, frozenset())
+            res = _compare(src, dst, m, p, (u0, u1), drange, framed, skip)
+            if not res.ok and res.source_count > res.destination_count:
+                # records the source has and the destination lacks: those routed to the dead-letter topic are not
+                # missing (read only now: a group's dead letters can be many, and most verifies need none)
+                if dead is None:
+                    dead = _dead_letters(dst, group.dlq_topic)
+                gone = frozenset(dead.get((m.source_topic, p), ()))
+                if gone:
+                    res = _compare(src, dst, m, p, (u0, u1), drange, framed, skip._replace(dead_lettered=gone))
+            out.append(res)
     return out
 
 
-def _framed_sides(cfg: MirrorsConfig, group: GroupConfig) -> dict[str, tuple[bool, bool]]:
-    """Mirror name -> whether its keys / values carry a schema reference (a schema serde)."""
-    from mirror_core.provision import selected_mirrors
+def _downstream_from(store: OffsetSyncStore, topic: str, p: int, u: int) -> int | None:
+    """Where the destination range of a parity check starts for the source position ``u``: its translation,
+    or, inside a run of records the loop guard skipped (no translation), the next sync that maps somewhere."""
+    t = store.translate(topic, p, u)
+    if t.downstream_offset is not None:
+        return t.downstream_offset
+    return next((s.downstream_offset for s in store.syncs(topic, p)
+                 if s.upstream_offset >= u and s.downstream_offset >= 0), None)
 
-    return {m.name: (m.settings.serdes.key in SCHEMA_SERDES, m.settings.serdes.value in SCHEMA_SERDES)
+
+def _mirror_sides(cfg: MirrorsConfig, group: GroupConfig) -> dict[str, tuple[tuple[bool, bool], bool]]:
+    """Mirror name -> (whether its keys / values carry a schema reference (a schema serde), whether it marks
+    records with their provenance and skips those that came from its destination: the loop guard)."""
+    from mirror_core.provision import selected_mirrors
+    from mirror_core.stream import default_provenance
+
+    return {m.name: ((m.settings.serdes.key in SCHEMA_SERDES, m.settings.serdes.value in SCHEMA_SERDES),
+                     default_provenance(m.settings.provenance_headers, m.source_topic or "", m.destination_topic or ""))
             for m in selected_mirrors(cfg, group)}
 
 
+class _Unmirrored(NamedTuple):
+    """Which records parity leaves out, on either side. On the source: with the loop guard on (``destination``
+    set), the records whose provenance names the source or the destination (copies, which the flow skips), and
+    the records in ``dead_lettered`` (their offsets; routed to the dead-letter topic). On the destination, with
+    the loop guard on: the records this flow did not write (provenance not ending with the source: the
+    destination's own records, or another flow's)."""
+
+    source: str
+    destination: str | None
+    dead_lettered: frozenset[int]
+
+    def on_source(self, offset: int, headers: list[tuple[str, bytes | None]] | None) -> str | None:
+        if offset in self.dead_lettered:
+            return "dead letters"
+        if self.destination is not None and {self.source, self.destination} & set(provenance_of(headers)):
+            return "copies skipped by the loop guard"
+        return None
+
+    def foreign(self, headers: list[tuple[str, bytes | None]] | None) -> bool:
+        if self.destination is None:
+            return False
+        prov = provenance_of(headers)
+        return not prov or prov[-1] != self.source
+
+
+def _dead_letters(dst: Any, topic: str) -> dict[tuple[str, int], set[int]]:
+    """(source topic, partition) -> the source offsets of the records in the dead-letter ``topic`` (none when the
+    topic is not there)."""
+    out: dict[tuple[str, int], set[int]] = {}
+    try:
+        ends = clients.end_offsets(dst, topic)
+    except KafkaOperationError:
+        return out
+    for p, (low, high) in ends.items():
+        for rec in clients.read_partition(dst, topic, p, low, high):
+            h = {k: v for k, v in rec.headers() or [] if v is not None}
+            try:
+                where = (h["mirrorflow.source.topic"].decode(), int(h["mirrorflow.source.partition"]))
+                out.setdefault(where, set()).add(int(h["mirrorflow.source.offset"]))
+            except (KeyError, ValueError, UnicodeDecodeError):
+                continue  # not a dead letter of ours
+    return out
+
+
 def _compare(src: Any, dst: Any, m: TopicMapping, p: int, urange: tuple[int, int],
-             drange: tuple[int | None, int | None], framed: tuple[bool, bool] = (False, True)) -> PartitionParity:
+             drange: tuple[int | None, int | None], framed: tuple[bool, bool] = (False, True),
+             skip: _Unmirrored | None = None) -> PartitionParity:
     hs, hd = hashlib.sha256(), hashlib.sha256()
     ns = nd = 0
     first: int | None = None
+    left_out: dict[str, int] = {}
     d_iter: Iterator[Any] = iter(clients.read_partition(dst, m.destination_topic, p, drange[0] or 0, drange[1] or 0)) \
         if drange[0] is not None and drange[1] is not None else iter(())
+    if skip is not None:
+        d_iter = _written_by_flow(d_iter, skip, left_out)
     for sm in clients.read_partition(src, m.source_topic, p, urange[0], urange[1]):
+        why = skip.on_source(sm.offset(), sm.headers()) if skip is not None else None
+        if why is not None:
+            left_out[why] = left_out.get(why, 0) + 1
+            continue
         sd = record_digest(sm.key(), sm.value(), sm.headers(), sm.timestamp()[1], *framed)
         hs.update(sd)
         ns += 1
@@ -310,5 +391,16 @@ def _compare(src: Any, dst: Any, m: TopicMapping, p: int, urange: tuple[int, int
         if first is None:
             first = urange[1]
     ok = ns == nd and hs.digest() == hd.digest()
+    note = ", ".join(f"{n} {why} left out" for why, n in sorted(left_out.items()))
     return PartitionParity(m.source_topic, m.destination_topic, p, urange, drange, ns, nd, hs.hexdigest()[:16],
-                           hd.hexdigest()[:16], None if ok else first, ok)
+                           hd.hexdigest()[:16], None if ok else first, ok, note)
+
+
+def _written_by_flow(records: Iterator[Any], skip: _Unmirrored, left_out: dict[str, int]) -> Iterator[Any]:
+    """The destination's ``records`` the flow wrote (see :class:`_Unmirrored`); the others are counted."""
+    for rec in records:
+        if skip.foreign(rec.headers()):
+            left_out["destination records the flow did not write"] = \
+                left_out.get("destination records the flow did not write", 0) + 1
+            continue
+        yield rec

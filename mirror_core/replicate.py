@@ -318,7 +318,7 @@ Decision = OutRecord | DeadLetter | Literal["skip_provenance"]
 
 def decide(rec: SourceRecord, s: WriterSettings, translator: SchemaIdTranslator) -> Decision:
     """What to do with one record. Pure apart from the translator's cache."""
-    prov = _provenance(rec.headers)
+    prov = provenance_of(rec.headers)
     if s.provenance and (s.destination_alias in prov or s.source_alias in prov):
         # it came from the destination, or left this source cluster before and was brought back by a
         # reverse flow that adds no header of its own (MirrorMaker 2 copies ours as it is)
@@ -401,8 +401,9 @@ def _compressed(producer_config: dict[str, Any]) -> bool:
     return str(codec) not in ("none", "")
 
 
-def _provenance(headers: tuple[Header, ...]) -> list[str]:
-    for name, val in headers:
+def provenance_of(headers: tuple[Header, ...] | list[Header] | None) -> list[str]:
+    """The clusters a record came through, oldest first (its provenance header), or [] when it has none."""
+    for name, val in headers or ():
         if name == PROVENANCE_HEADER and val:
             return val.decode(errors="replace").split(",")
     return []
