@@ -103,20 +103,24 @@ def stream_dag(path: str, group: GroupConfig) -> DAG:
         how = (f"One long-lived Spark job (`@continuous`, one run at a time). A job that dies is relaunched "
                f"by Airflow (up to {group.spark.retries} retries, back-off from {group.spark.retry_delay:g} s) "
                "and resumes from its checkpoint.")
+        stopped = ("the job ends, and a run started after that waits (its task deferred, a look a minute) until the "
+                   "stop is removed, then starts the job; its log says what removes it.")
     else:
         schedule = AssetOrTimeSchedule(timetable=DeltaTriggerTimetable(timedelta(seconds=group.spark.drain_every)),
                                        assets=[group_asset(group.name)])
         how = (f"A drain (`--once`) every {group.spark.drain_every:g} s and after each provisioning: mirrors "
                "what is on the source, then stops.")
+        stopped = "each drain's task is then skipped."
     with DAG(dag_id(group.name, "stream"), schedule=schedule, start_date=START, catchup=False, max_active_runs=1,
              tags=_tags(group, "stream"), doc_md=f"""### Stream {group.name}
 {_describe(group)}
 
 {how} Task `mirror_stream` runs `spark_jobs/mirror_stream.py` with spark-submit (connection
 `{group.spark.airflow_conn_id}`, else master `{group.spark.master}`). A failover of the group stops it for
-good (its stop, a record on the destination): the task is then skipped.
+good (its stop, a record on the destination): {stopped}
 """) as dag:
-        _stream_task(path, group, "mirror_stream", once=not continuous, retries=group.spark.retries,
+        _stream_task(path, group, "mirror_stream", once=not continuous, wait_while_stopped=continuous,
+                     retries=group.spark.retries,
                      retry_delay=timedelta(seconds=group.spark.retry_delay), retry_exponential_backoff=2.0,
                      max_retry_delay=timedelta(minutes=10))
     return dag

@@ -361,6 +361,16 @@ def clear_stream_stop(cfg: MirrorsConfig, group: GroupConfig) -> bool:
     return stops.clear(cfg, group)
 
 
+def how_to_lift(cfg: MirrorsConfig, group: GroupConfig, config_path: str) -> str:
+    """What removes the group's stop, for a person reading why its stream waits: ``resume`` by hand, or the
+    finalize of a failover back (the reverse group's, which readies this one)."""
+    by_hand = f"`mirrorflow failover {config_path} --group {group.name} --step resume`"
+    rev = reverse_group(cfg, group)
+    if rev is None:
+        return by_hand
+    return f"{by_hand}, or the finalize of a failover of the reverse group {rev.name!r}"
+
+
 def wait_stream_ended(group: GroupConfig, timeout: float, tasks_running: Callable[[], int] | None = None,
                       say: Callable[[str], None] = lambda _line: None, poll: float = 2.0) -> bool | None:
     """Wait (at most ``timeout`` seconds) until the group's stream job has ended: no job holds its checkpoint

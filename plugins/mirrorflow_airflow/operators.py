@@ -25,6 +25,7 @@ from mirror_core.config import CONNECTIONS_FILE_ENV, SUBMITTED_MASTER_ENV, with_
 from mirror_core.process import OWNER_ENV, owner_token
 from mirrorflow_airflow.hooks import MirrorflowHook
 from mirrorflow_airflow.sensors import STEP_REPORT_KEY
+from mirrorflow_airflow.triggers import StreamStopTrigger
 from mirrorflow_airflow.web.model import SAMPLE_KEY, TOTALS_KEY
 
 #: Airflow ``http`` connection of Airflow's own public API (host = base URL, login / password), used
@@ -344,8 +345,9 @@ class FinalizeFailoverOperator(MirrorflowOperator):
 
 def stream_jobs_running(ti: Any, stream_dag_id: str) -> int:
     """How many ``mirror_stream`` task instances of the stream DAG are running (a running one is a live
-    Spark job; a queued or retried one will see the stop and skip). Counting tasks, not runs: a
-    continuous DAG that could not be paused starts new runs, which end at once."""
+    Spark job; a queued or retried one will see the stop and not start one). Counting tasks, not runs: a
+    continuous DAG that could not be paused starts a new run, whose task waits (``deferred``, no job) until
+    the stop is removed."""
     states = ti.get_task_states(dag_id=stream_dag_id, task_ids=["mirror_stream"])
     return sum(1 for by_task in states.values() for state in by_task.values() if str(state) == "running")
 
@@ -491,8 +493,12 @@ class MirrorStreamOperator(SparkSubmitOperator):
       group's ``spark.master`` is used (the provider would otherwise silently submit to yarn).
     * Clusters that name Airflow connections are resolved here and handed to the job in a 0600 file
       named by an environment variable: never on the command line.
-    * A group stopped by a failover (its stop, :mod:`mirror_core.stops`) is skipped, not launched; when the
-      destination does not answer whether it is, the task fails (and is retried).
+    * A group stopped by a failover (its stop, :mod:`mirror_core.stops`) is not launched: a drain is skipped;
+      with ``wait_while_stopped`` (the continuous stream, whose ``@continuous`` DAG would start the next run at
+      once after a skip, and so on for good) the task waits, deferred to a
+      :class:`~mirrorflow_airflow.triggers.StreamStopTrigger` that looks every ``stop_poll_interval`` seconds,
+      and starts the job once the stop is removed. When the destination does not answer whether the group is
+      stopped, the task fails (and is retried).
     * spark-submit's JVM keeps its temporary files in a private directory, removed when the task ends
       (:func:`spark_jobs.jvm_archive.submit_tmpdir`).
     * The job is told this task's process (``MIRRORFLOW_OWNER``) and stops when it ends: a worker killed
@@ -502,7 +508,8 @@ class MirrorStreamOperator(SparkSubmitOperator):
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "config_path", "group_name")
 
     def __init__(self, *, config_path: str, group_name: str, once: bool = False, master: str = "local[2]",
-                 conn_id: str = "mirrorflow_spark", **kwargs: Any) -> None:
+                 conn_id: str = "mirrorflow_spark", wait_while_stopped: bool = False, stop_poll_interval: float = 60.0,
+                 **kwargs: Any) -> None:
         python = sys.executable
         kwargs.setdefault("name", f"mirrorflow-{group_name}")
         kwargs.setdefault("conf", {"spark.pyspark.python": python, "spark.pyspark.driver.python": python})
@@ -515,6 +522,8 @@ class MirrorStreamOperator(SparkSubmitOperator):
         self.once = once
         self.master = master
         self.spark_conn_id = conn_id
+        self.wait_while_stopped = wait_while_stopped
+        self.stop_poll_interval = stop_poll_interval
 
     def _ensure_connection(self) -> None:
         from airflow.sdk import BaseHook
@@ -571,17 +580,25 @@ class MirrorStreamOperator(SparkSubmitOperator):
                          SUBMITTED_MASTER_ENV: master}
 
     def execute(self, context: Any) -> None:
+        from mirror_core import failover
         from mirror_core.errors import MirrorError
-        from mirror_core.failover import stream_stop_requested
 
         hook = MirrorflowHook(self.config_path)
         cfg, group = hook.get_group(self.group_name)
         try:
-            reason = stream_stop_requested(cfg, group)
+            reason = failover.stream_stop_requested(cfg, group)
         except MirrorError as exc:
             raise AirflowException(str(exc)) from None
-        if reason:
+        if reason and not self.wait_while_stopped:
             raise AirflowSkipException(f"not started: {reason}")
+        if reason:
+            self.log.info("%s: not started, stopped for good by a failover: %s (%s). This task waits (deferred, one "
+                          "look every %g s) until that stop is removed, then starts the job; what removes it: %s. "
+                          "To end the wait instead, pause this DAG, then mark this task success or failed.", group.name, reason,
+                          failover.stops.where(cfg, group), self.stop_poll_interval,
+                          failover.how_to_lift(cfg, group, self.config_path))
+            self.defer(trigger=StreamStopTrigger(self.config_path, group.name, reason, self.stop_poll_interval),
+                       method_name="resume_after_stop")
         self.prepare_submit(group)
         from spark_jobs.jvm_archive import submit_tmpdir
 
@@ -596,3 +613,11 @@ class MirrorStreamOperator(SparkSubmitOperator):
                 super().execute(context)
             finally:
                 self.conf = own
+
+    def resume_after_stop(self, context: Any, event: dict[str, Any]) -> None:
+        """Back from the wait for the stop's removal: start the job (:meth:`execute` reads the stop again: one
+        written meanwhile means another wait)."""
+        if event.get("status") != "lifted":
+            raise AirflowException(event.get("message") or f"the wait for the stop's removal ended: {event}")
+        self.log.info("%s: the failover's stop is removed: starting the job", self.group_name)
+        self.execute(context)

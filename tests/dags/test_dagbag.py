@@ -253,12 +253,13 @@ def test_a_stream_job_is_told_the_task_process_it_belongs_to(monkeypatch: pytest
     assert process.owner_alive(owner) is True and owner.rsplit(":", 2)[1] == str(os.getpid())
 
 
-def test_a_stream_task_is_skipped_after_a_failover_and_fails_when_it_cannot_tell(monkeypatch: pytest.MonkeyPatch,
-                                                                                 tmp_path: Path) -> None:
-    """The stream task reads the group's stop on the destination before it submits anything: stopped, it is
-    skipped; the destination not answering, it fails with that one line (and is retried), launching nothing."""
+def test_a_stream_task_waits_after_a_failover_and_fails_when_it_cannot_tell(monkeypatch: pytest.MonkeyPatch,
+                                                                            tmp_path: Path) -> None:
+    """The stream task reads the group's stop on the destination before it submits anything: stopped, it waits
+    (deferred) for the stop's removal (tests/dags/test_stream_stop_wait.py); the destination not answering, it
+    fails with that one line (and is retried), launching nothing."""
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-    from airflow.sdk.exceptions import AirflowException, AirflowSkipException
+    from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
     from mirror_core import stops
     from mirror_core.config import load_config
@@ -271,8 +272,9 @@ def test_a_stream_task_is_skipped_after_a_failover_and_fails_when_it_cannot_tell
     monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: submitted.append(context))
     boards["dst"] = FakeBoard()
     boards["dst"].stops[stops.key(load_config(config).group("demo"))] = "failover of group demo to dst at 12:00"
-    with pytest.raises(AirflowSkipException, match="not started: failover of group demo to dst at 12:00"):
+    with pytest.raises(TaskDeferred) as deferred:
         task.execute({})
+    assert deferred.value.trigger.reason == "failover of group demo to dst at 12:00"
     boards["dst"].down = True
     with pytest.raises(AirflowException, match="^cannot read the failover stops from topic mirrorflow-stops.internal"):
         task.execute({})
@@ -356,6 +358,6 @@ def test_a_stream_job_counts_as_running_only_while_its_task_runs() -> None:
 
     assert stream_jobs_running(FakeTI({"r1": {"mirror_stream": "success"}, "r2": {"mirror_stream": "running"}}),
                                "d") == 1
-    # a continuous DAG that was not paused starts runs that skip at once: not a job
-    assert stream_jobs_running(FakeTI({"r1": {"mirror_stream": "skipped"}, "r2": {"mirror_stream": "queued"}}),
-                               "d") == 0
+    # a drain that skips, one about to see the stop, one that waits for the stop's removal: not a job
+    assert stream_jobs_running(FakeTI({"r1": {"mirror_stream": "skipped"}, "r2": {"mirror_stream": "queued"},
+                                       "r3": {"mirror_stream": "deferred"}}), "d") == 0
