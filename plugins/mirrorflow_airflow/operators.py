@@ -527,10 +527,13 @@ class MirrorStreamOperator(SparkSubmitOperator):
 
     def _ensure_connection(self) -> None:
         from airflow.sdk import BaseHook
+        from airflow.sdk.exceptions import AirflowNotFoundException
 
         try:
             BaseHook.get_connection(self.spark_conn_id)
-        except Exception:  # noqa: BLE001 - not defined: use the group's master in this task process
+        except AirflowNotFoundException:  # not defined: the group's master, in this task process
+            # only that: a lookup that failed otherwise (a secrets backend refusing it) fails the task, rather than
+            # submit the job somewhere else than the connection says
             self.log.info("Spark connection %r is not defined: using the group's master %s", self.spark_conn_id,
                           self.master)
             os.environ[f"AIRFLOW_CONN_{self.spark_conn_id.upper()}"] = json.dumps(

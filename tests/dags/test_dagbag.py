@@ -235,6 +235,32 @@ def test_a_stream_job_runs_on_the_spark_connections_master(monkeypatch: pytest.M
     assert "spark.hadoop.fs.file.impl" not in task.conf  # the local file system's class is for local masters
 
 
+def test_a_spark_connection_that_cannot_be_read_fails_the_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a connection that is not defined gives way to the group's master: a lookup that fails otherwise (a
+    secrets backend refusing it) fails the task, rather than submit the job somewhere else."""
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException, AirflowSecretsBackendAccessDenied
+
+    monkeypatch.delenv("AIRFLOW_CONN_MIRRORFLOW_SPARK", raising=False)
+    bag = _dagbag(ROOT / "config" / "local.yaml", monkeypatch)
+    task = bag.dags["mirrorflow__demo__stream"].get_task("mirror_stream")
+
+    def refused(conn_id: str) -> Any:
+        raise AirflowSecretsBackendAccessDenied(f"{conn_id}: access denied")
+
+    monkeypatch.setattr(BaseHook, "get_connection", staticmethod(refused))
+    with pytest.raises(AirflowSecretsBackendAccessDenied):
+        task._ensure_connection()
+    assert "AIRFLOW_CONN_MIRRORFLOW_SPARK" not in os.environ
+
+    def missing(conn_id: str) -> Any:
+        raise AirflowNotFoundException(f"The conn_id `{conn_id}` isn't defined")
+
+    monkeypatch.setattr(BaseHook, "get_connection", staticmethod(missing))
+    task._ensure_connection()
+    assert json.loads(os.environ.pop("AIRFLOW_CONN_MIRRORFLOW_SPARK"))["host"] == task.master
+
+
 def test_a_stream_job_is_told_the_task_process_it_belongs_to(monkeypatch: pytest.MonkeyPatch,
                                                              tmp_path: Path) -> None:
     """spark-submit outlives a task process killed with SIGKILL; the job watches the process named in
