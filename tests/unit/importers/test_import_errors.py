@@ -180,9 +180,6 @@ def test_same_input_same_bytes_across_processes(fmt, name, extra):
     ("strimzi", "apiVersion: kafka.strimzi.io/v1beta2\nkind: KafkaMirrorMaker\nmetadata: {name: m}\n"
                 "spec: {consumer: {bootstrapServers: 'a:9092', groupId: g}, producer: {bootstrapServers: 'b:9092'}, "
                 "include: 'orders.*'}\n", "kind", "mirrorflow import mm1"),
-    ("strimzi", "apiVersion: kafka.strimzi.io/v1\nkind: KafkaMirrorMaker2\nmetadata: {name: m}\n"
-                "spec: {target: {alias: b, bootstrapServers: 'b:9092'}, mirrors: [{source: {alias: a, "
-                "bootstrapServers: 'a:9092'}, sourceConnector: {}}]}\n", "spec.target", "not read yet"),
     ("mm2", '{"name": "m", "config": {"connector.class": "org.apache.kafka.connect.mirror.MirrorSourceConnector", '
             '"source.cluster.alias": "A", "target.cluster.alias": "B"}}', "connector.class", "connector config"),
     ("mm2", '{"connector.class": "org.apache.kafka.connect.mirror.MirrorSourceConnector"}', "connector.class",
