@@ -175,10 +175,10 @@ def _cluster(draft: Draft, w: str, c: Any, seen: list[str], eos: dict[str, mm2.S
     config = c.get("config") or {}
     if not isinstance(config, dict):
         raise draft.error(f"{w}.config", "expected a mapping")
-    java = {str(k): _str(v) for k, v in config.items()
+    java = {str(k): common.prop_text(v) for k, v in config.items()
             if not common.CONNECT_WORKER_RE.match(str(k)) and str(k) != mm2.EOS}
     if mm2.EOS in config:
-        eos[alias] = mm2.Setting(_str(config[mm2.EOS]), f"{w}.config.{mm2.EOS}")
+        eos[alias] = mm2.Setting(common.prop_text(config[mm2.EOS]), f"{w}.config.{mm2.EOS}")
     m = translate({"bootstrap.servers": bs} | java, alias, f"{w}.config.")
     at: Path = ("clusters", alias)
     for k in sorted(config):
@@ -248,12 +248,6 @@ def _cluster(draft: Draft, w: str, c: Any, seen: list[str], eos: dict[str, mm2.S
     return alias, m.source_options
 
 
-def _str(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
-
-
 def _mirror(draft: Draft, mi: int, m: Any, consumer_opts: dict[str, dict[str, str]],
             groups: list[dict[str, Any]], eos: dict[str, mm2.Setting]) -> dict[str, Any]:
     aliases = list(consumer_opts)
@@ -282,18 +276,18 @@ def _mirror(draft: Draft, mi: int, m: Any, consumer_opts: dict[str, dict[str, st
     for conn in _CONNECTORS:
         block = m.get(conn)
         if block is None:
-            off[conn] = f"{w}.{conn} is not set: Strimzi creates no {_CONNECTOR_CLASS[conn]} without it"
+            off[_CONNECTOR_CLASS[conn]] = f"{w}.{conn} is not set: Strimzi creates no {_CONNECTOR_CLASS[conn]} without it"
             continue
         if not isinstance(block, dict):
             raise draft.error(f"{w}.{conn}", "expected a mapping")
         state = _connector_state(draft, f"{w}.{conn}", block)
         if state is not None:
-            off[conn] = state
+            off[_CONNECTOR_CLASS[conn]] = state
         cfg = block.get("config") or {}
         if not isinstance(cfg, dict):
             raise draft.error(f"{w}.{conn}.config", "expected a mapping")
         for k, v in cfg.items():
-            settings[str(k)] = mm2.Setting(_str(v), f"{w}.{conn}.config.{k}")
+            settings[str(k)] = mm2.Setting(common.prop_text(v), f"{w}.{conn}.config.{k}")
         for k, v in block.items():
             if k in ("config", "state", "pause"):
                 continue
@@ -310,7 +304,7 @@ def _mirror(draft: Draft, mi: int, m: Any, consumer_opts: dict[str, dict[str, st
         name, n = f"{group['name']}-{n}", n + 1
     group["name"] = name
     group["enabled"] = True
-    _connectors_off(draft, ("groups", gi), group, off)
+    mm2.connectors_off(draft, ("groups", gi), group, off)
     for k in m:
         if k not in ("sourceCluster", "targetCluster", *_PATTERNS, *_CONNECTORS):
             draft.unmapped(f"{w}.{k}", f"{_short(m[k])}: no equivalent", ("groups", gi))
@@ -332,21 +326,3 @@ def _connector_state(draft: Draft, where: str, block: dict[str, Any]) -> str | N
     if pause and state is None:
         return f"{where}.pause is true: the connector copied nothing"
     return None
-
-
-def _connectors_off(draft: Draft, at: Path, group: dict[str, Any], off: dict[str, str]) -> None:
-    """Strimzi runs a mirror's connector only when its block is present and not paused or stopped; the
-    group keeps only what ran: no source connector -> the group is disabled, no checkpoint connector ->
-    no checkpoints or group offset sync, no heartbeat connector -> no heartbeats."""
-    if "sourceConnector" in off:
-        group["enabled"] = False
-        draft.note(at + ("enabled",), f"{off['sourceConnector']} (no topic was mirrored), so the group is disabled; "
-                   "enable it to start mirroring")
-    if "checkpointConnector" in off:
-        group["offsets"]["emit_checkpoints"] = False
-        group["offsets"]["sync_group_offsets"] = False
-        draft.note(at + ("offsets",), f"{off['checkpointConnector']} (no checkpoints or group offset sync), "
-                   "so both are off")
-    if "heartbeatConnector" in off:
-        group["heartbeats"]["enabled"] = False
-        draft.note(at + ("heartbeats",), f"{off['heartbeatConnector']} (no heartbeats), so they are off")
