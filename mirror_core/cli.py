@@ -108,15 +108,17 @@ def validate(config: ConfigArg) -> None:
 @handle_errors
 def import_(
     fmt: Annotated[str, typer.Argument(metavar="FORMAT", help="viooh | mm2 | strimzi | mm1", show_default=False)],
-    source: Annotated[Path, typer.Argument(metavar="INPUT", help="The config to import (mm1: consumer.properties).",
-                                           show_default=False)],
+    sources: Annotated[list[Path], typer.Argument(
+        metavar="INPUT...", show_default=False,
+        help="The config to import (mm1: consumer.properties; mm2 run as Kafka Connect connectors: each connector's config).")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")] = None,
     producer: Annotated[Path | None, typer.Option(help="mm1: the producer.properties.")] = None,
     include: Annotated[str | None, typer.Option(
         envvar="MIRROR_MAKER_TOPIC_WHITELIST", help="mm1: the --include / whitelist regex MirrorMaker 1 ran with.")] = None,
     env: Annotated[str, typer.Option("--env", help="viooh: the ENV its consumer group names were made with.")] = "local",
 ) -> None:
-    """Translate a viooh-mirror, MirrorMaker 2, Strimzi or MirrorMaker 1 config into a mirrors YAML.
+    """Translate a viooh-mirror, MirrorMaker 2 (dedicated, or its Kafka Connect connectors), Strimzi or
+    MirrorMaker 1 config into a mirrors YAML.
 
     What has no equivalent is a comment in the YAML and one line here (stderr) each."""
     from mirror_core.importers import import_config
@@ -127,8 +129,10 @@ def import_(
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(ConfigIssue("", f"cannot read: {getattr(exc, 'strerror', None) or exc}"), str(p)) from None
 
+    source = sources[0]
     res = import_config(fmt, read(source), str(source), producer_text=read(producer) if producer else None,
-                        producer_source=str(producer) if producer else None, include=include, viooh_env=env)
+                        producer_source=str(producer) if producer else None, include=include, viooh_env=env,
+                        more=[(read(p), str(p)) for p in sources[1:]])
     for f in res.findings:
         err.print(f"{f.file or source}: {f}", markup=False, highlight=False)
     for var, what in res.env_vars:

@@ -1,6 +1,7 @@
 """``mirrorflow import``: translate the configurations users run today into a mirrorflow YAML.
 
-One module per format (:mod:`.viooh`, :mod:`.mm2`, :mod:`.strimzi`, :mod:`.mm1`), each pure: text in,
+One module per format (:mod:`.viooh`, :mod:`.mm2`, and for MM2 run as Kafka Connect connectors
+:mod:`.connect`, :mod:`.strimzi`, :mod:`.mm1`), each pure: text in,
 a :class:`~.draft.Draft` (tree, comments, findings, placeholders) out. :func:`import_config` renders it
 (:mod:`.writer`) and checks that the result validates, so the CLI only reads files and prints.
 Malformed input raises :class:`~mirror_core.errors.ConfigError` naming the file and the key or line.
@@ -8,6 +9,7 @@ Malformed input raises :class:`~mirror_core.errors.ConfigError` naming the file 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
 
@@ -30,16 +32,24 @@ class Imported:
 
 def import_config(fmt: str, text: str, source: str, *, producer_text: str | None = None,
                   producer_source: str | None = None, include: str | None = None,
-                  viooh_env: str = "local") -> Imported:
+                  viooh_env: str = "local", more: Sequence[tuple[str, str]] = ()) -> Imported:
     """Translate ``text`` (the input file's content; ``source`` names it in errors) from ``fmt``.
 
     mm1 also takes the producer.properties (``producer_text``) and the include regex; viooh takes
-    the ``ENV`` its consumer group names were derived with.
+    the ``ENV`` its consumer group names were derived with. ``more``: further (text, source) inputs,
+    which only mm2's Kafka Connect connector configs take (one file per connector).
     """
-    from mirror_core.importers import mm1, mm2, strimzi, viooh
+    from mirror_core.importers import connect, mm1, mm2, strimzi, viooh
     from mirror_core.importers.writer import render
 
-    if fmt == "viooh":
+    inputs = [(text, source), *more]
+    if fmt == "mm2" and any(connect.is_connector_config(t) for t, _ in inputs):
+        draft = connect.import_connectors(inputs)
+    elif more:
+        what = ("mm2 reads one mm2.properties (several files only when they are connector configs)" if fmt == "mm2"
+                else f"{fmt} reads one input file")
+        raise ConfigError(ConfigIssue("INPUT", f"{len(inputs)} files given: {what}"), more[0][1])
+    elif fmt == "viooh":
         draft = viooh.import_viooh(text, source, env=viooh_env)
     elif fmt == "mm2":
         draft = mm2.import_mm2(text, source)
@@ -49,7 +59,7 @@ def import_config(fmt: str, text: str, source: str, *, producer_text: str | None
         draft = mm1.import_mm1(text, source, producer_text, producer_source or "producer.properties", include)
     else:
         raise ConfigError(ConfigIssue("FORMAT", f"unknown format {fmt!r} (one of: {', '.join(FORMATS)})"), source)
-    name = PurePath(source).name
+    name = ", ".join(PurePath(s).name for _, s in inputs)
     header = [
         f"mirrorflow config imported from {name} ({fmt}) by `mirrorflow import`.",
         "Comments mark what mapped differently or not at all; `mirrorflow plan` shows what it will create.",

@@ -156,6 +156,13 @@ def alternation(draft: Draft, where: str, patterns: list[str]) -> str:
     return check_regex(draft, where, "|".join(f"(?{flags}:{body})" for body, flags in parts))
 
 
+def prop_text(v: Any) -> str:
+    """A YAML / JSON scalar as the Java property text it stands for (``true``, ``3``)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
 def parse_bool(draft: Draft, where: str, value: str) -> bool:
     v = value.strip().lower()
     if v in ("true", "false"):

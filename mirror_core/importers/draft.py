@@ -45,6 +45,9 @@ class Draft:
     comments: dict[Path, list[str]] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     env_vars: dict[str, str] = field(default_factory=dict)  # placeholder -> what to put in it
+    #: input key -> the file it was read from, when an import reads several; errors and findings about
+    #: that key name that file (the importer sets it while it maps what those files hold)
+    files: dict[str, str] = field(default_factory=dict)
 
     def note(self, anchor: Path, text: str) -> None:
         """A comment before the key at ``anchor`` (a mapped setting whose mapping needs a word)."""
@@ -54,6 +57,7 @@ class Draft:
 
     def unmapped(self, where: str, message: str, anchor: Path = (), file: str | None = None) -> None:
         """An input setting with no equivalent: a comment beside ``anchor`` and a finding."""
+        file = file or self.files.get(where)
         self.findings.append(Finding(where, message, file))
         # the comment names the file without its directory, so the output does not depend on where it was read
         self.note(anchor, f"{PurePath(file).name + ': ' if file else ''}{where}: {message}")
@@ -68,7 +72,7 @@ class Draft:
 
     def error(self, where: str, message: str) -> ConfigError:
         """Malformed input: one line naming the file, the key or line, and the problem (exit 2)."""
-        return ConfigError(ConfigIssue(where, message), self.source)
+        return ConfigError(ConfigIssue(where, message), self.files.get(where, self.source))
 
 
 def env_name(*parts: str) -> str:

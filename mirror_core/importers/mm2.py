@@ -19,7 +19,6 @@ default separator (another ``replication.policy.separator`` changed MM2's name: 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,10 +111,7 @@ def parse_properties(draft: Draft, text: str) -> dict[str, Setting]:
 
 def import_mm2(text: str, source: str) -> Draft:
     draft = Draft(source)
-    _not_a_connector_config(draft, text)
     props = parse_properties(draft, text)
-    if "connector.class" in props and "clusters" not in props:
-        raise draft.error("connector.class", _CONNECTOR_CONFIG)
     consumed: set[str] = set()
 
     clusters_setting = props.get("clusters")
@@ -170,7 +166,7 @@ def import_mm2(text: str, source: str) -> Draft:
             role = _ROLE_RE.match(k)
             if role:
                 consumer_opts.setdefault(alias, {}).update(
-                    _role_setting(draft, alias, role.group(1), role.group(2), s, cm))
+                    role_setting(draft, alias, role.group(1), role.group(2), s, cm))
         consumer_opts.setdefault(alias, {}).update(cm.source_options)
     consumed.update(top_client)
 
@@ -209,35 +205,15 @@ def import_mm2(text: str, source: str) -> Draft:
     return draft
 
 
-_CONNECTOR_CONFIG = ("a Kafka Connect connector config (MM2 run as connectors), not MM2's dedicated-mode "
-                     "mm2.properties, which is what `mirrorflow import mm2` reads: write the flow as clusters = A, B, "
-                     "A.bootstrap.servers / B.bootstrap.servers (from source.cluster.* / target.cluster.*), "
-                     "A->B.enabled = true and the connector's settings as A->B.<setting>")
-
-
-def _not_a_connector_config(draft: Draft, text: str) -> None:
-    """A Connect REST connector config (JSON, flat or under "config") is not dedicated-mode properties;
-    read as properties it would fail later with a confusing 'clusters: missing'."""
-    if not text.lstrip().startswith("{"):
-        return
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return
-    cfg = doc.get("config", doc) if isinstance(doc, dict) else None
-    if isinstance(cfg, dict) and "connector.class" in cfg:
-        raise draft.error("connector.class", f"{str(cfg['connector.class']).rsplit('.', 1)[-1]}: {_CONNECTOR_CONFIG}")
-
-
 def _is_client_key(key: str) -> bool:
     """File-wide client settings MM2 applies to every cluster that does not set its own."""
     return key.startswith(("security.", "sasl.", "ssl.")) and not _FLOW_RE.match(key)
 
 
-def _role_setting(draft: Draft, alias: str, role: str, key: str, s: Setting, cluster: ClientMapping) -> dict[str, str]:
-    """``A.consumer.X`` / ``A.producer.X`` / ``A.admin.X``: mirrorflow has one client config per cluster,
+def role_setting(draft: Draft, alias: str, role: str, key: str, s: Setting, cluster: ClientMapping) -> dict[str, str]:
+    """``A.consumer.X`` / ``A.producer.X`` / ``A.admin.X`` (``s``; ``key`` is ``X``): mirrorflow has one client config per cluster,
     and Spark's source options for its consumers."""
-    single = translate({key: s.value}, alias, f"{alias}.{role}.")
+    single = translate({key: s.value}, alias, s.where.removesuffix(key))  # as the input spells it
     anchor: Path = ("clusters", alias)
     if role == "consumer" and single.source_options:
         return single.source_options
@@ -427,6 +403,25 @@ def _include_list(draft: Draft, settings: dict[str, Setting], key: str, anchor: 
     what = "no topic was mirrored" if key == "topics" else "no consumer group was checkpointed"
     draft.note(anchor, f"{s.where} is blank: MM2 matched nothing ({what}), so the include matches nothing")
     return [common.MATCH_NOTHING]
+
+
+def connectors_off(draft: Draft, at: Path, group: dict[str, Any], off: dict[str, str]) -> None:
+    """``off``: the connectors of a flow that ran nothing (class name -> why: not deployed, paused,
+    stopped, disabled). The group keeps only what ran: no MirrorSourceConnector -> the group is
+    disabled, no MirrorCheckpointConnector -> no checkpoints or group offset sync, no
+    MirrorHeartbeatConnector -> no heartbeats."""
+    if "MirrorSourceConnector" in off:
+        group["enabled"] = False
+        draft.note(at + ("enabled",), f"{off['MirrorSourceConnector']} (no topic was mirrored), so the group is disabled; "
+                   "enable it to start mirroring")
+    if "MirrorCheckpointConnector" in off:
+        group["offsets"]["emit_checkpoints"] = False
+        group["offsets"]["sync_group_offsets"] = False
+        draft.note(at + ("offsets",), f"{off['MirrorCheckpointConnector']} (no checkpoints or group offset sync), "
+                   "so both are off")
+    if "MirrorHeartbeatConnector" in off:
+        group["heartbeats"]["enabled"] = False
+        draft.note(at + ("heartbeats",), f"{off['MirrorHeartbeatConnector']} (no heartbeats), so they are off")
 
 
 _ORDER = ("name", "source", "destination", "enabled", "replication_policy", "replication_policy_separator",

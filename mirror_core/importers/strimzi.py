@@ -1,6 +1,7 @@
 """A Strimzi ``KafkaMirrorMaker2`` custom resource (YAML) -> mirrorflow groups (one per ``spec.mirrors[]``).
 
-``spec.clusters[]`` become clusters: ``tls`` and ``authentication`` map to librdkafka's security
+``spec.clusters[]`` become clusters (in the newer shape: ``spec.target`` and each mirror's ``source``,
+converted into the older shape first, so both map the same way): ``tls`` and ``authentication`` map to librdkafka's security
 settings, and what Strimzi reads from Kubernetes secrets (passwords, CA and client certificates)
 becomes ``${ENV}`` placeholders whose comments name the secret and its key. Each mirror's
 ``topicsPattern`` / ``groupsPattern`` (+ exclude) and its connectors' ``config`` are MM2 settings and
@@ -62,32 +63,89 @@ def _load(draft: Draft, text: str) -> dict[str, Any]:
 def import_strimzi(text: str, source: str) -> Draft:
     draft = Draft(source)
     spec = _load(draft, text)
-    clusters = spec.get("clusters")
-    if clusters is None and "target" in spec:
-        raise draft.error("spec.target", "this KafkaMirrorMaker2 shape (spec.target, spec.mirrors[].source) is not "
-                          "read yet: the importer reads spec.clusters with spec.mirrors[].sourceCluster / targetCluster")
-    if not isinstance(clusters, list) or not clusters:
-        raise draft.error("spec.clusters", "expected a non-empty list of clusters")
+    if "target" in spec:
+        clusters, mirrors, worker = _target_shape(draft, spec)
+    else:
+        clusters, mirrors, worker = _clusters_shape(draft, spec)
     aliases: list[str] = []
     consumer_opts: dict[str, dict[str, str]] = {}
     eos: dict[str, mm2.Setting] = {}
-    for ci, c in enumerate(clusters):
-        alias, opts = _cluster(draft, ci, c, aliases, eos)
+    for w, c in clusters:
+        alias, opts = _cluster(draft, w, c, aliases, eos, worker if w == "spec.target" else ())
         aliases.append(alias)
         consumer_opts[alias] = opts
-    mirrors = spec.get("mirrors")
-    if not isinstance(mirrors, list) or not mirrors:
-        raise draft.error("spec.mirrors", "expected a non-empty list of mirrors")
     groups: list[dict[str, Any]] = []
     draft.tree["groups"] = groups
     for mi, m in enumerate(mirrors):
         groups.append(_mirror(draft, mi, m, consumer_opts, groups, eos))
     for key in spec:
-        if key not in ("clusters", "mirrors"):
+        if key not in ("clusters", "mirrors", "target"):
             what = ("the Connect cluster MM2 ran in; mirrorflow runs none" if key == "connectCluster"
                     else "Kubernetes deployment setting; mirrorflow runs as Spark jobs orchestrated by Airflow")
             draft.unmapped(f"spec.{key}", f"{_short(spec[key])}: no equivalent ({what})", ("groups",))
     return draft
+
+
+#: ``spec.target`` keys that configure the Connect worker MM2 runs in (its group and internal topics)
+_TARGET_WORKER_KEYS = ("groupId", "configStorageTopic", "statusStorageTopic", "offsetStorageTopic")
+
+Clusters = list[tuple[str, dict[str, Any]]]  # (where, the cluster's mapping)
+
+
+def _mirror_list(draft: Draft, spec: dict[str, Any]) -> list[Any]:
+    mirrors = spec.get("mirrors")
+    if not isinstance(mirrors, list) or not mirrors:
+        raise draft.error("spec.mirrors", "expected a non-empty list of mirrors")
+    return mirrors
+
+
+def _clusters_shape(draft: Draft, spec: dict[str, Any]) -> tuple[Clusters, list[Any], tuple[str, ...]]:
+    """``spec.clusters[]`` with ``spec.mirrors[].sourceCluster`` / ``targetCluster`` naming them by alias."""
+    clusters = spec.get("clusters")
+    if not isinstance(clusters, list) or not clusters:
+        raise draft.error("spec.clusters", "expected a non-empty list of clusters")
+    return [(f"spec.clusters[{ci}]", c) for ci, c in enumerate(clusters)], _mirror_list(draft, spec), ()
+
+
+def _target_shape(draft: Draft, spec: dict[str, Any]) -> tuple[Clusters, list[Any], tuple[str, ...]]:
+    """The newer shape: one ``spec.target`` (the target and Connect cluster) and each mirror's own
+    ``source``. It becomes the older one: the target and each distinct source are clusters, and each
+    mirror names them by alias, so both shapes map the same way."""
+    for old in ("clusters", "connectCluster"):
+        if old in spec:
+            raise draft.error(f"spec.{old}", "set together with spec.target: use one shape, spec.target with "
+                              "spec.mirrors[].source, or spec.clusters with sourceCluster / targetCluster")
+    target = spec["target"]
+    if not isinstance(target, dict):
+        raise draft.error("spec.target", "expected a mapping")
+    t_alias = target.get("alias")
+    if not isinstance(t_alias, str) or not t_alias:
+        raise draft.error("spec.target.alias", "missing")
+    clusters: Clusters = [("spec.target", target)]
+    seen: dict[str, tuple[str, Any]] = {t_alias: ("spec.target", target)}
+    mirrors = []
+    for mi, m in enumerate(_mirror_list(draft, spec)):
+        w = f"spec.mirrors[{mi}]"
+        if not isinstance(m, dict):
+            raise draft.error(w, "expected a mapping")
+        for old in ("sourceCluster", "targetCluster"):
+            if old in m:
+                raise draft.error(f"{w}.{old}", "with spec.target, a mirror gives its source cluster in source "
+                                  "(alias, bootstrapServers, tls, authentication, config), and the target is spec.target")
+        src = m.get("source")
+        if not isinstance(src, dict):
+            raise draft.error(f"{w}.source", "missing or not a mapping: the source cluster of this mirror")
+        alias = src.get("alias")
+        if not isinstance(alias, str) or not alias:
+            raise draft.error(f"{w}.source.alias", "missing")
+        if alias in seen and seen[alias][1] != src:
+            what = "the target's alias" if seen[alias][0] == "spec.target" else f"defined otherwise in {seen[alias][0]}"
+            raise draft.error(f"{w}.source.alias", f"{alias!r} is {what}: a cluster needs one alias of its own")
+        if alias not in seen:
+            seen[alias] = (f"{w}.source", src)
+            clusters.append((f"{w}.source", src))
+        mirrors.append({k: v for k, v in m.items() if k != "source"} | {"sourceCluster": alias, "targetCluster": t_alias})
+    return clusters, mirrors, _TARGET_WORKER_KEYS
 
 
 def _short(value: Any) -> str:
@@ -96,11 +154,12 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _cluster(draft: Draft, ci: int, c: Any, seen: list[str], eos: dict[str, mm2.Setting]) -> tuple[str, dict[str, str]]:
-    """One ``spec.clusters[]`` entry; returns its alias and its consumer settings (Spark source options).
-    Its ``config.exactly.once.source.support`` (a Connect worker setting, which decides the delivery of
-    the mirrors that target this cluster) goes to ``eos``."""
-    w = f"spec.clusters[{ci}]"
+def _cluster(draft: Draft, w: str, c: Any, seen: list[str], eos: dict[str, mm2.Setting],
+             worker_keys: tuple[str, ...] = ()) -> tuple[str, dict[str, str]]:
+    """One cluster at ``w`` (``spec.clusters[i]``, ``spec.target``, ``spec.mirrors[i].source``); returns its
+    alias and its consumer settings (Spark source options). Its ``config.exactly.once.source.support`` (a
+    Connect worker setting, which decides the delivery of the mirrors that target this cluster) goes to
+    ``eos``; ``worker_keys`` are its fields that configure the Connect worker."""
     if not isinstance(c, dict):
         raise draft.error(w, "expected a mapping")
     alias = c.get("alias")
@@ -116,10 +175,10 @@ def _cluster(draft: Draft, ci: int, c: Any, seen: list[str], eos: dict[str, mm2.
     config = c.get("config") or {}
     if not isinstance(config, dict):
         raise draft.error(f"{w}.config", "expected a mapping")
-    java = {str(k): _str(v) for k, v in config.items()
+    java = {str(k): common.prop_text(v) for k, v in config.items()
             if not common.CONNECT_WORKER_RE.match(str(k)) and str(k) != mm2.EOS}
     if mm2.EOS in config:
-        eos[alias] = mm2.Setting(_str(config[mm2.EOS]), f"{w}.config.{mm2.EOS}")
+        eos[alias] = mm2.Setting(common.prop_text(config[mm2.EOS]), f"{w}.config.{mm2.EOS}")
     m = translate({"bootstrap.servers": bs} | java, alias, f"{w}.config.")
     at: Path = ("clusters", alias)
     for k in sorted(config):
@@ -182,15 +241,11 @@ def _cluster(draft: Draft, ci: int, c: Any, seen: list[str], eos: dict[str, mm2.
     common.put_cluster(draft, alias, m)
     common.report(draft, m, at)
     for k in c:
-        if k not in ("alias", "bootstrapServers", "config", "tls", "authentication"):
+        if k in worker_keys:
+            draft.unmapped(f"{w}.{k}", f"{_short(c[k])}: Kafka Connect worker setting: mirrorflow runs no Connect worker", at)
+        elif k not in ("alias", "bootstrapServers", "config", "tls", "authentication"):
             draft.unmapped(f"{w}.{k}", f"{_short(c[k])}: no equivalent", at)
     return alias, m.source_options
-
-
-def _str(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
 
 
 def _mirror(draft: Draft, mi: int, m: Any, consumer_opts: dict[str, dict[str, str]],
@@ -221,18 +276,18 @@ def _mirror(draft: Draft, mi: int, m: Any, consumer_opts: dict[str, dict[str, st
     for conn in _CONNECTORS:
         block = m.get(conn)
         if block is None:
-            off[conn] = f"{w}.{conn} is not set: Strimzi creates no {_CONNECTOR_CLASS[conn]} without it"
+            off[_CONNECTOR_CLASS[conn]] = f"{w}.{conn} is not set: Strimzi creates no {_CONNECTOR_CLASS[conn]} without it"
             continue
         if not isinstance(block, dict):
             raise draft.error(f"{w}.{conn}", "expected a mapping")
         state = _connector_state(draft, f"{w}.{conn}", block)
         if state is not None:
-            off[conn] = state
+            off[_CONNECTOR_CLASS[conn]] = state
         cfg = block.get("config") or {}
         if not isinstance(cfg, dict):
             raise draft.error(f"{w}.{conn}.config", "expected a mapping")
         for k, v in cfg.items():
-            settings[str(k)] = mm2.Setting(_str(v), f"{w}.{conn}.config.{k}")
+            settings[str(k)] = mm2.Setting(common.prop_text(v), f"{w}.{conn}.config.{k}")
         for k, v in block.items():
             if k in ("config", "state", "pause"):
                 continue
@@ -249,7 +304,7 @@ def _mirror(draft: Draft, mi: int, m: Any, consumer_opts: dict[str, dict[str, st
         name, n = f"{group['name']}-{n}", n + 1
     group["name"] = name
     group["enabled"] = True
-    _connectors_off(draft, ("groups", gi), group, off)
+    mm2.connectors_off(draft, ("groups", gi), group, off)
     for k in m:
         if k not in ("sourceCluster", "targetCluster", *_PATTERNS, *_CONNECTORS):
             draft.unmapped(f"{w}.{k}", f"{_short(m[k])}: no equivalent", ("groups", gi))
@@ -271,21 +326,3 @@ def _connector_state(draft: Draft, where: str, block: dict[str, Any]) -> str | N
     if pause and state is None:
         return f"{where}.pause is true: the connector copied nothing"
     return None
-
-
-def _connectors_off(draft: Draft, at: Path, group: dict[str, Any], off: dict[str, str]) -> None:
-    """Strimzi runs a mirror's connector only when its block is present and not paused or stopped; the
-    group keeps only what ran: no source connector -> the group is disabled, no checkpoint connector ->
-    no checkpoints or group offset sync, no heartbeat connector -> no heartbeats."""
-    if "sourceConnector" in off:
-        group["enabled"] = False
-        draft.note(at + ("enabled",), f"{off['sourceConnector']} (no topic was mirrored), so the group is disabled; "
-                   "enable it to start mirroring")
-    if "checkpointConnector" in off:
-        group["offsets"]["emit_checkpoints"] = False
-        group["offsets"]["sync_group_offsets"] = False
-        draft.note(at + ("offsets",), f"{off['checkpointConnector']} (no checkpoints or group offset sync), "
-                   "so both are off")
-    if "heartbeatConnector" in off:
-        group["heartbeats"]["enabled"] = False
-        draft.note(at + ("heartbeats",), f"{off['heartbeatConnector']} (no heartbeats), so they are off")

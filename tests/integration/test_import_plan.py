@@ -87,6 +87,19 @@ def test_mm2_two_flows_with_security_plans(clusters, unique, tmp_path):
     assert "cloud-to-onprem" in plans
 
 
+def test_mm2_connect_connectors_plan(clusters, unique, tmp_path):
+    """The three connector configs of one pair, given together, plan as one group."""
+    out, stderr = _import(tmp_path, "mm2", "connect/mm2-source.json",
+                          *(str(FIXTURES / "connect" / n) for n in ("mm2-checkpoint.json", "mm2-heartbeat.properties")))
+    assert "mm2-checkpoint.json: tasks.max" in stderr
+    _validate_as_written(out)
+    topic = f"orders.{unique('eu')}"
+    _create(clusters.src_bootstrap, topic)
+    plans = _plan(_localise(out, clusters, {"onprem": "src", "cloud": "dst"}))
+    a = _actions(plans["onprem-to-cloud"])[f"onprem.{topic}"]  # the prefix policy of the connectors kept
+    assert a["kind"] == "create" and a["partitions"] == 3 and a["replication_factor"] == 1
+
+
 def test_strimzi_bidirectional_plans(clusters, unique, tmp_path):
     out, _ = _import(tmp_path, "strimzi", "strimzi-bidirectional.yaml")
     _validate_as_written(out)

@@ -30,6 +30,8 @@ def edn(mirror: str = EDN_M, group: str = "", top: str = "") -> str:
 
 
 STRIMZI = fixture_text("strimzi-bidirectional.yaml")
+CONNECTOR = ('{"connector.class": "org.apache.kafka.connect.mirror.MirrorSourceConnector", "source.cluster.alias": "A", '
+             '"target.cluster.alias": "B", "source.cluster.bootstrap.servers": "a:1", "target.cluster.bootstrap.servers": "b:1"}')
 
 CASES = [
     # (id, format, input, where, problem)
@@ -98,6 +100,23 @@ CASES = [
      "spec.clusters[0].authentication.type", "unknown type 'kerberos'"),
     ("strimzi-no-mirrors", "strimzi", STRIMZI[: STRIMZI.index("  mirrors:")], "spec.mirrors", "non-empty list"),
     ("unknown-format", "mm3", MM2, "FORMAT", "unknown format 'mm3'"),
+    ("connect-bad-json", "mm2", '{"connector.class": "MirrorSourceConnector",\n "topics": }', "line 2", "invalid JSON"),
+    ("connect-not-mm2", "mm2", '{"connector.class": "io.confluent.connect.replicator.ReplicatorSourceConnector"}',
+     "connector.class", "not one of MirrorMaker 2's connectors"),
+    ("connect-no-class", "mm2", '{"name": "x", "config": {"topics": "a.*"}}', "connector.class", "missing"),
+    ("connect-bad-alias", "mm2", f'{CONNECTOR[:-1]}, "source.cluster.alias": "dc 1"}}', "source.cluster.alias",
+     "cannot be used"),
+    ("connect-same-alias", "mm2", f'{CONNECTOR[:-1]}, "source.cluster.alias": "B"}}', "target.cluster.alias",
+     "same alias"),
+    ("connect-no-bootstrap", "mm2", '{"connector.class": "MirrorSourceConnector", "target.cluster.bootstrap.servers": "b:1"}',
+     "source.cluster.bootstrap.servers", "missing"),
+    ("connect-list-value", "mm2", f'{CONNECTOR[:-1]}, "topics": ["a", "b"]}}', "topics", "expected a string"),
+    ("connect-bad-eos", "mm2", f'{CONNECTOR[:-1]}, "exactly.once.support": "always"}}', "exactly.once.support",
+     "required or requested"),
+    ("connect-bad-bool", "mm2", f'{CONNECTOR[:-1]}, "sync.topic.acls.enabled": "no"}}', "sync.topic.acls.enabled",
+     "true or false"),
+    ("connect-extra-key", "mm2", f'{{"name": "x", "config": {CONNECTOR}, "state": "RUNNING"}}', "state",
+     "not part of a connector config"),
 ]
 
 
@@ -163,6 +182,8 @@ def test_cli_writes_yaml_and_lists_findings_on_stderr(tmp_path):
     ("strimzi", "strimzi-bidirectional.yaml", []),
     ("mm1", "mm1-consumer.properties",
      ["--producer", str(FIXTURES / "mm1-producer.properties"), "--include", "orders.*"]),
+    ("mm2", "connect/mm2-source.json",
+     [str(FIXTURES / "connect" / n) for n in ("mm2-checkpoint.json", "mm2-heartbeat.properties")]),
 ])
 def test_same_input_same_bytes_across_processes(fmt, name, extra):
     """Two runs with different hash seeds print the same YAML (nothing depends on set/dict hashing)."""
@@ -180,17 +201,23 @@ def test_same_input_same_bytes_across_processes(fmt, name, extra):
     ("strimzi", "apiVersion: kafka.strimzi.io/v1beta2\nkind: KafkaMirrorMaker\nmetadata: {name: m}\n"
                 "spec: {consumer: {bootstrapServers: 'a:9092', groupId: g}, producer: {bootstrapServers: 'b:9092'}, "
                 "include: 'orders.*'}\n", "kind", "mirrorflow import mm1"),
-    ("strimzi", "apiVersion: kafka.strimzi.io/v1\nkind: KafkaMirrorMaker2\nmetadata: {name: m}\n"
-                "spec: {target: {alias: b, bootstrapServers: 'b:9092'}, mirrors: [{source: {alias: a, "
-                "bootstrapServers: 'a:9092'}, sourceConnector: {}}]}\n", "spec.target", "not read yet"),
-    ("mm2", '{"name": "m", "config": {"connector.class": "org.apache.kafka.connect.mirror.MirrorSourceConnector", '
-            '"source.cluster.alias": "A", "target.cluster.alias": "B"}}', "connector.class", "connector config"),
-    ("mm2", '{"connector.class": "org.apache.kafka.connect.mirror.MirrorSourceConnector"}', "connector.class",
-     "connector config"),
-    ("mm2", "connector.class = org.apache.kafka.connect.mirror.MirrorSourceConnector\nsource.cluster.alias = A\n",
-     "connector.class", "connector config"),
 ])
 def test_unsupported_inputs_say_what_they_are(fmt, text, where, problem):
     with pytest.raises(ConfigError) as info:
         import_config(fmt, text, "in.txt")
     assert info.value.issues[0].path == where and problem in info.value.issues[0].message
+
+
+@pytest.mark.parametrize(("fmt", "inputs", "source", "where", "problem"), [
+    ("mm2", [CONNECTOR, CONNECTOR], "two.json", "connector.class",
+     "a second MirrorSourceConnector for A->B (also one.json)"),
+    ("mm2", [CONNECTOR, MM2], "two.json", "clusters", "dedicated-mode mm2.properties among connector configs"),
+    ("mm2", [MM2, MM2], "two.json", "INPUT", "several files only when they are connector configs"),
+    ("strimzi", [STRIMZI, STRIMZI], "two.json", "INPUT", "strimzi reads one input file"),
+])
+def test_several_inputs_that_do_not_go_together(fmt, inputs, source, where, problem):
+    first, second = inputs
+    with pytest.raises(ConfigError) as info:
+        import_config(fmt, first, "one.json", more=[(second, "two.json")])
+    assert (info.value.source, info.value.issues[0].path) == (source, where)
+    assert problem in info.value.issues[0].message, info.value.issues[0].message
