@@ -181,18 +181,22 @@ class RecordLagOperator(MirrorflowOperator):
         from mirror_core.lag_samples import lag_sample, totals, with_throughput
 
         cfg, group = self.load()
+        from airflow.sdk.execution_time.xcom import XCom
+
         ti = context["ti"]
-        previous = ti.xcom_pull(task_ids=self.task_id, key=SAMPLE_KEY, include_prior_dates=True, map_indexes=-1)
-        previous = previous if isinstance(previous, dict) else None
+        # the samples earlier runs kept (one, unless a delete failed): all of them, not the one of the latest run, whose
+        # lookup logs an error line when there is none (the first run)
+        kept = [x for x in XCom.get_all(key=SAMPLE_KEY, dag_id=ti.dag_id, task_id=self.task_id,
+                                        run_id=context["run_id"], include_prior_dates=True) or ()
+                if isinstance(x, dict)]
+        previous = max(kept, key=lambda x: str(x.get("taken_at") or ""), default=None)
         sample = with_throughput(lag_sample(cfg, group), previous)
         sample["run_id"] = context["run_id"]  # the next run deletes this sample by it
         ti.xcom_push(SAMPLE_KEY, sample)
         ti.xcom_push(TOTALS_KEY, totals(sample))
-        stale_run = previous.get("run_id") if previous else None
-        if isinstance(stale_run, str) and stale_run != context["run_id"]:
-            from airflow.sdk.execution_time.xcom import XCom
-
-            XCom.delete(key=SAMPLE_KEY, task_id=self.task_id, dag_id=ti.dag_id, run_id=stale_run, map_index=-1)
+        for stale_run in {x.get("run_id") for x in kept} - {context["run_id"]}:
+            if isinstance(stale_run, str):
+                XCom.delete(key=SAMPLE_KEY, task_id=self.task_id, dag_id=ti.dag_id, run_id=stale_run, map_index=-1)
         self.log.info("%s: lag %d records over %d partitions", group.name, sample["lag_records"],
                       len(sample["partitions"]))
 
