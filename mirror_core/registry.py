@@ -2,11 +2,13 @@
 
 Works against Confluent Schema Registry and against Apicurio Registry's
 Confluent-compatible API (``<url>/apis/ccompat/v7``). Every call has a
-timeout; connection errors and 5xx answers are retried with exponential
-backoff (tenacity); and all clients of one registry URL share a circuit
-breaker (pybreaker), so a dead registry fails fast instead of costing
-``retries x timeout`` per call. 4xx answers are the registry speaking: they are
-neither retried nor counted by the breaker.
+timeout; connection errors, 5xx answers and 429 (rate limited) are retried with
+exponential backoff (tenacity; a 429's ``Retry-After`` is honoured, up to
+:data:`RETRY_AFTER_MAX` seconds); and all clients of one registry URL share a
+circuit breaker (pybreaker), so a dead registry fails fast instead of costing
+``retries x timeout`` per call. Other 4xx answers are the registry speaking:
+they are not retried. No 4xx (429 included: the registry is alive) is counted
+by the breaker.
 
 Errors are :class:`RegistryError` and keep the HTTP status and the registry's
 ``error_code``. The basic-auth credentials (``basic.auth.user.info``, or the
@@ -17,10 +19,12 @@ log line or a ``repr``.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import logging
 import ssl
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -30,7 +34,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 import httpx
 import pybreaker
 from pydantic import SecretStr
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from mirror_core.config import SchemaRegistryConfig
 from mirror_core.errors import SchemaMirrorError
@@ -44,6 +48,10 @@ T = TypeVar("T")
 NOT_FOUND_CODES = frozenset({40401, 40402, 40403, 40408})
 
 _CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+
+#: the longest wait a 429's ``Retry-After`` gets before the next attempt (a registry asking for more is
+#: asked again sooner: an in-flight schema-id miss waits it out up to ``outage_deadline`` anyway)
+RETRY_AFTER_MAX = 30.0
 
 
 # --------------------------------------------------------------------------- values
@@ -120,8 +128,8 @@ class RegisteredSchema:
 class RegistryError(SchemaMirrorError):
     """A registry call failed; keeps the HTTP status and the registry's error code when there was an answer.
 
-    ``transient`` is true for connection failures, timeouts and 5xx answers
-    (the only ones retried and counted by the circuit breaker).
+    ``transient`` is true for connection failures, timeouts, 5xx and 429 answers (the only ones retried;
+    all but 429 are counted by the circuit breaker). ``retry_after`` is a 429's ``Retry-After`` in seconds.
     """
 
     def __init__(
@@ -133,8 +141,10 @@ class RegistryError(SchemaMirrorError):
         error_code: int | None = None,
         transient: bool = False,
         reason: str | None = None,
+        retry_after: float | None = None,
     ):
         self.transient = transient
+        self.retry_after = retry_after
         #: for a transport failure, what the HTTP client saw (e.g. ``ConnectError: ... Connection refused``)
         self.reason = reason or message
         super().__init__(message, subject=subject, http_status=http_status, error_code=error_code)
@@ -166,8 +176,27 @@ _BREAKERS_LOCK = threading.Lock()
 
 
 def _counts_as_failure_exclusion(exc: BaseException) -> bool:
-    """pybreaker exclusion: the registry answered (4xx), so it is alive."""
-    return isinstance(exc, RegistryError) and not exc.transient
+    """pybreaker exclusion: the registry answered (4xx, 429 included), so it is alive."""
+    return isinstance(exc, RegistryError) and (not exc.transient or exc.http_status == 429)
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """A ``Retry-After`` header (seconds, or an HTTP date) as seconds from now, at least 0; None when
+    absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 def breaker_for(url: str, fail_max: int = 5, reset_timeout: float = 30.0) -> pybreaker.CircuitBreaker:
@@ -213,6 +242,7 @@ class RegistryClient:
         backoff_max: float = 5.0,
         http: httpx.Client | None = None,
         verify: ssl.SSLContext | bool = True,
+        sleep: Callable[[float], None] = time.sleep,
     ):
         # credentials in the URL become basic auth: httpx (and its request logs) never see them
         plain, userinfo = split_userinfo(reveal(url).rstrip("/"))
@@ -224,6 +254,7 @@ class RegistryClient:
         self._breaker = breaker or breaker_for(self._url)
         self._backoff = backoff
         self._backoff_max = backoff_max
+        self._sleep = sleep
         self._http = http or httpx.Client(verify=verify)
         self._owns_http = http is None
         self._auth = httpx.BasicAuth(*auth) if auth else None
@@ -314,9 +345,12 @@ class RegistryClient:
                 message = str(payload.get("message") or message)
         except (ValueError, TypeError):
             pass
+        limited = resp.status_code == 429
         raise RegistryError(
             f"schema registry {self._display_url}: {what} failed: {message}",
-            subject=subject, http_status=resp.status_code, error_code=code, transient=resp.status_code >= 500,
+            subject=subject, http_status=resp.status_code, error_code=code,
+            transient=resp.status_code >= 500 or limited,
+            retry_after=retry_after_seconds(resp.headers.get("Retry-After")) if limited else None,
         )
 
     def _call_once(self, method: str, path: str, params: dict[str, Any] | None, body: Any,
@@ -333,13 +367,22 @@ class RegistryClient:
 
     def _request(self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None,
                  subject: str | None = None) -> Any:
+        backoff = wait_exponential(multiplier=self._backoff, max=self._backoff_max)
+
+        def wait(rs: RetryCallState) -> float:
+            exc = rs.outcome.exception() if rs.outcome is not None else None
+            if isinstance(exc, RegistryError) and exc.retry_after is not None:
+                return min(exc.retry_after, RETRY_AFTER_MAX)  # the registry said when (429)
+            return float(backoff(rs))
+
         retrying = Retrying(
             stop=stop_after_attempt(self._retries + 1),
-            wait=wait_exponential(multiplier=self._backoff, max=self._backoff_max),
+            wait=wait,
             retry=retry_if_exception(
                 lambda e: isinstance(e, RegistryError) and e.transient and not isinstance(e, RegistryUnavailableError)
             ),
             reraise=True,
+            sleep=self._sleep,
             before_sleep=lambda rs: log.debug("retrying %s %s on %s (attempt %d)", method, path,
                                               self._display_url, rs.attempt_number),
         )
@@ -450,17 +493,26 @@ class RegistryClient:
         schema_type: str = "AVRO",
         references: Sequence[SchemaReference] = (),
         normalize: bool = False,
+        *,
+        deleted: bool = False,
     ) -> RegisteredSchema | None:
-        """The subject's version holding this schema, or None if the subject or schema is not there."""
+        """The subject's version holding this schema, or None if the subject or schema is not there.
+
+        With ``deleted``, soft-deleted versions count too (registries without that option ignore it)."""
         body = self._schema_body(schema_str, schema_type, references)
+        params = {k: "true" for k, on in (("normalize", normalize), ("deleted", deleted)) if on}
         raw = self._maybe(lambda: self._request(
-            "POST", f"/subjects/{_q(subject)}", params={"normalize": "true"} if normalize else None,
-            body=body, subject=subject,
+            "POST", f"/subjects/{_q(subject)}", params=params or None, body=body, subject=subject,
         ))
         if raw is None:
             return None
         # Apicurio omits schemaType in lookup answers: the type asked about is the type found.
         return self._registered(raw, subject, default_type=schema_type)
+
+    def delete_version(self, subject: str, version: int) -> None:
+        """Soft-delete one version (its schema stays readable by id); a version already gone is no error."""
+        self._maybe(lambda: self._request("DELETE", f"/subjects/{_q(subject)}/versions/{int(version)}",
+                                          subject=subject))
 
     def delete_subject(self, subject: str, permanent: bool = False) -> list[int]:
         """Soft-delete a subject (then hard-delete when ``permanent``); returns the deleted versions."""

@@ -254,10 +254,12 @@ class BatchResult:
 class SchemaIdTranslator:
     """Source schema id -> destination id, and source GUID -> destination GUID; a miss asks ``resolver``
     (which registers under the mapped subject; its ``guid`` method resolves GUIDs) and extends the cache.
-    Either returns None when the reference cannot be resolved: the record is dead-lettered (a GUID too:
-    passing it through unchanged would leave destination consumers unable to decode the record)."""
+    Either returns None when the reference cannot be resolved, or the resolver's
+    :class:`~mirror_core.wire.WireError` when the destination registry refused the schema: the record is
+    dead-lettered (a GUID too: passing it through unchanged would leave destination consumers unable to
+    decode the record). Only resolved references are cached here; the resolver remembers the others."""
 
-    def __init__(self, id_map: dict[int, int], resolver: Callable[[int], int | None] | None = None):
+    def __init__(self, id_map: dict[int, int], resolver: Callable[[int], int | wire.WireError | None] | None = None):
         self.id_map = dict(id_map)
         self.resolver = resolver
         self.guid_map: dict[bytes, bytes] = {}
@@ -265,7 +267,7 @@ class SchemaIdTranslator:
         self._lock = threading.Lock()  # the driver writes a topic's partitions from several threads
         self._local = threading.local()
 
-    def lookup(self, source_id: int) -> int | None:
+    def lookup(self, source_id: int) -> int | wire.WireError | None:
         dst = self.id_map.get(source_id)
         if dst is None and self.resolver is not None:
             with self._lock:
@@ -273,12 +275,13 @@ class SchemaIdTranslator:
                 if dst is None:
                     self.misses += 1
                     self._local.misses = self.thread_misses() + 1
-                    dst = self.resolver(source_id)
-                    if dst is not None:
-                        self.id_map[source_id] = dst
+                    got = self.resolver(source_id)
+                    if not isinstance(got, int):
+                        return got
+                    dst = self.id_map[source_id] = got
         return dst
 
-    def lookup_guid(self, source_guid: bytes) -> bytes | None:
+    def lookup_guid(self, source_guid: bytes) -> bytes | wire.WireError | None:
         dst = self.guid_map.get(source_guid)
         resolve_guid = getattr(self.resolver, "guid", None)
         if dst is None and resolve_guid is not None:
@@ -287,9 +290,10 @@ class SchemaIdTranslator:
                 if dst is None:
                     self.misses += 1
                     self._local.misses = self.thread_misses() + 1
-                    dst = resolve_guid(source_guid)
-                    if dst is not None:
-                        self.guid_map[source_guid] = dst
+                    got = resolve_guid(source_guid)
+                    if not isinstance(got, bytes):
+                        return got  # type: ignore[no-any-return]
+                    dst = self.guid_map[source_guid] = got
         return dst
 
     def thread_misses(self) -> int:

@@ -16,9 +16,12 @@ Rules (the invariants this module keeps):
   allowed. When the destination's compatibility is NONE, out-of-order
   destinations are accepted and whatever is missing is simply registered.
 - Compatibility: the source subject's level, else the source's global level,
-  unless forced; set on the destination subject before any version is
-  registered, and only when it differs. Forcing applies to the mirror's own
-  subjects; referenced subjects always get their source level.
+  unless forced; set on the destination subject only when it differs. Missing
+  versions are copied with the destination subject at NONE (the source took
+  each under the level it had then, maybe looser than today's or a forced one),
+  and the level is set after the last one (also when the copy stops half-way).
+  Forcing applies to the mirror's own subjects; referenced subjects always get
+  their source level.
 - References are mirrored first, recursively, keeping their subject names (the
   whole referenced subject, under the same mode); versions in the references
   are translated to the destination's version numbers.
@@ -41,7 +44,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from mirror_core.config import SchemaRegistryConfig
 from mirror_core.errors import SchemaMirrorError
@@ -54,8 +57,11 @@ from mirror_core.registry import (
     SchemaReference,
     is_not_found,
 )
+from mirror_core.wire import SCHEMA_REGISTRATION_REFUSED, WireError
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 #: Serde name (YAML) -> registry schema type, for the serdes whose payloads carry a schema id.
 SCHEMA_SERDES = {"avro": "AVRO", "protobuf": "PROTOBUF", "json_schema": "JSON"}
@@ -85,7 +91,10 @@ class Registry(Protocol):
                  schema_id: int | None = None, version: int | None = None) -> int: ...
 
     def lookup(self, subject: str, schema_str: str, schema_type: str = "AVRO",
-               references: Sequence[SchemaReference] = (), normalize: bool = False) -> RegisteredSchema | None: ...
+               references: Sequence[SchemaReference] = (), normalize: bool = False, *,
+               deleted: bool = False) -> RegisteredSchema | None: ...
+
+    def delete_version(self, subject: str, version: int) -> None: ...
 
     def subject_versions_for_id(self, schema_id: int, deleted: bool = False) -> list[tuple[str, int]]: ...
 
@@ -263,13 +272,19 @@ class _Planner:
         steps: list[SchemaStep] = []
         try:
             for p in pairs:
-                self._subject(p.source_subject, p.destination_subject, mirror_name, self.force, steps, ())
+                steps += self.plan_pair(p)
         except _Stop as stop:
             steps.append(SchemaStep(mirror_name, stop.subject, "conflict", stop.message))
             return steps, stop.message
         except RegistryError as exc:
             return steps, str(exc)
         return steps, None
+
+    def plan_pair(self, pair: SubjectPair) -> list[SchemaStep]:
+        """The steps of one pair (its referenced subjects first). Raises _Stop or RegistryError."""
+        steps: list[SchemaStep] = []
+        self._subject(pair.source_subject, pair.destination_subject, pair.mirror_name, self.force, steps, ())
+        return steps
 
     def source_level(self, subject: str) -> str:
         level = self.src.subject_compatibility(subject)
@@ -332,11 +347,14 @@ class _Planner:
 
         matched, to_register = self._match(d_subj, src_versions, src_keys, dst_versions, dst_keys, level)
 
-        current = self.dst.subject_compatibility(d_subj)
-        if (current or "").upper() != level:
+        # the history is copied at NONE: the source accepted each version under the level it had then,
+        # which may be looser than today's (or than a forced one); the wanted level is set afterwards
+        current = (self.dst.subject_compatibility(d_subj) or "").upper() or None
+        if to_register and current != "NONE":
             out.append(SchemaStep(mirror, d_subj, "set_compatibility",
-                                  f"compatibility {current or 'not set'} -> {level}", source_subject=s_subj,
-                                  level=level))
+                                  f"compatibility {current or 'not set'} -> NONE while source versions are copied",
+                                  source_subject=s_subj, level="NONE"))
+            current = "NONE"
         next_version = max((dv.version for dv in dst_versions), default=0) + 1
         for j, sv in enumerate(src_versions):
             if j in matched:
@@ -351,6 +369,9 @@ class _Planner:
                                   f"source version {sv.version} (id {sv.schema_id}) as version {next_version}",
                                   s_subj, sv.version, sv.schema_id, next_version))
             next_version += 1
+        if current != level:
+            out.append(SchemaStep(mirror, d_subj, "set_compatibility", f"compatibility {current or 'not set'} -> {level}",
+                                  source_subject=s_subj, level=level))
 
     def _match(self, d_subj: str, src: list[RegisteredSchema], src_keys: list[_Key],
                dst: list[RegisteredSchema], dst_keys: list[_Key], level: str
@@ -461,6 +482,8 @@ def _execute(planner: _Planner, steps: list[SchemaStep], id_preserving: bool, ap
              id_map: dict[int, int]) -> None:
     dst = planner.dst
     imported: dict[str, str] = {}  # subject -> mode to restore
+    wanted = {s.subject: s.level for s in steps if s.action == "set_compatibility"}  # the last one wins
+    relaxed: dict[str, str] = {}  # subject -> the level to set should the copy stop before its last step
     try:
         for step in steps:
             outcome = planner.outcomes.get((step.source_subject or "", step.subject))
@@ -469,6 +492,11 @@ def _execute(planner: _Planner, steps: list[SchemaStep], id_preserving: bool, ap
                     assert step.level is not None
                     dst.set_compatibility(step.subject, step.level)
                     applied.append(step)
+                    level = wanted[step.subject]
+                    if step.level != level and level is not None:
+                        relaxed[step.subject] = level
+                    else:
+                        relaxed.pop(step.subject, None)
                 elif step.action == "unchanged" and step.source_id is not None:
                     assert step.destination_id is not None
                     if id_preserving and step.destination_id != step.source_id:
@@ -491,6 +519,12 @@ def _execute(planner: _Planner, steps: list[SchemaStep], id_preserving: bool, ap
                 dst.set_mode(previous, subject, force=True)
             except RegistryError as exc:
                 log.warning("could not restore mode %s on %s: %s", previous, subject, exc)
+        for subject, level in relaxed.items():
+            try:
+                dst.set_compatibility(subject, level)
+            except RegistryError as exc:
+                log.warning("%s stays at compatibility NONE after an incomplete copy (setting %s failed: %s); the "
+                            "next provisioning sets it", subject, level, exc)
 
 
 def _register(planner: _Planner, step: SchemaStep, id_preserving: bool, id_map: dict[int, int]) -> SchemaStep:
@@ -535,25 +569,46 @@ DEFAULT_OUTAGE_DEADLINE = 300.0
 OUTAGE_POLL = 2.0
 
 
+#: the registry answers that refuse one schema (409 incompatible, 422 invalid or not allowed): its records
+#: are dead-lettered, and the others flow
+REFUSED_STATUSES = frozenset({409, 422})
+#: the answers that refuse the mirror's credentials: every new schema would fail alike, so the job stops
+DENIED_STATUSES = frozenset({401, 403})
+#: the mirror name on the steps the resolver plans (they are never reported)
+IN_FLIGHT = "in-flight"
+
+
 class SchemaResolver:
     """The partition writer's resolver: source schema id -> destination id (``resolver(id)``) and source
     GUID -> destination GUID (``resolver.guid(guid)``), registering on a miss.
 
     The id's subject is found on the source (soft-deleted versions included: a record written before
     its subject was soft-deleted still decodes there; preferring the topic's own ``-key`` / ``-value``
-    subjects, mapped to the destination topic's; other subjects keep their names), its references are
-    registered first, and the schema is registered on the destination under the registry's own
-    compatibility rules.
+    subjects, mapped to the destination topic's; other subjects keep their names). Invariant: the
+    destination subject keeps the source's order. So a miss registers every source version the
+    destination lacks, up to the one needed, in source order (planned as lenient provisioning plans,
+    referenced subjects first), under the destination's compatibility level as it is (provisioning
+    copies history at NONE; a writer never changes a level). A soft-deleted source version is
+    registered and then soft-deleted on the destination too: its id decodes there, and the subject's
+    live versions stay the source's. A destination that already conflicts with the source gets only
+    the needed schema (with a warning; provisioning reports the conflict).
 
     A "not found" answer is asked again ``not_found_retries`` times with exponential back-off from
     ``not_found_backoff`` seconds (a registry replica may lag behind the one the producer registered
     with) before the id is called unknown: then ``__call__`` returns None (the record is
     dead-lettered) and the id stays unknown for :data:`UNKNOWN_TTL` seconds.
 
-    A registry that cannot be reached (connection failures, timeouts, 5xx, an open circuit breaker) is
-    waited for, up to ``outage_deadline`` seconds per id, asking again every few seconds; then
-    RegistryError says which registry and for how long. Such a record waits, and fails the batch at
-    worst: it is never dead-lettered for an outage. Other registry failures raise RegistryError at once.
+    A registry that refuses a schema (:data:`REFUSED_STATUSES`) makes ``__call__`` return a
+    ``schema_registration_refused`` :class:`~mirror_core.wire.WireError` naming the version, status and
+    code: the record is dead-lettered (or fails the job, per ``on_error``), and the id is not asked
+    about again for :data:`UNKNOWN_TTL` seconds. A registry that refuses the credentials
+    (:data:`DENIED_STATUSES`) raises RegistryError naming the registry and the call.
+
+    A registry that cannot be reached (connection failures, timeouts, 5xx, 429, an open circuit
+    breaker) is waited for, up to ``outage_deadline`` seconds per id, asking again every few seconds;
+    then RegistryError says which registry and for how long. Such a record waits, and fails the batch
+    at worst: it is never dead-lettered for an outage. Other registry failures raise RegistryError at
+    once. GUIDs are resolved the same way.
     """
 
     def __init__(self, src: Registry | SchemaRegistryConfig, dst: Registry | SchemaRegistryConfig,
@@ -575,27 +630,31 @@ class SchemaResolver:
         self._unknown_ids: dict[int, float] = {}  # id -> when it was found unknown
         self._guids: dict[bytes, bytes] = {}
         self._unknown_guids: dict[bytes, float] = {}
+        self._refused_at: dict[int | bytes, float] = {}  # id or GUID -> when the destination refused it
+        self._refusals: dict[int | bytes, WireError] = {}
         self._lock = threading.Lock()
 
     # -- ids
 
-    def __call__(self, source_id: int) -> int | None:
+    def __call__(self, source_id: int) -> int | WireError | None:
         with self._lock:
             if source_id in self._ids:
                 return self._ids[source_id]
             if self._still_unknown(self._unknown_ids, source_id):
                 return None
-            return self._through_outages(source_id)
+            if self._still_unknown(self._refused_at, source_id):
+                return self._refusals[source_id]
+            return self._through_outages(f"schema id {source_id}", lambda: self._resolve(source_id))
 
-    def _through_outages(self, source_id: int) -> int | None:
-        """:meth:`_resolve`, waiting out an unreachable registry up to ``outage_deadline`` seconds."""
+    def _through_outages(self, what: str, resolve: Callable[[], _T]) -> _T:
+        """``resolve()``, waiting out an unreachable registry up to ``outage_deadline`` seconds."""
         deadline = self._clock() + self.outage_deadline
         waited = False
         while True:
             try:
-                got = self._resolve(source_id)
+                got = resolve()
                 if waited:
-                    log.warning("schema id %d resolved after a registry outage", source_id)
+                    log.warning("%s resolved after a registry outage", what)
                 return got
             except RegistryError as exc:
                 if not (exc.transient or isinstance(exc, RegistryUnavailableError)):
@@ -603,61 +662,75 @@ class SchemaResolver:
                 now = self._clock()
                 if now >= deadline:
                     raise RegistryError(
-                        f"schema id {source_id}: the schema registry stayed unavailable for "
+                        f"{what}: the schema registry stayed unavailable for "
                         f"{self.outage_deadline:g}s (outage_deadline): {exc}", subject=exc.subject) from None
                 if not waited:
-                    log.warning("schema id %d: registry unavailable (%s); waiting up to %gs", source_id,
-                                exc.reason, self.outage_deadline)
+                    log.warning("%s: registry unavailable (%s); waiting up to %gs", what, exc.reason,
+                                self.outage_deadline)
                 waited = True
                 self._sleep(min(OUTAGE_POLL, max(0.0, deadline - now)))
 
-    def _resolve(self, source_id: int) -> int | None:
-        """Find the id's subject on the source, register it on the destination; None when unknown."""
+    def _resolve(self, source_id: int) -> int | WireError | None:
+        """Find the id's subject on the source, mirror it to the destination; None when unknown."""
         uses = self._patiently(lambda: self.src.subject_versions_for_id(source_id, deleted=True))
         if not uses:
             self._unknown_ids[source_id] = self._clock()
             log.warning("schema id %d is unknown to the source registry %s (asked %d times)", source_id,
                         self.src.url, self.retries + 1)
             return None
-        subject, version = next(((su, v) for su, v in uses if su in self.own), uses[0])
-        content = self._source_content(subject, version, source_id)
-        got = self._register(content, self.own.get(subject, subject), subject).schema_id
-        self._ids[source_id] = got
-        return got
+        subject = next((su for su, _ in uses if su in self.own), uses[0][0])
+        got = self._unless_refused(source_id, f"schema id {source_id}", lambda: self._mirror(
+            subject, [v for su, v in uses if su == subject], source_id))
+        if isinstance(got, WireError):
+            return got
+        self._ids[source_id] = got.schema_id
+        return got.schema_id
 
     # -- GUIDs
 
-    def guid(self, source_guid: bytes) -> bytes | None:
-        """Source schema GUID (16 bytes) -> the destination's GUID of the same schema, registered under
-        the mapped subject on a miss; None when it cannot be resolved (the record is dead-lettered): the
-        source does not know the GUID (after the not-found retries) or has no GUID API, no source
-        subject uses the schema, or the destination reports no GUIDs (Apicurio: ids only)."""
+    def guid(self, source_guid: bytes) -> bytes | WireError | None:
+        """Source schema GUID (16 bytes) -> the destination's GUID of the same schema, mirrored like an id
+        on a miss; None when it cannot be resolved (the record is dead-lettered): the source does not
+        know the GUID (after the not-found retries) or has no GUID API, no source subject uses the
+        schema, or the destination reports no GUIDs (Apicurio: ids only). A refusal is a WireError."""
         with self._lock:
             if source_guid in self._guids:
                 return self._guids[source_guid]
             if self._still_unknown(self._unknown_guids, source_guid):
                 return None
+            if self._still_unknown(self._refused_at, source_guid):
+                return self._refusals[source_guid]
             text = str(uuid.UUID(bytes=bytes(source_guid)))
-            got = self._resolve_guid(text)
+            got = self._through_outages(f"schema GUID {text}", lambda: self._resolve_guid(source_guid, text))
             if got is None:
                 self._unknown_guids[source_guid] = self._clock()
-                return None
-            self._guids[source_guid] = got
+            elif isinstance(got, bytes):
+                self._guids[source_guid] = got
             return got
 
-    def _resolve_guid(self, text: str) -> bytes | None:
+    def _resolve_guid(self, source_guid: bytes, text: str) -> bytes | WireError | None:
         schema = self._patiently(lambda: self.src.schema_by_guid(text))
         if schema is None:
             log.warning("schema GUID %s is unknown to the source registry %s (or it has no GUID API)", text,
                         self.src.url)
             return None
-        subject = self._source_subject_of(schema, text)
-        if subject is None:
+        use = self._source_use_of(schema, text)
+        if use is None:
             log.warning("no subject on the source registry %s uses schema GUID %s", self.src.url, text)
             return None
+        subject, version, source_id = use
+        registered = self._unless_refused(source_guid, f"schema GUID {text}",
+                                          lambda: self._mirror(subject, [version], source_id))
+        if isinstance(registered, WireError):
+            return registered
         dst_subject = self.own.get(subject, subject)
-        registered = self._register(schema, dst_subject, subject)
-        dst_guid = registered.guid or self.dst.version(dst_subject, registered.version).guid
+        dst_guid = registered.guid
+        if dst_guid is None:
+            try:
+                dst_guid = self.dst.version(dst_subject, registered.version).guid
+            except RegistryError as exc:
+                if not is_not_found(exc):  # a version soft-deleted as it is on the source
+                    raise
         if dst_guid is None:
             log.warning("destination registry %s reports no schema GUIDs: records framed with GUID %s cannot be "
                         "mirrored (registered as %s version %d, id %d)", self.dst.url, text, dst_subject,
@@ -665,17 +738,103 @@ class SchemaResolver:
             return None
         return uuid.UUID(dst_guid).bytes
 
-    def _source_subject_of(self, schema: Schema, guid_text: str) -> str | None:
-        """The source subject holding this schema: the topic's own subjects first, else any subject
-        using one of the GUID's ids (soft-deleted versions included)."""
+    def _source_use_of(self, schema: Schema, guid_text: str) -> tuple[str, int, int] | None:
+        """(subject, version, id) of this schema on the source: the topic's own subjects first, else any
+        subject using one of the GUID's ids (soft-deleted versions included)."""
         for subject in sorted(self.own, key=lambda su: not su.endswith("-value")):
-            if self.src.lookup(subject, schema.schema_str, schema.schema_type, schema.references) is not None:
-                return subject
+            found = self.src.lookup(subject, schema.schema_str, schema.schema_type, schema.references)
+            if found is not None:
+                return subject, found.version, found.schema_id
         for schema_id in self.src.ids_for_guid(guid_text):
             uses = self.src.subject_versions_for_id(schema_id, deleted=True)
             if uses:
-                return next((su for su, _ in uses if su in self.own), uses[0][0])
+                subject, version = next(((su, v) for su, v in uses if su in self.own), uses[0])
+                return subject, version, schema_id
         return None
+
+    # -- mirroring one version
+
+    def _unless_refused(self, key: int | bytes, what: str, mirror: Callable[[], RegisteredSchema]
+                        ) -> RegisteredSchema | WireError:
+        """``mirror()``, or the WireError its refusal by a registry becomes (remembered for UNKNOWN_TTL)."""
+        try:
+            return mirror()
+        except RegistryError as exc:
+            if exc.transient or isinstance(exc, RegistryUnavailableError):
+                raise
+            if exc.http_status in DENIED_STATUSES:
+                raise RegistryError(
+                    f"{what}: {exc.reason}: the registry refused the mirror's credentials (HTTP {exc.http_status}); "
+                    f"check its basic.auth.user.info and what that principal may do: every record with a schema "
+                    f"not mirrored yet fails the same way", subject=exc.subject, http_status=exc.http_status,
+                    error_code=exc.error_code) from None
+            if exc.http_status not in REFUSED_STATUSES:
+                raise
+            refusal = WireError(SCHEMA_REGISTRATION_REFUSED, f"{what}: {exc}")
+            self._refused_at[key], self._refusals[key] = self._clock(), refusal
+            log.warning("%s: %s; its records are dead-lettered (asked again after %gs)", what, exc, UNKNOWN_TTL)
+            return refusal
+
+    def _mirror(self, subject: str, versions: list[int], source_id: int) -> RegisteredSchema:
+        """The destination's version of ``subject`` version (one of ``versions``, a live one first), with
+        the source versions before it: see the class notes."""
+        d_subj = self.own.get(subject, subject)
+        live = self.src.versions(subject)
+        version = next((v for v in versions if v in live), None)
+        if version is not None:
+            return self._with_history(subject, d_subj, version)
+        version = versions[0]
+        before = [v for v in live if v < version]
+        if before:
+            self._with_history(subject, d_subj, before[-1])
+        return self._soft_deleted(self._source_content(subject, version, source_id), subject, d_subj, version)
+
+    def _with_history(self, s_subj: str, d_subj: str, version: int) -> RegisteredSchema:
+        """Register the source versions of ``s_subj`` up to ``version`` that ``d_subj`` lacks, in order."""
+        planner = _Planner(self.src, self.dst, "lenient", None)
+        try:
+            steps = planner.plan_pair(SubjectPair(s_subj, d_subj, IN_FLIGHT))
+        except _Stop as stop:
+            log.warning("%s: %s; registering only the version records need (provisioning reports the conflict)",
+                        d_subj, stop.message)
+            return self._register(self.src.version(s_subj, version).schema, d_subj, s_subj)
+        for step in steps:
+            if step.action != "register" or (
+                    (step.source_subject, step.subject) == (s_subj, d_subj) and (step.source_version or 0) > version):
+                continue
+            try:
+                _execute(planner, [step], False, [], {})
+            except RegistryError as exc:
+                raise _in_context(exc, f"registering {step.source_subject} version {step.source_version} as "
+                                       f"{step.subject}") from None
+            except _Stop as stop:
+                raise SchemaMirrorError(stop.message, subject=stop.subject) from None
+        dv = planner.outcomes[(s_subj, d_subj)].version_map.get(version)
+        if dv is None:
+            raise SchemaMirrorError(f"source version {version} of {s_subj} was not mirrored", subject=d_subj)
+        return self.dst.version(d_subj, dv)
+
+    def _soft_deleted(self, schema: Schema, s_subj: str, d_subj: str, version: int) -> RegisteredSchema:
+        """A version soft-deleted on the source: registered, then soft-deleted, on the destination (unless
+        the destination subject holds it already, live or soft-deleted)."""
+        refs = self._dst_refs(schema, s_subj, 0)
+        for deleted in (False, True):
+            found = self.dst.lookup(d_subj, schema.schema_str, schema.schema_type, refs, deleted=deleted)
+            if found is not None:
+                return found
+        try:
+            registered = self._register(schema, d_subj, s_subj)
+        except RegistryError as exc:
+            raise _in_context(exc, f"registering {s_subj} version {version} (soft-deleted) as {d_subj}") from None
+        try:
+            self.dst.delete_version(d_subj, registered.version)
+        except RegistryError as exc:
+            log.warning("%s version %d (source %s version %d, soft-deleted there) stays live: %s", d_subj,
+                        registered.version, s_subj, version, exc)
+        else:
+            log.info("registered %s version %d (soft-deleted) as %s version %d, then soft-deleted it", s_subj,
+                     version, d_subj, registered.version)
+        return registered
 
     # -- helpers
 
@@ -707,18 +866,30 @@ class SchemaResolver:
                 raise
         return self.src.schema_by_id(source_id)
 
-    def _register(self, schema: Schema, dst_subject: str, src_subject: str, depth: int = 0) -> RegisteredSchema:
+    def _dst_refs(self, schema: Schema, src_subject: str, depth: int) -> list[SchemaReference]:
+        """``schema``'s references with destination versions, registering the referenced schemas."""
         if depth > 32:
             raise SchemaMirrorError("schema references nested too deep (circular?)", subject=src_subject)
-        refs = [SchemaReference(r.name, r.subject,
+        return [SchemaReference(r.name, r.subject,
                                 self._register(self.src.version(r.subject, r.version).schema, r.subject, r.subject,
                                                depth + 1).version)
                 for r in schema.references]
+
+    def _register(self, schema: Schema, dst_subject: str, src_subject: str, depth: int = 0) -> RegisteredSchema:
+        """Register ``schema`` under ``dst_subject`` as it is (no history): where the history cannot be kept."""
+        refs = self._dst_refs(schema, src_subject, depth)
         new_id = self.dst.register(dst_subject, schema.schema_str, schema.schema_type, refs)
         found = self.dst.lookup(dst_subject, schema.schema_str, schema.schema_type, refs)
         if found is None:
             raise SchemaMirrorError(f"registered id {new_id} but cannot find it again", subject=dst_subject)
         return found
+
+
+def _in_context(exc: RegistryError, context: str) -> RegistryError:
+    """``exc`` (same class, status, code and transience) with ``context`` before its message."""
+    return type(exc)(f"{context}: {exc.reason}", subject=exc.subject, http_status=exc.http_status,
+                     error_code=exc.error_code, transient=exc.transient, reason=exc.reason,
+                     retry_after=exc.retry_after)
 
 
 def make_id_resolver(

@@ -45,15 +45,20 @@ BAD_MAGIC = "bad_magic"
 TOO_SHORT = "too_short"
 UNKNOWN_SCHEMA_ID = "unknown_schema_id"
 UNKNOWN_SCHEMA_GUID = "unknown_schema_guid"
+#: the destination registry refused to register the record's schema (incompatible, invalid): the
+#: resolver's answer instead of an id or GUID, passed on as it is
+SCHEMA_REGISTRATION_REFUSED = "schema_registration_refused"
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _ID = struct.Struct(">i")
 
-Lookup = Callable[[int], "int | None"]
-#: source schema id -> destination schema id: a mapping, or a function returning None when unknown
-IdMap = Mapping[int, int] | Callable[[int], "int | None"]
-#: source GUID (16 bytes) -> destination GUID (16 bytes)
-GuidMap = Mapping[bytes, bytes] | Callable[[bytes], "bytes | None"]
+#: source schema id -> destination id; None when unknown, or a WireError saying why there is none
+Lookup = Callable[[int], "int | WireError | None"]
+GuidLookup = Callable[[bytes], "bytes | WireError | None"]
+#: source schema id -> destination schema id: a mapping, or a :data:`Lookup`
+IdMap = Mapping[int, int] | Lookup
+#: source GUID (16 bytes) -> destination GUID (16 bytes): a mapping, or a :data:`GuidLookup`
+GuidMap = Mapping[bytes, bytes] | GuidLookup
 Header = tuple[str, "bytes | None"]
 
 
@@ -75,7 +80,8 @@ class WireError:
     """Why a record cannot be translated.
 
     ``reason`` is a stable code for dead-letter headers: ``bad_magic``, ``too_short``,
-    ``unknown_schema_id`` or ``unknown_schema_guid``; ``detail`` is for people.
+    ``unknown_schema_id``, ``unknown_schema_guid`` or ``schema_registration_refused``; ``detail`` is for
+    people.
     """
 
     reason: str
@@ -142,7 +148,7 @@ def _ids(m: IdMap) -> Lookup:
     return m if callable(m) else m.get
 
 
-def _guids(m: GuidMap | None) -> Callable[[bytes], bytes | None] | None:
+def _guids(m: GuidMap | None) -> GuidLookup | None:
     if m is None or callable(m):
         return m
     return m.get
@@ -152,21 +158,23 @@ def translate_value(value: bytes | None, id_map: IdMap, guid_map: GuidMap | None
     """``value`` with its schema id mapped through ``id_map`` (and GUID through ``guid_map``).
 
     Returns the (possibly identical) bytes, None for a tombstone, or a :class:`WireError`
-    (``bad_magic``, ``too_short``, ``unknown_schema_id``, ``unknown_schema_guid``). Never raises for
-    bad input. ``id_map`` / ``guid_map`` are mappings or functions returning None when unknown.
+    (``bad_magic``, ``too_short``, ``unknown_schema_id``, ``unknown_schema_guid``, or the one a lookup
+    function answered). Never raises for bad input. ``id_map`` / ``guid_map`` are mappings or functions
+    returning None when unknown (or a WireError saying why there is no mapping).
     A GUID passes through unchanged when no ``guid_map`` is given (see the module notes).
     """
     return _translate(value, _ids(id_map), _guids(guid_map))
 
 
-def _translate(value: bytes | None, ids: Lookup, guids: Callable[[bytes], bytes | None] | None
-               ) -> bytes | None | WireError:
+def _translate(value: bytes | None, ids: Lookup, guids: GuidLookup | None) -> bytes | None | WireError:
     ref = parse_schema_ref(value)
     if ref is None or isinstance(ref, WireError):
         return ref
     assert value is not None
     if ref.schema_id is not None:
         new = ids(ref.schema_id)
+        if isinstance(new, WireError):
+            return new
         if new is None:
             return WireError(UNKNOWN_SCHEMA_ID, f"schema id {ref.schema_id} has no destination id")
         if new == ref.schema_id:
@@ -178,13 +186,14 @@ def _translate(value: bytes | None, ids: Lookup, guids: Callable[[bytes], bytes 
     if guids is None:
         return value
     new_guid = guids(ref.guid)
+    if isinstance(new_guid, WireError):
+        return new_guid
     if new_guid is None or len(new_guid) != 16:
         return WireError(UNKNOWN_SCHEMA_GUID, f"schema GUID {ref.guid.hex()} has no destination GUID")
     return value if new_guid == ref.guid else b"\x01" + bytes(new_guid) + value[GUID_FRAME_LEN:]
 
 
-def translate_payload(data: bytes, lookup: Lookup, guid_lookup: Callable[[bytes], bytes | None] | None = None
-                      ) -> bytes | WireError:
+def translate_payload(data: bytes, lookup: Lookup, guid_lookup: GuidLookup | None = None) -> bytes | WireError:
     """Rewrite the schema id (via ``lookup``) or GUID (via ``guid_lookup``) of a framed (non-null) payload.
 
     The partition writer's form of ``translate_value(data, lookup, guid_lookup)`` for non-null data.

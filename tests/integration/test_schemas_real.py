@@ -166,7 +166,9 @@ def test_forced_compatibility_is_applied(src, dst, unique):
     res = apply_subjects(src, dst, [SubjectPair(subject, subject, "m")], "strict", "FORWARD_TRANSITIVE")
     assert res.errors == []
     assert dst.subject_compatibility(subject) == "FORWARD_TRANSITIVE"
-    assert [s.action for s in res.steps_applied] == ["set_compatibility", "register"]
+    # the history is copied at NONE, then the forced level is set
+    assert [(s.action, s.level) for s in res.steps_applied] == [
+        ("set_compatibility", "NONE"), ("register", None), ("set_compatibility", "FORWARD_TRANSITIVE")]
     # forcing NONE is read back as NONE, not as "not set", so a re-run does nothing
     apply_subjects(src, dst, [SubjectPair(subject, subject, "m")], "strict", "NONE")
     again = apply_subjects(src, dst, [SubjectPair(subject, subject, "m")], "strict", "NONE")
@@ -241,4 +243,33 @@ def test_item11_soft_deleted_schema_id_still_resolves(src, dst, unique):
     assert src.schema_by_id(sid).schema_str
     resolve = make_id_resolver(src, dst, topic, f"dr.{topic}")
     got = resolve(sid)
-    assert got is not None and got == dst.version(f"dr.{topic}-value", 1).schema_id
+    assert got is not None and canonical_schema("AVRO", dst.schema_by_id(got).schema_str) == canonical_schema(
+        "AVRO", src.schema_by_id(sid).schema_str)
+    assert dst.versions(f"dr.{topic}-value") == []  # soft-deleted there too, as on the source
+
+
+def test_schema_changes_met_in_flight_keep_the_destination_history_the_source_s(src, dst, unique):
+    """Versions first met out of order, one no record uses, and a soft-deleted one whose records remain:
+    the destination subject still equals the source's, so strict provisioning finds nothing to do."""
+    topic = unique("evolve")
+    subject = f"{topic}-value"
+    versions = [record("E", [{"name": "id", **LONG}, *[opt(f"f{i}") for i in range(n)]]) for n in range(5)]
+    ids = [src.register(subject, v) for v in versions[:2]]
+    pairs = [SubjectPair(subject, f"dr.{subject}", "m.evolve")]
+    assert apply_subjects(src, dst, pairs, "strict", None).errors == []
+    ids += [src.register(subject, v) for v in versions[2:]]  # v3 .. v5; v3 is used by no record
+    src.delete_version(subject, 4)  # v4 soft-deleted; its records are still in the topic
+
+    resolve = make_id_resolver(src, dst, topic, f"dr.{topic}")
+    got5 = resolve(ids[4])  # a partition with v5 records is read first
+    got4 = resolve(ids[3])
+    got2 = resolve(ids[1])
+    assert None not in (got2, got4, got5)
+    assert contents(dst, f"dr.{subject}") == contents(src, subject)
+    for sid, got in ((ids[1], got2), (ids[3], got4), (ids[4], got5)):
+        framed = frame(sid, parsed_avro(src, src.schema_by_id(sid)), {"id": 1})
+        rewritten = b"\x00" + struct.pack(">I", got) + framed[5:]
+        assert decode_with_registry(dst, rewritten) == decode_with_registry(src, framed)
+    for mode in ("strict", "lenient"):
+        again = apply_subjects(src, dst, pairs, mode, None)
+        assert again.errors == [] and again.steps_applied == []

@@ -745,6 +745,44 @@ def test_item12_registry_error_on_id_miss_aborts_the_open_transaction(monkeypatc
     assert r.mirrored == 2 and len(fake.committed) == 1
 
 
+@pytest.mark.parametrize("on_error", ["dead_letter", "fail"])
+def test_a_schema_the_destination_refuses_is_dead_lettered_and_the_partition_flows(monkeypatch, on_error) -> None:
+    """A 409 / 422 for one record's schema is that record's problem: it is dead-lettered with the reason (or
+    fails the job with on_error: fail), while records with other schemas are mirrored in the same chunk."""
+    from mirror_core.schemas import make_id_resolver
+    from tests.fakes import FakeRegistry, RefusingRegistry
+
+    good, refused = ('{"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]}',
+                     '{"type": "record", "name": "R", "fields": [{"name": "b", "type": "long"}]}')
+    src, dst = FakeRegistry(url="http://src", next_id=0), RefusingRegistry(url="http://dst", next_id=500,
+                                                                          refuse=refused, status=409)
+    good_id, refused_id = src.add("t-value", good, refused)
+    fake = _FakeProducer()
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
+    translator = SchemaIdTranslator({}, make_id_resolver(src, dst, "t", "t", not_found_retries=0))
+    writer = replicate.PartitionWriter(settings(on_error=on_error), translator, lambda t, p: None,
+                                       downstream_end=lambda t, p: 0)
+    chunk = [rec(b"\x00" + struct.pack(">i", sid) + b"body", offset=o)
+             for o, sid in enumerate((good_id, refused_id, good_id, refused_id, good_id))]
+    if on_error == "fail":
+        with pytest.raises(replicate.WriterError, match=r"t\[1\]@1: schema_registration_refused: .*HTTP 409"):
+            writer.write(1, chunk)
+        assert fake.committed == []
+        return
+    r = writer.write(1, chunk)
+    assert (r.mirrored, r.dead_lettered) == (3, 2)
+    dst_id = dst.version("t-value", 1).schema_id
+    assert [v for t, _, _, v, _, _ in fake.full if t == "t"] == [b"\x00" + struct.pack(">i", dst_id) + b"body"] * 3
+    dead = [(dict(h), v) for t, _, _, v, h, _ in fake.full if t == "g.dlq"]
+    assert [h["mirrorflow.source.offset"] for h, _ in dead] == [b"1", b"3"]
+    assert all(v == chunk[1].value for _, v in dead)  # the source bytes, untouched
+    reason, detail = dead[0][0]["mirrorflow.error.reason"], dead[0][0]["mirrorflow.error.detail"].decode()
+    assert reason == b"schema_registration_refused"
+    assert f"schema id {refused_id}" in detail and "HTTP 409" in detail and "t-value version 2" in detail
+    assert len(fake.committed) == 1
+
+
 def test_item12_chunks_capped_by_bytes_not_only_records(monkeypatch) -> None:
     """A chunk of large records is split so one transaction never carries more than CHUNK_BYTES (the
     transaction and its flush must finish well within the 60 s transaction timeout)."""

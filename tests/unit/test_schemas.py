@@ -1,17 +1,12 @@
-"""Subject mirroring decisions against an in-memory registry, plus the registry client's error handling.
-
-The fake implements our :class:`mirror_core.schemas.Registry` interface with
-Confluent semantics (global ids by content, a subject never holds the same
-schema twice, 40401-style "not found" as None/[]), and records every write so
-tests can check what happened and in which order.
-"""
+"""Subject mirroring decisions against an in-memory registry (:class:`tests.fakes.FakeRegistry`), plus the
+registry client's error handling."""
 
 from __future__ import annotations
 
 import json
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import httpx
 import pybreaker
@@ -20,13 +15,16 @@ from pydantic import SecretStr
 
 from mirror_core.config import SchemaRegistryConfig
 from mirror_core.registry import (
+    RETRY_AFTER_MAX,
     RegisteredSchema,
     RegistryClient,
     RegistryError,
     RegistryUnavailableError,
     Schema,
     SchemaReference,
+    breaker_for,
     is_not_found,
+    retry_after_seconds,
 )
 from mirror_core.schemas import (
     SubjectPair,
@@ -36,6 +34,8 @@ from mirror_core.schemas import (
     plan_subjects,
     subject_pairs,
 )
+from mirror_core.wire import WireError
+from tests.fakes import FakeRegistry, RefusingRegistry
 
 
 def avro(name: str, *fields: str, ns: str = "t") -> str:
@@ -47,113 +47,6 @@ V1 = avro("Order", "id")
 V2 = avro("Order", "id", "qty")
 V3 = avro("Order", "id", "qty", "price")
 OTHER = avro("Order", "id", "other")
-
-
-@dataclass
-class FakeRegistry:
-    """In-memory registry with Confluent semantics, speaking our Registry interface."""
-
-    url: str = "http://fake"
-    honours_import: bool = False
-    global_level: str = "BACKWARD"
-    subjects_: dict[str, list[RegisteredSchema]] = field(default_factory=dict)
-    levels: dict[str, str] = field(default_factory=dict)
-    modes: dict[str, str] = field(default_factory=dict)
-    writes: list[tuple] = field(default_factory=list)
-    _ids: dict[tuple, int] = field(default_factory=dict)
-    next_id: int = 100
-
-    def _content(self, schema_type: str, schema_str: str, refs: Sequence[SchemaReference]) -> tuple:
-        return (schema_type, canonical_schema(schema_type, schema_str), tuple(refs))
-
-    # the interface
-    def versions(self, subject: str) -> list[int]:
-        return [v.version for v in self.subjects_.get(subject, [])]
-
-    def version(self, subject: str, version: int | str = "latest") -> RegisteredSchema:
-        vs = self.subjects_.get(subject, [])
-        for v in vs:
-            if v.version == version:
-                return v
-        if version == "latest" and vs:
-            return vs[-1]
-        raise RegistryError("not found", subject=subject, http_status=404, error_code=40402)
-
-    def register(self, subject: str, schema_str: str, schema_type: str = "AVRO",
-                 references: Sequence[SchemaReference] = (), normalize: bool = False, *,
-                 schema_id: int | None = None, version: int | None = None) -> int:
-        for r in references:
-            self.version(r.subject, r.version)  # a reference must exist
-        existing = self.lookup(subject, schema_str, schema_type, references)
-        if existing is not None:
-            return existing.schema_id
-        self.writes.append(("register", subject, schema_str, tuple(references)))
-        content = self._content(schema_type, schema_str, references)
-        if content not in self._ids:
-            honour = schema_id is not None and self.honours_import and self.modes.get(subject) == "IMPORT"
-            self._ids[content] = schema_id if honour else self._new_id()
-        vs = self.subjects_.setdefault(subject, [])
-        new_version = (vs[-1].version + 1) if vs else 1
-        vs.append(RegisteredSchema(subject, new_version, self._ids[content], schema_type, schema_str,
-                                   tuple(references)))
-        return self._ids[content]
-
-    def lookup(self, subject: str, schema_str: str, schema_type: str = "AVRO",
-               references: Sequence[SchemaReference] = (), normalize: bool = False) -> RegisteredSchema | None:
-        want = self._content(schema_type, schema_str, references)
-        for v in self.subjects_.get(subject, []):
-            if self._content(v.schema_type, v.schema_str, v.references) == want:
-                return v
-        return None
-
-    def subject_versions_for_id(self, schema_id: int, deleted: bool = False) -> list[tuple[str, int]]:
-        return [(s, v.version) for s, vs in self.subjects_.items() for v in vs if v.schema_id == schema_id]
-
-    def schema_by_guid(self, guid: str) -> Schema | None:
-        return None  # like Apicurio: no GUID API
-
-    def ids_for_guid(self, guid: str) -> list[int]:
-        return []
-
-    def schema_by_id(self, schema_id: int) -> Schema:
-        for vs in self.subjects_.values():
-            for v in vs:
-                if v.schema_id == schema_id:
-                    return v.schema
-        raise RegistryError("not found", http_status=404, error_code=40403)
-
-    def subject_compatibility(self, subject: str) -> str | None:
-        return self.levels.get(subject)
-
-    def global_compatibility(self) -> str:
-        return self.global_level
-
-    def set_compatibility(self, subject: str | None, level: str) -> None:
-        self.writes.append(("set_compatibility", subject, level))
-        if subject is None:
-            self.global_level = level
-        else:
-            self.levels[subject] = level
-
-    def mode(self, subject: str | None = None) -> str:
-        return self.modes.get(subject or "", "READWRITE")
-
-    def set_mode(self, mode: str, subject: str | None = None, force: bool = False) -> None:
-        self.modes[subject or ""] = mode
-
-    def probe_id_preservation(self) -> bool:
-        return self.honours_import
-
-    # test helpers
-    def _new_id(self) -> int:
-        self.next_id += 1
-        return self.next_id
-
-    def add(self, subject: str, *schemas: str, refs: Sequence[SchemaReference] = ()) -> list[int]:
-        return [self.register(subject, s, "AVRO", refs) for s in schemas]
-
-    def registrations(self) -> list[tuple]:
-        return [w for w in self.writes if w[0] == "register"]
 
 
 @pytest.fixture
@@ -171,7 +64,7 @@ def pair(subject: str = "orders-value", mirror: str = "m1", dst_subject: str | N
 
 
 def schema_strs(reg: FakeRegistry, subject: str) -> list[str]:
-    return [canonical_schema("AVRO", v.schema_str) for v in reg.subjects_.get(subject, [])]
+    return reg.live_schemas(subject)
 
 
 # --------------------------------------------------------------------------- subject pairs
@@ -207,8 +100,9 @@ def test_strict_repairs_a_destination_prefix_in_order(src, dst):
     dst_ids = dst.add("orders-value", V1)
     plan = plan_subjects(src, dst, [pair()], "strict", None)
     assert plan.errors == []
-    assert [(s.action, s.source_version) for s in plan.steps] == [
-        ("set_compatibility", None), ("unchanged", 1), ("register", 2), ("register", 3)]
+    assert [(s.action, s.source_version, s.level) for s in plan.steps] == [
+        ("set_compatibility", None, "NONE"), ("unchanged", 1, None), ("register", 2, None), ("register", 3, None),
+        ("set_compatibility", None, "BACKWARD")]
     assert dst.registrations() == [("register", "orders-value", V1, ())]  # planning wrote nothing new
 
     res = apply_subjects(src, dst, [pair()], "strict", None)
@@ -217,7 +111,7 @@ def test_strict_repairs_a_destination_prefix_in_order(src, dst):
     dst_all = [v.schema_id for v in dst.subjects_["orders-value"]]
     assert res.id_map == dict(zip(src_ids, dst_all, strict=True))
     assert dst_all[0] == dst_ids[0]
-    assert [s.action for s in res.steps_applied] == ["set_compatibility", "register", "register"]
+    assert [s.action for s in res.steps_applied] == ["set_compatibility", "register", "register", "set_compatibility"]
 
 
 def test_strict_conflict_names_first_differing_version_and_stops_only_that_mirror(src, dst):
@@ -296,12 +190,62 @@ def test_lenient_missing_middle_version_is_an_order_violation(src, dst):
 # --------------------------------------------------------------------------- compatibility
 
 
-def test_compatibility_mirrors_subject_level_before_registering(src, dst):
+@dataclass
+class CheckingRegistry(FakeRegistry):
+    """A FakeRegistry that enforces a crude BACKWARD for Avro records (a new version may only keep or drop
+    fields of the latest one), answering 409 as Confluent does; other levels accept anything."""
+
+    def register(self, subject: str, schema_str: str, schema_type: str = "AVRO",
+                 references: Sequence[SchemaReference] = (), normalize: bool = False, *,
+                 schema_id: int | None = None, version: int | None = None) -> int:
+        level = self.levels.get(subject, self.global_level)
+        live = self.versions(subject)
+        if live and level.startswith("BACKWARD") and self.lookup(subject, schema_str, schema_type, references) is None:
+            fields = {f["name"] for f in json.loads(schema_str)["fields"]}
+            latest = {f["name"] for f in json.loads(self.version(subject, live[-1]).schema_str)["fields"]}
+            if not fields <= latest:
+                raise RegistryError(f"Schema being registered is incompatible with an earlier schema for subject "
+                                    f"{subject!r}", subject=subject, http_status=409, error_code=409)
+        return super().register(subject, schema_str, schema_type, references, normalize, schema_id=schema_id,
+                                version=version)
+
+
+def test_history_is_copied_at_none_then_the_source_level_is_set(src):
+    """A history registered under NONE and tightened to BACKWARD later is copied whole; the level comes last."""
+    src.global_level = "NONE"
+    src.add("orders-value", V1, V2, V3)
+    src.levels["orders-value"] = "BACKWARD"
+    dst = CheckingRegistry(url="http://dst", next_id=500)  # global BACKWARD: V2 after V1 would be refused
+    res = apply_subjects(src, dst, [pair()], "strict", None)
+    assert res.errors == []
+    assert dst.live_schemas("orders-value") == src.live_schemas("orders-value")
+    assert [(w[0], w[2] if w[0] == "set_compatibility" else None) for w in dst.writes] == [
+        ("set_compatibility", "NONE"), ("register", None), ("register", None), ("register", None),
+        ("set_compatibility", "BACKWARD")]
+    assert dst.levels["orders-value"] == "BACKWARD"
+    assert apply_subjects(src, dst, [pair()], "strict", None).steps_applied == []  # and it stays done
+
+
+def test_forced_level_stricter_than_the_history_is_set_after_copying_it(src):
     src.add("orders-value", V1, V2)
+    src.levels["orders-value"] = "NONE"
+    dst = CheckingRegistry(url="http://dst", next_id=500)
+    dst.add("orders-value", V1)
+    dst.levels["orders-value"] = "BACKWARD"  # as a forced level left it
+    res = apply_subjects(src, dst, [pair()], "strict", "backward")
+    assert res.errors == []
+    assert dst.live_schemas("orders-value") == src.live_schemas("orders-value")
+    assert [w[2] for w in dst.writes if w[0] == "set_compatibility"] == ["NONE", "BACKWARD"]
+
+
+def test_a_copy_that_stops_half_way_leaves_the_wanted_level_not_none(src):
+    src.add("orders-value", V1, V2, V3)
     src.levels["orders-value"] = "FULL"
-    apply_subjects(src, dst, [pair()], "strict", None)
-    assert dst.writes[0] == ("set_compatibility", "orders-value", "FULL")
-    assert [w[0] for w in dst.writes[1:]] == ["register", "register"]
+    dst = RefusingRegistry(url="http://dst", next_id=500, refuse=V2)
+    res = apply_subjects(src, dst, [pair()], "strict", None)
+    assert len(res.errors) == 1 and "HTTP 422" in res.errors[0][1]
+    assert dst.live_schemas("orders-value") == src.live_schemas("orders-value")[:1]
+    assert dst.levels["orders-value"] == "FULL"
 
 
 def test_compatibility_falls_back_to_source_global(src, dst):
@@ -411,6 +355,122 @@ def test_id_resolver_registers_a_miss_under_the_mapped_subject(src, dst):
     assert resolve(99999) is None
 
 
+def _provisioned(src: FakeRegistry, dst: FakeRegistry, *schemas: str) -> list[int]:
+    """The source subject holds ``schemas`` and the destination a strict copy of it."""
+    ids = src.add("orders-value", *schemas)
+    assert apply_subjects(src, dst, [pair()], "strict", None).errors == []
+    return ids
+
+
+def _checks_pass(src: FakeRegistry, dst: FakeRegistry) -> None:
+    """The destination subject is the source's, as every provisioning check sees it."""
+    assert dst.live_schemas("orders-value") == src.live_schemas("orders-value")
+    for mode in ("strict", "lenient"):
+        assert plan_subjects(src, dst, [pair()], mode, None).errors == []  # type: ignore[arg-type]
+    before = len(dst.writes)
+    assert apply_subjects(src, dst, [pair()], "strict", None).errors == []
+    assert dst.writes[before:] == []
+
+
+def test_ids_missed_out_of_order_leave_the_destination_in_source_order(src, dst):
+    _provisioned(src, dst, V1)
+    id2, id3 = src.add("orders-value", V2, V3)
+    resolve = make_id_resolver(src, dst, "orders", "orders", not_found_retries=0)
+    got3 = resolve(id3)  # a partition with v3 records is read before one with v2 records
+    got2 = resolve(id2)
+    _checks_pass(src, dst)
+    assert (got2, got3) == (dst.version("orders-value", 2).schema_id, dst.version("orders-value", 3).schema_id)
+
+
+def test_a_version_no_record_uses_is_copied_before_the_one_records_need(src, dst):
+    _provisioned(src, dst, V1)
+    _, id3 = src.add("orders-value", V2, V3)  # v2 registered by CI, never used by a producer
+    resolve = make_id_resolver(src, dst, "orders", "orders", not_found_retries=0)
+    assert resolve(id3) == dst.version("orders-value", 3).schema_id
+    _checks_pass(src, dst)
+
+
+def test_a_miss_copies_only_up_to_the_version_needed(src, dst):
+    _provisioned(src, dst, V1)
+    id2, _ = src.add("orders-value", V2, V3)
+    resolve = make_id_resolver(src, dst, "orders", "orders", not_found_retries=0)
+    resolve(id2)
+    assert dst.live_schemas("orders-value") == src.live_schemas("orders-value")[:2]
+
+
+def test_records_of_a_soft_deleted_version_resolve_without_changing_the_live_history(src, dst):
+    ids = src.add("orders-value", V1, V2, V3)
+    src.delete_version("orders-value", 2)  # records written with v2 are still in the topic
+    assert apply_subjects(src, dst, [pair()], "strict", None).errors == []
+    resolve = make_id_resolver(src, dst, "orders", "orders", not_found_retries=0)
+    got = resolve(ids[1])
+    assert got is not None and canonical_schema("AVRO", dst.schema_by_id(got).schema_str) == canonical_schema(
+        "AVRO", V2)  # destination consumers decode the record
+    _checks_pass(src, dst)
+    # another writer (or a restart) missing the same id finds it and registers nothing again
+    before = len(dst.writes)
+    assert make_id_resolver(src, dst, "orders", "orders", not_found_retries=0)(ids[1]) == got
+    assert dst.writes[before:] == []
+
+
+def test_a_soft_deleted_version_missed_first_comes_after_the_live_versions_before_it(src, dst):
+    _provisioned(src, dst, V1)
+    id2, id3 = src.add("orders-value", V2, V3)
+    src.delete_version("orders-value", 2)
+    resolve = make_id_resolver(src, dst, "orders", "orders", not_found_retries=0)
+    assert resolve(id2) is not None and resolve(id3) is not None
+    _checks_pass(src, dst)
+
+
+def test_a_destination_already_in_conflict_still_gets_the_schema_records_need(src, dst):
+    src.add("orders-value", V1, V2)
+    dst.add("orders-value", V2, V1)  # out of order: even lenient mirroring cannot repair it
+    (id3,) = src.add("orders-value", V3)
+    got = make_id_resolver(src, dst, "orders", "orders", not_found_retries=0)(id3)
+    assert got == dst.version("orders-value", 3).schema_id  # as before: records flow, provisioning reports
+
+
+@pytest.mark.parametrize("status", [409, 422])
+def test_a_refused_schema_is_a_dead_letter_reason_and_is_not_asked_again_at_once(src, status):
+    dst = RefusingRegistry(url="http://dst", next_id=500, refuse=V3, status=status)
+    clock = [0.0]
+    _provisioned(src, dst, V1)
+    id2, id3 = src.add("orders-value", V2, V3)
+    resolve = make_id_resolver(src, dst, "orders", "orders", not_found_retries=0, clock=lambda: clock[0])
+    refused = resolve(id3)
+    assert isinstance(refused, WireError) and refused.reason == "schema_registration_refused"
+    assert f"schema id {id3}" in refused.detail and f"HTTP {status}" in refused.detail
+    assert "orders-value version 3" in refused.detail and f"error code {status * 100 + 1}" in refused.detail
+    assert dst.live_schemas("orders-value") == src.live_schemas("orders-value")[:2]  # v2 copied before it
+    assert resolve(id2) == dst.version("orders-value", 2).schema_id  # the other ids resolve
+    dst.refuse = ""
+    assert resolve(id3) == refused  # remembered for a while: a hot partition does not ask per record
+    clock[0] += 61
+    assert resolve(id3) == dst.version("orders-value", 3).schema_id  # then asked again
+
+
+def test_an_earlier_version_refused_refuses_the_one_needed_with_its_version(src):
+    dst = RefusingRegistry(url="http://dst", next_id=500, refuse=V2, status=409)
+    _provisioned(src, dst, V1)
+    _, id3 = src.add("orders-value", V2, V3)
+    refused = make_id_resolver(src, dst, "orders", "orders", not_found_retries=0)(id3)
+    assert isinstance(refused, WireError) and "registering orders-value version 2" in refused.detail
+    assert dst.live_schemas("orders-value") == src.live_schemas("orders-value")[:1]  # never out of order
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_refused_credentials_fail_with_one_line_naming_the_registry(src, status):
+    dst = RefusingRegistry(url="http://dst", next_id=500, status=status)
+    _provisioned(src, dst, V1)
+    (id2,) = src.add("orders-value", V2)
+    dst.refuse = V2
+    with pytest.raises(RegistryError) as err:
+        make_id_resolver(src, dst, "orders", "orders", not_found_retries=0)(id2)
+    msg = str(err.value)
+    assert err.value.http_status == status and "\n" not in msg
+    assert "http://dst" in msg and "POST /subjects/orders-value/versions" in msg and "credentials" in msg
+
+
 # --------------------------------------------------------------------------- registry client (no network)
 
 
@@ -451,6 +511,43 @@ def test_5xx_is_retried_then_raised_with_status():
     with pytest.raises(RegistryError) as info:
         client.subjects()
     assert len(seen) == 3 and info.value.http_status == 503 and info.value.error_code == 50003
+
+
+def test_429_is_retried_after_the_registry_s_retry_after_bounded():
+    answers = iter([httpx.Response(429, headers={"Retry-After": "3"}, json={"error_code": 42901, "message": "slow"}),
+                    httpx.Response(429, headers={"Retry-After": "3600"}, json={}),
+                    httpx.Response(200, json=["orders-value"])])
+    slept: list[float] = []
+    client, seen = _client(lambda r: next(answers), retries=3, sleep=slept.append)
+    assert client.subjects() == ["orders-value"]
+    assert len(seen) == 3 and slept == [3.0, RETRY_AFTER_MAX]
+
+
+def test_429_without_retry_after_backs_off_and_is_transient_when_it_persists():
+    slept: list[float] = []
+    client, seen = _client(lambda r: httpx.Response(429, json={"error_code": 42901, "message": "slow"}), retries=2,
+                           sleep=slept.append)
+    with pytest.raises(RegistryError) as info:
+        client.subjects()
+    assert len(seen) == 3 and len(slept) == 2
+    assert info.value.transient and info.value.http_status == 429  # an in-flight miss waits it out
+
+
+def test_429_does_not_open_the_circuit_breaker():
+    breaker = breaker_for(f"http://{uuid.uuid4().hex}", fail_max=2)  # the real one, with its exclusions
+    client = RegistryClient("http://reg", retries=0, backoff=0.0, breaker=breaker,
+                            http=httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(429, json={}))))
+    for _ in range(5):
+        with pytest.raises(RegistryError) as info:
+            client.subjects()
+        assert not isinstance(info.value, RegistryUnavailableError)
+    assert breaker.current_state == "closed"
+
+
+@pytest.mark.parametrize("value,seconds", [("7", 7.0), ("0", 0.0), ("-3", 0.0), ("soon", None), (None, None),
+                                           ("Thu, 01 Jan 1970 00:01:40 GMT", 40.0)])
+def test_retry_after_header_as_seconds_or_http_date(value, seconds):
+    assert retry_after_seconds(value, now=60.0) == seconds
 
 
 def test_breaker_opens_and_then_fails_without_calling():
