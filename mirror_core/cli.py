@@ -203,7 +203,7 @@ def _print_plan(p: Any) -> None:
     styles = {"create": "green", "grow": "yellow", "alter_configs": "yellow", "create_acls": "yellow",
               "error": "bold red", "unchanged": "dim"}
     for a in p.topics.actions:
-        cfgs = ", ".join(f"{k}={v}" for k, v in sorted(a.configs.items()))
+        cfgs = ", ".join([f"{k}={v}" for k, v in sorted(a.configs.items())] + [f"{k} (delete)" for k in a.deletes])
         table.add_row(f"[{styles.get(a.kind, '')}]{a.kind}[/]", a.topic, a.source_topic or "-",
                       str(a.partitions or "-"), str(a.replication_factor or "-"), cfgs, a.reason)
     if p.schemas is not None:

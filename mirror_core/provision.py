@@ -52,6 +52,8 @@ class ProvisionResult:
     done: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     id_map: dict[int, int] = field(default_factory=dict)
+    #: destination topics a change failed for (the plan's errors too): topic -> why, for whoever must leave them out
+    failed_topics: dict[str, str] = field(default_factory=dict)
 
 
 def selected_mirrors(cfg: MirrorsConfig, group: GroupConfig) -> list[ResolvedMirror]:
@@ -132,7 +134,8 @@ def _plan_schemas(cfg: MirrorsConfig, group: GroupConfig, topic_plan: TopicPlan,
 
 
 def provision_group(cfg: MirrorsConfig, group: GroupConfig, plan: GroupPlan | None = None) -> ProvisionResult:
-    """Apply the group's plan: topics first, then schema subjects. Returns what was done and what failed."""
+    """Apply the group's plan: topics first, then schema subjects. Returns what was done and what failed; a
+    topic that fails does not keep the others (or the schemas) from being provisioned."""
     plan = plan or plan_group(cfg, group)
     result = apply_topics(cfg, group, plan)
     schemas_done = apply_schemas(cfg, group, plan)
@@ -143,12 +146,19 @@ def provision_group(cfg: MirrorsConfig, group: GroupConfig, plan: GroupPlan | No
 
 
 def apply_topics(cfg: MirrorsConfig, group: GroupConfig, plan: GroupPlan) -> ProvisionResult:
-    """The topic part of a plan: create / grow topics, alter configs, create ACLs."""
+    """The topic part of a plan: create / grow topics, alter configs, create ACLs. Each topic on its own: what
+    the destination refused is in ``errors`` (one line per failed change) beside what was ``done``."""
     result = ProvisionResult(group.name)
     for a in plan.topics.errors:
         result.errors.append(f"{a.mirror}: {a.topic}: {a.reason}")
+        result.failed_topics[a.topic] = a.reason
     with clients.acting_on(group.destination, cfg.cluster(group.destination)):
-        result.done += apply_topic_plan(clients.admin(cfg.cluster(group.destination)), plan.topics)
+        applied = apply_topic_plan(clients.admin(cfg.cluster(group.destination)), plan.topics)
+    result.done += applied.done
+    mirrors = {a.topic: a.mirror for a in plan.topics.actions}
+    for f in applied.failures:
+        result.errors.append(f"{mirrors.get(f.topic, group.name)}: {f}")
+        result.failed_topics.setdefault(f.topic, str(f))
     return result
 
 

@@ -2,8 +2,10 @@
 
 :func:`plan_topics` is pure: it takes both clusters' state (read by
 :func:`read_state`) and returns a :class:`TopicPlan` of actions, each with its
-reason. :func:`apply_topic_plan` carries a plan out; applying the same plan
-twice is harmless and re-planning afterwards yields only ``unchanged``.
+reason. :func:`apply_topic_plan` carries a plan out, topic by topic: a change the
+destination refuses is reported with the others done (:class:`AppliedPlan`).
+Applying the same plan twice is harmless and re-planning afterwards yields only
+``unchanged``.
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ class TopicAction:
     partitions: int | None = None
     replication_factor: int | None = None
     configs: dict[str, str] = field(default_factory=dict)
+    #: ``alter_configs``: destination overrides to delete (back to the broker default): the source does not set them
+    deletes: tuple[str, ...] = ()
     acls: tuple[AclEntry, ...] = ()
     warnings: tuple[str, ...] = ()
 
@@ -139,6 +143,18 @@ def compacted(policy: str) -> bool:
     return {p.strip() for p in policy.split(",")} == {"compact"}
 
 
+#: topic configs Kafka 4 removed: a 4.x broker refuses a CreateTopics or IncrementalAlterConfigs that names one
+#: (INVALID_CONFIG "Unknown topic config name", as 4.1.1 does), and 3.x brokers ignore the first two (inter-broker
+#: protocol 3.0 and newer). A source still on 3.x may carry them as overrides: they are never copied.
+REMOVED_IN_KAFKA_4 = ("message.format.version", "message.downconversion.enable",
+                      "message.timestamp.difference.max.ms")
+
+
+def replicable(name: str, cfilter: ConfigPropertyFilter) -> bool:
+    """Is topic config ``name`` copied to (and, when the source does not set it, removed from) the destination?"""
+    return name not in REMOVED_IN_KAFKA_4 and cfilter.should_replicate(name)
+
+
 def plan_topics(
     group: GroupConfig,
     source: ClusterState,
@@ -166,7 +182,7 @@ def plan_topics(
         want_p = tm.partition_count.resolve(src.partitions)
         want_rf = tm.replication_factor.resolve(src.replication_factor)
         cfilter = ConfigPropertyFilter(tm.config_exclude)
-        want_cfg = {k: v for k, v in src.configs.items() if cfilter.should_replicate(k)} if tm.sync_configs else {}
+        want_cfg = {k: v for k, v in src.configs.items() if replicable(k, cfilter)} if tm.sync_configs else {}
         want_acls = tuple(a for a in (acl_for_destination(x) for x in src.acls) if a) if tm.sync_acls else ()
         dst = destination.topics.get(sel.destination_topic)
         base: dict[str, Any] = {"topic": sel.destination_topic, "mirror": sel.mirror.name,
@@ -199,9 +215,15 @@ def plan_topics(
                 warnings=_partition_warning(sel.destination_topic, want_p, src.partitions), **base))
             changed = True
         diff = {k: v for k, v in want_cfg.items() if dst.configs.get(k) != v}
-        if diff:
-            actions.append(TopicAction("alter_configs", configs=diff,
-                                       reason="configs differ: " + ", ".join(sorted(diff)), **base))
+        # as MM2's incremental config sync: an override the source does not have (removed there, or the
+        # destination's own) is deleted, or the destination would keep records for another time or compact them
+        # (config_exclude keeps a destination's own)
+        stale = tuple(sorted(k for k in dst.configs if k not in want_cfg and replicable(k, cfilter))) \
+            if tm.sync_configs else ()
+        if diff or stale:
+            whys = (["configs differ: " + ", ".join(sorted(diff))] if diff else []) + (
+                [f"not set on the source, back to the broker default: {', '.join(stale)}"] if stale else [])
+            actions.append(TopicAction("alter_configs", configs=diff, deletes=stale, reason="; ".join(whys), **base))
             changed = True
         missing_acls = tuple(a for a in want_acls if a not in dst.acls)
         if missing_acls:
@@ -319,46 +341,94 @@ def _describe_acls(admin: AdminClient, timeout: float) -> tuple[dict[str, list[A
     return out, True
 
 
-def apply_topic_plan(admin: AdminClient, plan: TopicPlan, timeout: float = 60.0) -> list[str]:
-    """Carry out the plan's changes; returns one line per change made. Errors in the plan are not applied."""
+@dataclass(frozen=True)
+class ActionFailure:
+    """A planned change the destination did not make: its kind, its topic, and why (Kafka's message and code)."""
+
+    kind: ActionKind
+    topic: str
+    message: str
+    code: str
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.code})"
+
+
+@dataclass(frozen=True)
+class AppliedPlan:
+    """What :func:`apply_topic_plan` did (one line per change) and what failed (one failure per action)."""
+
+    done: tuple[str, ...] = ()
+    failures: tuple[ActionFailure, ...] = ()
+
+    @property
+    def failed_topics(self) -> frozenset[str]:
+        return frozenset(f.topic for f in self.failures)
+
+
+def apply_topic_plan(admin: AdminClient, plan: TopicPlan, timeout: float = 60.0) -> AppliedPlan:
+    """Carry out the plan's changes, each topic on its own: a change the destination refuses is reported and the
+    others go on (a topic whose create or grow failed gets none of its later changes). Never raises for a
+    refused change; errors in the plan are not applied (the caller reports them)."""
     done: list[str] = []
+    failures: list[ActionFailure] = []
+
+    def failed(a: TopicAction, what: str, fut: Any, ok_codes: tuple[str, ...] = ()) -> bool:
+        f = _failure(fut, a.kind, a.topic, what, timeout, ok_codes)
+        if f is not None:
+            failures.append(f)
+        return f is not None
+
     creates = [a for a in plan.actions if a.kind == "create"]
+    served: list[TopicAction] = []  # created or grown: wait for their leaders before anything writes to them
     if creates:
         new = [NewTopic(a.topic, a.partitions or 1, a.replication_factor or 1, config=dict(a.configs)) for a in creates]
-        for topic, fut in admin.create_topics(new, request_timeout=timeout).items():
-            _result(fut, f"create topic {topic}", timeout, ok_codes=("TOPIC_ALREADY_EXISTS",))
-            a = next(x for x in creates if x.topic == topic)
-            done.append(f"created {topic} ({a.partitions} partitions, RF {a.replication_factor})")
+        futs = admin.create_topics(new, request_timeout=timeout)
+        for a in creates:
+            if not failed(a, f"create topic {a.topic}", futs[a.topic], ok_codes=("TOPIC_ALREADY_EXISTS",)):
+                done.append(f"created {a.topic} ({a.partitions} partitions, RF {a.replication_factor})")
+                served.append(a)
     grows = [a for a in plan.actions if a.kind == "grow"]
     if grows:
         futs = admin.create_partitions([NewPartitions(a.topic, a.partitions or 1) for a in grows],
                                        request_timeout=timeout)
-        for topic, fut in futs.items():
-            _result(fut, f"grow {topic}", timeout)
-            a = next(x for x in grows if x.topic == topic)
-            done.append(f"grew {topic} to {a.partitions} partitions")
+        for a in grows:
+            if not failed(a, f"grow {a.topic}", futs[a.topic]):
+                done.append(f"grew {a.topic} to {a.partitions} partitions")
+                served.append(a)
     # a grown topic's old partitions answer at once
-    new_partitions = [TopicPartition(a.topic, p) for a in creates + grows for p in range(a.partitions or 1)]
+    new_partitions = [TopicPartition(a.topic, p) for a in served for p in range(a.partitions or 1)]
     if new_partitions:
-        _check_served(wait_for_leaders(admin, new_partitions, timeout), len(new_partitions), timeout)
+        waiting = wait_for_leaders(admin, new_partitions, timeout)
+        for a in served:
+            mine = [tp.partition for tp in waiting if tp.topic == a.topic]
+            if mine:
+                failures.append(ActionFailure(a.kind, a.topic, _not_served(a.topic, mine, a.partitions or 1, timeout),
+                                              "NOT_SERVED"))
+    broken = {f.topic for f in failures}
     for a in plan.actions:
+        if a.topic in broken:
+            continue  # the topic is not there (or not served): its configs and ACLs wait for the next run
         if a.kind == "alter_configs":
             res = ConfigResource(ResourceType.TOPIC, a.topic, incremental_configs=[
                 ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in sorted(a.configs.items())
-            ])
-            for _, fut in admin.incremental_alter_configs([res], request_timeout=timeout).items():
-                _result(fut, f"alter configs of {a.topic}", timeout)
-            done.append(f"set {', '.join(f'{k}={v}' for k, v in sorted(a.configs.items()))} on {a.topic}")
+            ] + [ConfigEntry(k, None, incremental_operation=AlterConfigOpType.DELETE) for k in a.deletes])
+            altered = admin.incremental_alter_configs([res], request_timeout=timeout)
+            if not any([failed(a, f"alter configs of {a.topic}", fut) for fut in altered.values()]):
+                if a.configs:
+                    done.append(f"set {', '.join(f'{k}={v}' for k, v in sorted(a.configs.items()))} on {a.topic}")
+                if a.deletes:
+                    done.append(f"deleted {', '.join(a.deletes)} on {a.topic} (not set on the source)")
         elif a.kind == "create_acls":
             bindings = [
                 AclBinding(ResourceType.TOPIC, a.topic, ResourcePatternType.LITERAL, x.principal, x.host,
                            AclOperation[x.operation], AclPermissionType[x.permission])
                 for x in a.acls
             ]
-            for _, fut in admin.create_acls(bindings, request_timeout=timeout).items():
-                _result(fut, f"create ACLs on {a.topic}", timeout)
-            done.append(f"created {len(bindings)} ACL(s) on {a.topic}")
-    return done
+            created = admin.create_acls(bindings, request_timeout=timeout)
+            if not any([failed(a, f"create ACLs on {a.topic}", fut) for fut in created.values()]):
+                done.append(f"created {len(bindings)} ACL(s) on {a.topic}")
+    return AppliedPlan(tuple(done), tuple(failures))
 
 
 #: how a partition answers while its leader does not serve it yet (a topic just created or grown): for a
@@ -439,3 +509,24 @@ def _result(fut: Any, what: str, timeout: float, ok_codes: tuple[str, ...] = ())
         if err.name() in ok_codes:
             return
         raise KafkaOperationError(f"{what} failed: {err.str()}", err.name()) from None
+
+
+def _failure(fut: Any, kind: ActionKind, topic: str, what: str, timeout: float, ok_codes: tuple[str, ...] = ()
+             ) -> ActionFailure | None:
+    """The failure of one admin request's future, None when it succeeded (or failed with one of ``ok_codes``)."""
+    try:
+        fut.result(timeout)
+    except FutureTimeout:
+        return ActionFailure(kind, topic, f"{what} failed: no answer within {timeout:.0f}s", "_TIMED_OUT")
+    except KafkaException as exc:
+        err = exc.args[0]
+        if err.name() in ok_codes:
+            return None
+        return ActionFailure(kind, topic, f"{what} failed: {err.str()}", err.name())
+    return None
+
+
+def _not_served(topic: str, partitions: list[int], of: int, timeout: float) -> str:
+    return (f"{len(partitions)} of the {of} partitions of {topic} (first: {partitions[0]}) are still not served by "
+            f"their leader after {timeout:.0f}s; nothing is written to them before they are (records written while a "
+            f"partition comes online can be lost)")

@@ -176,3 +176,53 @@ def test_a_client_that_asked_for_a_topic_before_it_existed_still_sees_it_served(
         with pytest.raises(KafkaException):
             fut.result()  # not there yet: now the client's cache says so
     create_topics(admin, [NewTopic(topic, 6, 1)], timeout=15)  # NOT_SERVED after 15 s when the cache is trusted
+
+
+def test_a_topic_the_destination_refuses_does_not_stop_the_others(clusters, unique, tmp_path):
+    """One topic whose create the destination refuses (its name collides with a topic there: Kafka takes '.' and
+    '_' for the same in metric names) beside topics to create, grow and reconfigure: those are done, the refusal
+    is reported with the topic and Kafka's reason, the exit status says it failed, and so does a second run."""
+    prefix = unique("part").replace("-", "_")
+    src = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
+    dst = AdminClient({"bootstrap.servers": clusters.dst_bootstrap})
+    create_topics(src, [NewTopic(f"{prefix}.clash", 1, 1), NewTopic(f"{prefix}.new", 2, 1,
+                                                                      config={"retention.ms": "3600000"}),
+                        NewTopic(f"{prefix}.grown", 4, 1, config={"retention.ms": "7200000"})])
+    create_topics(dst, [NewTopic(f"{prefix}_clash", 1, 1), NewTopic(f"{prefix}.grown", 2, 1, config={
+        "retention.ms": "60000", "cleanup.policy": "compact", "min.insync.replicas": "1"})])
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(clusters.config_yaml(f"""
+groups:
+  - name: {prefix}
+    source: src
+    destination: dst
+    topics_mirroring: {{replication_factor: {{type: fix, value: 1}}}}
+    mirrors:
+      - topics: {{include: "{prefix}\\\\..*"}}
+"""))
+    runner = CliRunner()
+    res = runner.invoke(app, ["plan", str(cfg), "--json"])
+    assert res.exit_code == 0, res.output
+    grown = [a for a in json.loads(res.stdout)[0]["topics"] if a["topic"] == f"{prefix}.grown"]
+    assert [a["kind"] for a in grown] == ["grow", "alter_configs"]
+    assert grown[1]["configs"] == {"retention.ms": "7200000"} and grown[1]["deletes"] == ["cleanup.policy"]
+    res = runner.invoke(app, ["provision", str(cfg)])
+    assert res.exit_code == 1, res.output
+    assert f"created {prefix}.new (2 partitions, RF 1)" in res.stdout
+    assert f"grew {prefix}.grown to 4 partitions" in res.stdout
+    assert f"set retention.ms=7200000 on {prefix}.grown" in res.stdout
+    assert f"deleted cleanup.policy on {prefix}.grown (not set on the source)" in res.stdout
+    assert f"create topic {prefix}.clash failed" in res.stderr and "collides" in res.stderr, res.stderr
+    assert "TOPIC_EXCEPTION" in res.stderr
+
+    listed = dst.list_topics(timeout=30).topics
+    assert len(listed[f"{prefix}.new"].partitions) == 2 and len(listed[f"{prefix}.grown"].partitions) == 4
+    assert f"{prefix}.clash" not in listed
+    res_g = ConfigResource(ResourceType.TOPIC, f"{prefix}.grown")
+    g_cfg = dst.describe_configs([res_g])[res_g].result(30)
+    assert (g_cfg["retention.ms"].value, g_cfg["cleanup.policy"].value) == ("7200000", "delete")  # broker default
+    assert g_cfg["min.insync.replicas"].value == "1" and not g_cfg["min.insync.replicas"].is_default  # excluded
+
+    res = runner.invoke(app, ["provision", str(cfg)])  # only the refused topic is left, and fails again
+    assert res.exit_code == 1 and f"create topic {prefix}.clash failed" in res.stderr, res.output
+    assert "created" not in res.stdout and "grew" not in res.stdout

@@ -1,11 +1,17 @@
-"""Pure topic planning: creates, clamps, grows, config filtering, RF errors, ACL mapping, idempotence."""
+"""Topic planning: creates, clamps, grows, config filtering and deletes, RF errors, ACL mapping, idempotence; and
+applying a plan against an in-memory destination: each topic on its own, failures reported beside what was done."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from typing import Any
+
 import pytest
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AlterConfigOpType
 
 from mirror_core.config import parse_config
-from mirror_core.topics import AclEntry, ClusterState, TopicInfo, acl_for_destination, plan_topics
+from mirror_core.topics import AclEntry, ClusterState, TopicInfo, acl_for_destination, apply_topic_plan, plan_topics
 
 
 def group(mirrors: str, extra: str = "", policy: str = "identity"):
@@ -169,3 +175,159 @@ def test_acls_already_on_the_destination_are_not_planned_again():
     one = ClusterState({"orders": TopicInfo("orders", 6, 1, {}, (x_read,))}, 1)
     (acls,) = [a for a in plan_topics(g, src, one).actions if a.kind == "create_acls"]
     assert acls.acls == (z_read,) and "1 literal topic ACL(s) missing" in acls.reason
+
+
+def _done(exc: KafkaException | None = None) -> Future[Any]:
+    f: Future[Any] = Future()
+    if exc is None:
+        f.set_result(None)
+    else:
+        f.set_exception(exc)
+    return f
+
+
+def _refused(code: int, message: str) -> KafkaException:
+    return KafkaException(KafkaError(code, message))
+
+
+class FakeDestination:
+    """The part of confluent-kafka's AdminClient that applying a plan uses, over an in-memory cluster that
+    refuses what a Kafka 4 broker refuses: configs it does not know, a replication factor above its brokers."""
+
+    KNOWN = {"retention.ms", "cleanup.policy", "segment.bytes", "min.insync.replicas", "max.message.bytes"}
+
+    def __init__(self, brokers: int = 1, topics: dict[str, TopicInfo] | None = None, refuse_grow: str = ""):
+        self.brokers = brokers
+        self.topics = dict(topics or {})
+        self.refuse_grow = refuse_grow
+        self.calls: list[str] = []
+
+    def state(self) -> ClusterState:
+        return ClusterState(dict(self.topics), self.brokers)
+
+    def create_topics(self, new: list[Any], request_timeout: float | None = None) -> dict[str, Future[Any]]:
+        out = {}
+        for n in new:
+            self.calls.append(f"create {n.topic}")
+            unknown = sorted(set(n.config) - self.KNOWN)
+            if unknown:
+                out[n.topic] = _done(_refused(KafkaError.INVALID_CONFIG, f"Unknown topic config name: {unknown[0]}"))
+            elif n.replication_factor > self.brokers:
+                out[n.topic] = _done(_refused(KafkaError.INVALID_REPLICATION_FACTOR,
+                                              f"Replication factor: {n.replication_factor} larger than available "
+                                              f"brokers: {self.brokers}."))
+            else:
+                self.topics[n.topic] = TopicInfo(n.topic, n.num_partitions, n.replication_factor, dict(n.config))
+                out[n.topic] = _done()
+        return out
+
+    def create_partitions(self, parts: list[Any], request_timeout: float | None = None) -> dict[str, Future[Any]]:
+        out = {}
+        for p in parts:
+            self.calls.append(f"grow {p.topic}")
+            if p.topic == self.refuse_grow:
+                out[p.topic] = _done(_refused(KafkaError.POLICY_VIOLATION, "no more partitions here"))
+                continue
+            t = self.topics[p.topic]
+            self.topics[p.topic] = TopicInfo(t.name, p.new_total_count, t.replication_factor, t.configs)
+            out[p.topic] = _done()
+        return out
+
+    def list_offsets(self, req: dict[Any, Any], request_timeout: float | None = None) -> dict[Any, Future[Any]]:
+        return {tp: _done() for tp in req}  # every partition is served at once
+
+    def incremental_alter_configs(self, resources: list[Any], request_timeout: float | None = None
+                                  ) -> dict[Any, Future[Any]]:
+        out = {}
+        for r in resources:
+            self.calls.append(f"alter {r.name}")
+            cfg = dict(self.topics[r.name].configs)
+            for e in r.incremental_configs:
+                if e.incremental_operation == AlterConfigOpType.DELETE:
+                    cfg.pop(e.name, None)
+                else:
+                    cfg[e.name] = e.value
+            t = self.topics[r.name]
+            self.topics[r.name] = TopicInfo(t.name, t.partitions, t.replication_factor, cfg)
+            out[r] = _done()
+        return out
+
+    def create_acls(self, bindings: list[Any], request_timeout: float | None = None) -> dict[Any, Future[Any]]:
+        self.calls += [f"acl {b.name}" for b in bindings]
+        return {b: _done() for b in bindings}
+
+
+def test_a_topic_the_destination_refuses_does_not_stop_the_others():
+    """A source still on Kafka 3 with a config the destination does not know (here one the fake refuses) for one
+    topic: the other topics are created, grown and configured, and the refusal is reported for its topic."""
+    g = group('[{topics: {include: ".*"}}]')
+    src = ClusterState({"a-odd": TopicInfo("a-odd", 3, 1, {"local.retention.bytes": "5"}),
+                        "b": TopicInfo("b", 3, 1, {"retention.ms": "1000"}),
+                        "c": TopicInfo("c", 6, 1, {"retention.ms": "2000"})}, 1)
+    dst = FakeDestination(topics={"c": TopicInfo("c", 3, 1, {})})
+    applied = apply_topic_plan(dst, plan_topics(g, src, dst.state()))
+    assert [(f.kind, f.topic, f.code) for f in applied.failures] == [("create", "a-odd", "INVALID_CONFIG")]
+    assert "create topic a-odd failed: Unknown topic config name: local.retention.bytes" in str(applied.failures[0])
+    assert applied.failed_topics == {"a-odd"}
+    assert "created b (3 partitions, RF 1)" in applied.done
+    assert "grew c to 6 partitions" in applied.done and "set retention.ms=2000 on c" in applied.done
+    assert dst.topics["b"].configs == {"retention.ms": "1000"} and dst.topics["c"].partitions == 6
+    assert "a-odd" not in dst.topics
+    # a second run tries the refused topic again, and only it
+    dst.calls.clear()
+    again = apply_topic_plan(dst, plan_topics(g, src, dst.state()))
+    assert dst.calls == ["create a-odd"] and again.failed_topics == {"a-odd"} and again.done == ()
+
+
+def test_a_refused_create_skips_that_topics_acls_and_a_refused_grow_its_configs():
+    g = group('[{topics: {include: ".*"}, topics_mirroring: {sync_acls: true, '
+              'replication_factor: {type: mirror_source}}}]')
+    read = (AclEntry("User:x", "*", "READ", "ALLOW"),)
+    src = ClusterState({"wide": TopicInfo("wide", 1, 3, {}, read), "c": TopicInfo("c", 6, 1, {"retention.ms": "9"}),
+                        "ok": TopicInfo("ok", 1, 1, {}, read)}, 3)
+    dst = FakeDestination(brokers=3, topics={"c": TopicInfo("c", 3, 1, {})}, refuse_grow="c")
+    dst.brokers = 1  # planned against 3 brokers; two were gone when the plan was applied
+    applied = apply_topic_plan(dst, plan_topics(g, src, ClusterState(dict(dst.topics), 3)))
+    assert {(f.kind, f.topic, f.code) for f in applied.failures if f.topic in src.topics} == {
+        ("create", "wide", "INVALID_REPLICATION_FACTOR"), ("grow", "c", "POLICY_VIOLATION")}
+    assert "acl wide" not in dst.calls and "alter c" not in dst.calls  # waits for its topic
+    assert "acl ok" in dst.calls and "created 1 ACL(s) on ok" in applied.done
+
+
+def test_configs_kafka_4_removed_are_not_copied():
+    """Kafka 4 refuses a topic created with message.format.version (INVALID_CONFIG on 4.1.1): a source on Kafka 3
+    with that override would fail every such topic."""
+    g = group('[{source_topic: old}]')
+    src = ClusterState({"old": TopicInfo("old", 1, 1, {"message.format.version": "2.8", "retention.ms": "5",
+                                                       "message.downconversion.enable": "false"})}, 1)
+    (create,) = [a for a in plan_topics(g, src, ClusterState({}, 1)).actions if a.topic == "old"]
+    assert create.configs == {"retention.ms": "5"}
+    assert "message.format.version" in create.reason  # shown as filtered out
+
+
+def test_an_override_the_source_does_not_set_is_deleted_on_the_destination():
+    """An override removed on the source (or the destination's own, made before the mirror) would keep the
+    destination deleting or compacting records otherwise: the plan deletes it, as MM2's incremental config sync
+    does; excluded configs (min.insync.replicas, config_exclude) stay as they are."""
+    g = group('[{source_topic: orders}]')  # the group excludes segment.bytes
+    src = ClusterState({"orders": TopicInfo("orders", 3, 1, {"retention.ms": "1000"})}, 1)
+    dst = FakeDestination(topics={"orders": TopicInfo("orders", 3, 1, {
+        "retention.ms": "1000", "cleanup.policy": "compact", "max.message.bytes": "100",
+        "min.insync.replicas": "2", "segment.bytes": "1048576"})})
+    (alter,) = [a for a in plan_topics(g, src, dst.state()).actions if a.topic == "orders"]
+    assert alter.kind == "alter_configs" and alter.configs == {}
+    assert alter.deletes == ("cleanup.policy", "max.message.bytes")
+    assert "not set on the source" in alter.reason and "cleanup.policy" in alter.reason
+    applied = apply_topic_plan(dst, plan_topics(g, src, dst.state()))
+    assert [d for d in applied.done if "orders" in d] == [
+        "deleted cleanup.policy, max.message.bytes on orders (not set on the source)"]
+    assert dst.topics["orders"].configs == {"retention.ms": "1000", "min.insync.replicas": "2",
+                                            "segment.bytes": "1048576"}
+    assert [a.kind for a in plan_topics(g, src, dst.state()).actions if a.topic == "orders"] == ["unchanged"]
+
+
+def test_without_sync_configs_destination_overrides_stay():
+    g = group('[{source_topic: orders, topics_mirroring: {sync_configs: false}}]')
+    src = ClusterState({"orders": TopicInfo("orders", 3, 1, {})}, 1)
+    dst = ClusterState({"orders": TopicInfo("orders", 3, 1, {"cleanup.policy": "compact"})}, 1)
+    assert [a.kind for a in plan_topics(g, src, dst).actions if a.topic == "orders"] == ["unchanged"]
