@@ -81,12 +81,16 @@ def provision_dag(path: str, group: GroupConfig) -> DAG:
 {_describe(group)}
 
 Manual. `validate` -> `plan` (read-only, logged as a table) -> `apply_topics` (create / grow topics,
-configs, ACLs) -> `mirror_schemas` (schema subjects). Updates the Asset `{group_asset(group.name).uri}`.
+configs, ACLs; each topic on its own) -> `mirror_schemas` (schema subjects; also when a topic failed). Updates the Asset `{group_asset(group.name).uri}`.
 """) as dag:
         kw: dict[str, Any] = {"config_path": path, "group_name": group.name}
-        (ValidateConfigOperator(task_id="validate", **kw) >> PlanOperator(task_id="plan", **kw)
-         >> ApplyTopicsOperator(task_id="apply_topics", **kw)
-         >> MirrorSchemasOperator(task_id="mirror_schemas", outlets=[group_asset(group.name)], **kw))
+        plan = ValidateConfigOperator(task_id="validate", **kw) >> PlanOperator(task_id="plan", **kw)
+        # a topic the destination refused fails apply_topics, not the group's schema subjects: they are mirrored
+        # once the plan stands (a plan with topic errors provisions nothing, as `mirrorflow provision`)
+        schemas = MirrorSchemasOperator(task_id="mirror_schemas", outlets=[group_asset(group.name)],
+                                        trigger_rule="all_done_min_one_success", **kw)
+        plan >> ApplyTopicsOperator(task_id="apply_topics", **kw) >> schemas
+        plan >> schemas
     return dag
 
 

@@ -69,7 +69,8 @@ class ValidateConfigOperator(MirrorflowOperator):
 
 
 def plan_table(plan: Any) -> str:
-    """A provisioning plan as a plain-text table for the task log."""
+    """A provisioning plan as a plain-text table for the task log, then one line per error, schema error,
+    skipped source topic, warning and note (what the CLI prints under its table)."""
     rows = [("action", "destination", "source", "partitions", "RF", "reason")]
     for a in plan.topics.actions:
         rows.append((a.kind, a.topic, a.source_topic or "-", str(a.partitions or "-"),
@@ -80,11 +81,25 @@ def plan_table(plan: Any) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return "\n".join(lines + plan_findings(plan))
+
+
+def plan_findings(plan: Any) -> list[str]:
+    """What a plan says beside its actions, one line each: topic errors, schema errors (per mirror), source
+    topics a mirror skipped (a mistyped ``source_topic`` among them), warnings, notes."""
+    out = [f"error: {a.mirror}: {a.topic}: {a.reason}" for a in plan.topics.errors]
+    if plan.schemas is not None:
+        out += [f"schema error: {': '.join(e) if isinstance(e, tuple) else e}" for e in plan.schemas.errors]
+    out += [f"skipped {t}: {reason}" for t, reason in plan.topics.skipped]
+    out += [f"warning: {w}" for w in plan.topics.warnings]
+    out += [f"note: {n}" for n in plan.topics.notes]
+    return out
 
 
 class PlanOperator(MirrorflowOperator):
-    """Plan the group's provisioning (read-only) and log it as a table; fails if the plan has errors."""
+    """Plan the group's provisioning (read-only) and log it as a table with its errors, skipped topics and
+    warnings; fails if a topic cannot be provisioned as planned (as ``mirrorflow provision`` refuses to start).
+    Schema errors are reported here and fail ``mirror_schemas``, after the topics are provisioned."""
 
     def execute(self, context: Any) -> dict[str, Any]:
         from mirror_core.provision import plan_group
@@ -92,45 +107,53 @@ class PlanOperator(MirrorflowOperator):
         cfg, group = self.load()
         plan = plan_group(cfg, group)
         self.log.info("plan for group %s:\n%s", group.name, plan_table(plan))
-        if plan.has_errors:
-            raise AirflowFailException(f"the plan for group {group.name} has errors (see the table)")
+        if plan.topics.errors:
+            raise AirflowFailException(
+                f"the plan for group {group.name} has {len(plan.topics.errors)} topic error(s): "
+                + "; ".join(f"{a.topic}: {a.reason}" for a in plan.topics.errors))
         kinds: dict[str, int] = {}
         for a in plan.topics.actions:
             kinds[a.kind] = kinds.get(a.kind, 0) + 1
         if plan.schemas is not None:
             for s in plan.schemas.steps:
                 kinds[f"schema {s.action}"] = kinds.get(f"schema {s.action}", 0) + 1
-        return {"group": group.name, "actions": kinds}
+        return {"group": group.name, "actions": kinds,
+                "schema_errors": len(plan.schemas.errors) if plan.schemas is not None else 0,
+                "skipped": [t for t, _ in plan.topics.skipped]}
+
+
+def _report(op: BaseOperator, group: str, res: Any, what: str) -> dict[str, Any]:
+    """Log what was done and each error on a line of its own; fail (naming the errors) when there are any."""
+    for line in res.done:
+        op.log.info("%s: %s", group, line)
+    for line in res.errors:
+        op.log.error("%s: error: %s", group, line)
+    if res.errors:
+        raise AirflowFailException(f"{what} of group {group}: {len(res.errors)} error(s), done {len(res.done)}: "
+                                   + "; ".join(res.errors))
+    return {"group": group, "done": res.done}
 
 
 class ApplyTopicsOperator(MirrorflowOperator):
-    """Create / grow destination topics, sync their configs and ACLs."""
+    """Create / grow destination topics, sync their configs and ACLs: each topic on its own; fails, naming them,
+    if the destination refused any."""
 
     def execute(self, context: Any) -> dict[str, Any]:
         from mirror_core.provision import apply_topics, plan_group
 
         cfg, group = self.load()
-        res = apply_topics(cfg, group, plan_group(cfg, group))
-        for line in res.done:
-            self.log.info("%s: %s", group.name, line)
-        if res.errors:
-            raise AirflowFailException("; ".join(res.errors))
-        return {"group": group.name, "done": res.done}
+        return _report(self, group.name, apply_topics(cfg, group, plan_group(cfg, group)), "topics")
 
 
 class MirrorSchemasOperator(MirrorflowOperator):
-    """Mirror the group's schema subjects (after its topics exist)."""
+    """Mirror the group's schema subjects (after its topics exist); each error is logged with its mirror and the
+    task fails if there is one."""
 
     def execute(self, context: Any) -> dict[str, Any]:
         from mirror_core.provision import apply_schemas, plan_group
 
         cfg, group = self.load()
-        res = apply_schemas(cfg, group, plan_group(cfg, group))
-        for line in res.done:
-            self.log.info("%s: %s", group.name, line)
-        if res.errors:
-            raise AirflowFailException("; ".join(res.errors))
-        return {"group": group.name, "done": res.done}
+        return _report(self, group.name, apply_schemas(cfg, group, plan_group(cfg, group)), "schema subjects")
 
 
 # --------------------------------------------------------------------------- offsets
