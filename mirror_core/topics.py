@@ -112,12 +112,21 @@ class TopicPlan:
 
 
 def acl_for_destination(acl: AclEntry) -> AclEntry | None:
-    """MM2's rule: WRITE is not copied (only the mirror writes), ALL becomes READ; DENY is not copied."""
-    if acl.permission != "ALLOW" or acl.operation == "WRITE":
+    """MM2's rule: an ALLOW WRITE is not copied (only the mirror writes a destination topic) and an ALLOW ALL
+    becomes ALLOW READ; everything else is copied as it is, DENY entries included (without them the
+    destination would let read whom the source refuses)."""
+    if acl.permission == "ALLOW" and acl.operation == "WRITE":
         return None
-    if acl.operation == "ALL":
+    if acl.permission == "ALLOW" and acl.operation == "ALL":
         return AclEntry(acl.principal, acl.host, "READ", acl.permission)
     return acl
+
+
+def _deny_write_warnings(topic: str, acls: tuple[AclEntry, ...]) -> tuple[str, ...]:
+    """A copied DENY WRITE / ALL also refuses the mirror if its principal matches the mirror's own."""
+    return tuple(f"{topic}: copies DENY {a.operation} for {a.principal}: if that covers the destination principal, "
+                 f"the mirror can no longer write {topic}" for a in acls
+                 if a.permission == "DENY" and a.operation in ("WRITE", "ALL"))
 
 
 def internal_topics(group: GroupConfig, destination: ClusterState) -> list[tuple[str, int, dict[str, str], str]]:
@@ -189,7 +198,8 @@ def plan_topics(
             actions.append(TopicAction("create", partitions=want_p, replication_factor=want_rf, configs=want_cfg,
                                        reason=why, warnings=warns, **base))
             if want_acls:
-                actions.append(TopicAction("create_acls", acls=want_acls, reason="copy literal topic ACLs", **base))
+                actions.append(TopicAction("create_acls", acls=want_acls, reason="copy literal topic ACLs",
+                                           warnings=_deny_write_warnings(sel.destination_topic, want_acls), **base))
             continue
 
         changed = False
@@ -206,7 +216,8 @@ def plan_topics(
         missing_acls = tuple(a for a in want_acls if a not in dst.acls)
         if missing_acls:
             actions.append(TopicAction("create_acls", acls=missing_acls,
-                                       reason=f"{len(missing_acls)} literal topic ACL(s) missing", **base))
+                                       reason=f"{len(missing_acls)} literal topic ACL(s) missing",
+                                       warnings=_deny_write_warnings(sel.destination_topic, missing_acls), **base))
             changed = True
         if not changed:
             final_p = max(dst.partitions, want_p)

@@ -118,7 +118,10 @@ def test_internal_topics_planned_on_destination():
     (AclEntry("User:a", "*", "READ", "ALLOW"), AclEntry("User:a", "*", "READ", "ALLOW")),
     (AclEntry("User:a", "*", "WRITE", "ALLOW"), None),
     (AclEntry("User:a", "*", "ALL", "ALLOW"), AclEntry("User:a", "*", "READ", "ALLOW")),
-    (AclEntry("User:a", "*", "READ", "DENY"), None),
+    (AclEntry("User:a", "*", "READ", "DENY"), AclEntry("User:a", "*", "READ", "DENY")),
+    (AclEntry("User:a", "*", "ALL", "DENY"), AclEntry("User:a", "*", "ALL", "DENY")),
+    (AclEntry("User:a", "*", "WRITE", "DENY"), AclEntry("User:a", "*", "WRITE", "DENY")),
+    (AclEntry("User:a", "*", "ALTER_CONFIGS", "ALLOW"), AclEntry("User:a", "*", "ALTER_CONFIGS", "ALLOW")),
 ])
 def test_acl_mapping_like_mm2(acl, expected):
     assert acl_for_destination(acl) == expected
@@ -132,6 +135,27 @@ def test_acl_sync_creates_missing_acls_only_when_enabled():
     on = plan_topics(group('[{source_topic: orders, topics_mirroring: {sync_acls: true}}]'), src, EMPTY)
     acls = [a for a in on.actions if a.kind == "create_acls"]
     assert len(acls) == 1 and acls[0].acls == (AclEntry("User:x", "*", "READ", "ALLOW"),)
+
+
+def test_acl_sync_keeps_a_deny_so_the_mirror_is_no_more_open_than_the_source():
+    """Source: everyone may read orders except bob. The destination gets both entries: with the ALLOW alone,
+    bob could read the mirror."""
+    allow_all, deny_bob = AclEntry("User:*", "*", "READ", "ALLOW"), AclEntry("User:bob", "*", "READ", "DENY")
+    src = ClusterState({"orders": TopicInfo("orders", 6, 1, {}, (allow_all, deny_bob))}, 1)
+    g = group('[{source_topic: orders, topics_mirroring: {sync_acls: true}}]')
+    (acls,) = [a for a in plan_topics(g, src, EMPTY).actions if a.kind == "create_acls"]
+    assert acls.acls == (allow_all, deny_bob) and not acls.warnings
+    # an existing mirror that has only the ALLOW (copied before DENYs were) gets the DENY added
+    has_allow = ClusterState({"orders": TopicInfo("orders", 6, 1, {}, (allow_all,))}, 1)
+    (acls,) = [a for a in plan_topics(g, src, has_allow).actions if a.kind == "create_acls"]
+    assert acls.acls == (deny_bob,)
+
+
+def test_a_copied_deny_write_is_flagged_since_it_can_stop_the_mirror():
+    src = ClusterState({"orders": TopicInfo("orders", 6, 1, {}, (AclEntry("User:*", "*", "WRITE", "DENY"),))}, 1)
+    plan = plan_topics(group('[{source_topic: orders, topics_mirroring: {sync_acls: true}}]'), src, EMPTY)
+    assert plan.warnings == ["orders: copies DENY WRITE for User:*: if that covers the destination principal, "
+                             "the mirror can no longer write orders"]
 
 
 @pytest.mark.parametrize("brokers,rf", [(1, 1), (2, 2), (3, 3), (5, 3)])
