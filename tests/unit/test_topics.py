@@ -193,3 +193,112 @@ def test_acls_already_on_the_destination_are_not_planned_again():
     one = ClusterState({"orders": TopicInfo("orders", 6, 1, {}, (x_read,))}, 1)
     (acls,) = [a for a in plan_topics(g, src, one).actions if a.kind == "create_acls"]
     assert acls.acls == (z_read,) and "1 literal topic ACL(s) missing" in acls.reason
+
+
+def sync_acls_plan(source: ClusterState, destination: ClusterState):
+    return plan_topics(group('[{source_topic: orders, topics_mirroring: {sync_acls: true}}]'), source, destination)
+
+
+ORDERS_WITH_DENY = ClusterState({"orders": TopicInfo("orders", 6, 1, {}, (
+    AclEntry("User:*", "*", "READ", "ALLOW"), AclEntry("User:bob", "*", "READ", "DENY")))}, 1)
+
+
+def test_acls_the_source_will_not_list_are_a_plan_error_naming_the_cluster_and_permission():
+    """The README's grants leave out cluster Describe: listing ACLs is refused. That is not "no ACLs": the plan
+    says which cluster refused and what to grant (or to turn sync_acls off)."""
+    denied = ClusterState({"orders": TopicInfo("orders", 6, 1, {})}, 1, acl_access="denied")
+    plan = sync_acls_plan(denied, EMPTY)
+    (err,) = plan.errors
+    assert "source cluster 'src'" in err.reason and "CLUSTER_AUTHORIZATION_FAILED" in err.reason
+    assert "Describe on the cluster" in err.reason and "sync_acls: false" in err.reason
+    # without sync_acls, the same refusal does not matter
+    assert not plan_topics(group('[{source_topic: orders}]'), denied, EMPTY).errors
+
+
+def test_a_destination_that_will_not_list_acls_is_an_error_and_nothing_is_planned_again_each_run():
+    """The source's ACLs are known, the destination's not: without the error every run planned all of them again
+    and failed creating them."""
+    denied = ClusterState({}, 1, acl_access="denied")
+    plan = sync_acls_plan(ORDERS_WITH_DENY, denied)
+    (err,) = plan.errors
+    assert "destination cluster 'dst'" in err.reason and "Describe (to list) and Alter (to create)" in err.reason
+    assert not [a for a in plan.actions if a.kind == "create_acls"]
+    assert [a.kind for a in plan.actions if a.topic == "orders"] == ["create"]
+
+
+def test_clusters_without_an_authorizer_are_noted_not_errors():
+    no_auth = ClusterState({}, 1, acl_access="no_authorizer")
+    plan = sync_acls_plan(ORDERS_WITH_DENY, no_auth)
+    assert not plan.errors and not [a for a in plan.actions if a.kind == "create_acls"]
+    assert any("destination cluster 'dst' has no authorizer" in n for n in plan.notes)
+    src = ClusterState({"orders": TopicInfo("orders", 6, 1, {})}, 1, acl_access="no_authorizer")
+    plan = sync_acls_plan(src, EMPTY)
+    assert not plan.errors and any("source cluster 'src' has no authorizer" in n for n in plan.notes)
+
+
+class AclAdmin:
+    """The AdminClient calls read_state makes to list ACLs: the principal's cluster operations, then the ACLs
+    (refused with ``acl_error``, a code)."""
+
+    def __init__(self, cluster_ops: list[str] | None, acl_error: str | None = None):
+        self.cluster_ops, self.acl_error, self.listed = cluster_ops, acl_error, False
+
+    def list_topics(self, timeout: float) -> object:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(topics={}, brokers={1: None})
+
+    def describe_cluster(self, include_authorized_operations: bool, request_timeout: float) -> object:
+        from types import SimpleNamespace
+
+        from confluent_kafka.admin import AclOperation
+
+        ops = None if self.cluster_ops is None else [AclOperation[o] for o in self.cluster_ops]
+        return done(SimpleNamespace(authorized_operations=ops))
+
+    def describe_acls(self, flt: object, request_timeout: float) -> object:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.listed = True
+        return done(exc=KafkaException(KafkaError(getattr(KafkaError, self.acl_error)))) if self.acl_error \
+            else done([])
+
+
+def done(value: object = None, exc: Exception | None = None) -> object:
+    from concurrent.futures import Future
+
+    fut: Future[object] = Future()
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)
+    return fut
+
+
+@pytest.mark.parametrize("cluster_ops,access", [(None, "denied"), (["DESCRIBE"], "list"),
+                                                (["ALTER", "DESCRIBE"], "manage")])
+def test_read_state_asks_what_the_principal_may_do_with_acls(cluster_ops, access):
+    """librdkafka answers a refused DescribeAcls with an empty list, as if there were no ACLs: read_state asks
+    the cluster which operations the principal is authorized for instead of trusting that answer."""
+    from mirror_core.topics import read_state
+
+    admin = AclAdmin(cluster_ops)
+    state = read_state(admin, with_acls=True)  # type: ignore[arg-type]
+    assert state.acl_access == access and admin.listed == (access != "denied")
+
+
+def test_read_state_reports_a_cluster_without_authorizer():
+    from mirror_core.topics import read_state
+
+    state = read_state(AclAdmin(["ALTER", "DESCRIBE"], "SECURITY_DISABLED"), with_acls=True)  # type: ignore[arg-type]
+    assert state.acl_access == "no_authorizer"
+
+
+def test_a_destination_that_may_list_but_not_create_acls_is_an_error():
+    plan = sync_acls_plan(ORDERS_WITH_DENY, ClusterState({}, 1, acl_access="list"))
+    (err,) = plan.errors
+    assert err.reason.startswith("cannot create the topic ACLs of destination cluster 'dst'") and "Alter" in err.reason
+    assert not [a for a in plan.actions if a.kind == "create_acls"]
+    # the source only needs to list them
+    assert not sync_acls_plan(ClusterState({"orders": TopicInfo("orders", 6, 1, {})}, 1, acl_access="list"),
+                              EMPTY).errors
