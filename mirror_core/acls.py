@@ -3,8 +3,9 @@
 The source principal reads and describes the mirrored topics, commits the mirror's own consumer
 groups and describes the consumer groups whose offsets are checkpointed. The destination principal
 creates, writes, reads and configures the mirrored and internal topics (offset syncs, checkpoints,
-dead letters, a failover's stops), uses the group's transactional ids and writes the mirrored consumer groups' offsets.
-Nothing else: no cluster-level permission on either side.
+dead letters, a failover's stops, the mirrored heartbeats), uses the group's transactional ids and writes the
+mirrored consumer groups' offsets. Nothing at cluster level, unless ``sync_acls`` is on: then both principals
+list ACLs (Describe on the cluster) and the destination's creates them (Alter on the cluster).
 
 A regex flow is granted by the literal prefix of its ``include`` pattern (``payments\\..*`` ->
 topics prefixed ``payments.``); a pattern without a usable prefix is reported, not widened to ``*``.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mirror_core.config import GroupConfig, MirrorsConfig, resolve_mirrors, transactional_id
+from mirror_core.config import GroupConfig, MirrorsConfig, default_consumer_group, resolve_mirrors, transactional_id
 from mirror_core.errors import PlanError
 from mirror_core.policy import build_replication_policy
 
@@ -24,6 +25,10 @@ TRANSACTIONAL_ID_OPS = ("WRITE", "DESCRIBE")
 MIRROR_GROUP_OPS = ("READ",)
 CHECKPOINTED_GROUP_OPS = ("DESCRIBE",)
 DESTINATION_GROUP_OPS = ("READ", "DESCRIBE")
+#: the source's heartbeats topic: the checkpoint round writes it (creating it if missing), the mirror reads it
+SOURCE_HEARTBEATS_OPS = ("CREATE", "WRITE", "READ", "DESCRIBE", "DESCRIBE_CONFIGS")
+#: the one resource name Kafka gives a cluster in ACLs
+CLUSTER_NAME = "kafka-cluster"
 
 
 @dataclass(frozen=True)
@@ -33,7 +38,7 @@ class Grant:
     side: str  # "source" | "destination"
     cluster: str
     principal: str
-    resource_type: str  # TOPIC | GROUP | TRANSACTIONAL_ID
+    resource_type: str  # TOPIC | GROUP | TRANSACTIONAL_ID | CLUSTER
     name: str
     pattern: str
     operations: tuple[str, ...]
@@ -41,11 +46,15 @@ class Grant:
 
     def kafka_acls_command(self, bootstrap: str = "$BOOTSTRAP") -> str:
         """The equivalent ``kafka-acls.sh`` invocation (what an operator without mirrorflow would run)."""
-        flag = {"TOPIC": "--topic", "GROUP": "--group", "TRANSACTIONAL_ID": "--transactional-id"}[self.resource_type]
         ops = " ".join(f"--operation {o.title().replace('_', '')}" for o in self.operations)
-        pattern = " --resource-pattern-type prefixed" if self.pattern == "PREFIXED" else ""
+        if self.resource_type == "CLUSTER":
+            resource = "--cluster"
+        else:
+            flag = {"TOPIC": "--topic", "GROUP": "--group", "TRANSACTIONAL_ID": "--transactional-id"}[self.resource_type]
+            pattern = " --resource-pattern-type prefixed" if self.pattern == "PREFIXED" else ""
+            resource = f"{flag} '{self.name}'{pattern}"
         return (f"kafka-acls.sh --bootstrap-server {bootstrap} --command-config admin.properties --add "
-                f"--allow-principal {self.principal} {ops} {flag} '{self.name}'{pattern}")
+                f"--allow-principal {self.principal} {ops} {resource}")
 
 
 def principal_of(cfg: MirrorsConfig, cluster: str) -> str:
@@ -124,8 +133,18 @@ def required_acls(cfg: MirrorsConfig, group: GroupConfig) -> list[Grant]:
             add("destination", "GROUP", name, pattern, DESTINATION_GROUP_OPS,
                 "write the translated offsets of idle groups")
     if group.heartbeats.enabled:
-        add("source", "TOPIC", group.heartbeats.topic, "LITERAL", ("CREATE", "WRITE", "DESCRIBE"),
-            "heartbeats (MM2 writes them on the source)")
+        hb = group.heartbeats.topic
+        remote = policy.format_remote_topic(group.source, hb)
+        add("source", "TOPIC", hb, "LITERAL", SOURCE_HEARTBEATS_OPS,
+            "heartbeats: written on the source (as MM2 does), then mirrored like a topic")
+        add("source", "GROUP", default_consumer_group(group.name, hb, remote), "LITERAL", MIRROR_GROUP_OPS,
+            "heartbeats: commit their mirror's source offsets")
+        add("destination", "TOPIC", remote, "LITERAL", DESTINATION_TOPIC_OPS,
+            "heartbeats: create and write their mirror (lag reads the newest)")
+    if any(m.settings.topics_mirroring.sync_acls for m in resolve_mirrors(group)):
+        add("source", "CLUSTER", CLUSTER_NAME, "LITERAL", ("DESCRIBE",), "sync_acls: list the source topics' ACLs")
+        add("destination", "CLUSTER", CLUSTER_NAME, "LITERAL", ("DESCRIBE", "ALTER"),
+            "sync_acls: list and create the mirrored topics' ACLs (Alter on the cluster lets it create any ACL)")
     return grants
 
 
@@ -140,8 +159,10 @@ def apply_acls(admin: object, grants: list[Grant], timeout: float = 30.0) -> int
         ResourceType,
     )
 
+    # the cluster resource is BROKER in librdkafka's names
     bindings = [
-        AclBinding(ResourceType[g.resource_type], g.name, ResourcePatternType[g.pattern], g.principal, "*",
+        AclBinding(ResourceType.BROKER if g.resource_type == "CLUSTER" else ResourceType[g.resource_type], g.name,
+                   ResourcePatternType[g.pattern], g.principal, "*",
                    AclOperation[op], AclPermissionType.ALLOW)
         for g in grants for op in g.operations
     ]

@@ -74,6 +74,28 @@ class PrefixReplicationPolicy:
         return rest if sep and rest and alias else None
 
 
+def upstream_clusters(policy: ReplicationPolicy, topic: str) -> list[str]:
+    """The cluster aliases a remote topic came through, nearest first (``B.A.orders`` under the prefix
+    policy: ``["B", "A"]``); empty for a topic the policy does not see as remote.
+
+    Walks ``topic_source`` / ``upstream_topic`` to the topic's origin, as MM2's cycle check does: with
+    three or more clusters in a ring, a topic's first hop names its last cluster, not its origin. Stops at
+    a policy that names a topic its own upstream (identity-like) or repeats itself (a cycle in the names).
+    """
+    hops: list[str] = []
+    seen = {topic}
+    while True:
+        alias = policy.topic_source(topic)
+        if alias is None:
+            return hops
+        hops.append(alias)
+        upstream = policy.upstream_topic(topic)
+        if upstream is None or upstream in seen:
+            return hops
+        seen.add(upstream)
+        topic = upstream
+
+
 def build_replication_policy(group: GroupConfig) -> ReplicationPolicy:
     """The policy named by ``group.replication_policy``; a dotted path imports a user class."""
     name = group.replication_policy
@@ -168,8 +190,9 @@ class TopicFilter:
             if is_internal_topic(topic):
                 skipped.append(Skipped(topic, "internal topic, never mirrored"))
                 continue
-            if self.policy.topic_source(topic) == self.destination_alias:
-                skipped.append(Skipped(topic, f"came from {self.destination_alias!r}; not mirrored back (cycle)"))
+            hops = upstream_clusters(self.policy, topic)
+            if self.destination_alias in hops:
+                skipped.append(Skipped(topic, _cycle_reason(hops, self.destination_alias)))
                 continue
             flow = flows[0]
             dst = self.policy.format_remote_topic(self.source_alias, topic)
@@ -184,6 +207,12 @@ class TopicFilter:
             })
             chosen.append(TopicSelection(resolved, topic, dst))
         return chosen, skipped
+
+
+def _cycle_reason(hops: list[str], destination: str) -> str:
+    between = hops[:hops.index(destination)]
+    via = f" through {', '.join(repr(h) for h in reversed(between))}" if between else ""
+    return f"came from {destination!r}{via}; not mirrored back (cycle)"
 
 
 @dataclass(frozen=True)

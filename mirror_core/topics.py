@@ -42,6 +42,10 @@ from mirror_core.policy import ConfigPropertyFilter, ReplicationPolicy, TopicFil
 log = logging.getLogger(__name__)
 
 ActionKind = Literal["create", "grow", "alter_configs", "create_acls", "unchanged", "error"]
+#: what the principal may do with a cluster's ACLs: ``manage`` (list and create: Describe and Alter on the
+#: cluster; also when not asked), ``list`` (Describe only), ``denied`` (neither), or ``no_authorizer`` (the
+#: cluster keeps no ACLs)
+AclAccess = Literal["manage", "list", "denied", "no_authorizer"]
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class TopicInfo:
 class ClusterState:
     topics: dict[str, TopicInfo]
     broker_count: int
-    acls_supported: bool = True
+    acl_access: AclAccess = "manage"
 
 
 @dataclass(frozen=True)
@@ -116,12 +120,49 @@ class TopicPlan:
 
 
 def acl_for_destination(acl: AclEntry) -> AclEntry | None:
-    """MM2's rule: WRITE is not copied (only the mirror writes), ALL becomes READ; DENY is not copied."""
-    if acl.permission != "ALLOW" or acl.operation == "WRITE":
+    """MM2's rule: an ALLOW WRITE is not copied (only the mirror writes a destination topic) and an ALLOW ALL
+    becomes ALLOW READ; everything else is copied as it is, DENY entries included (without them the
+    destination would let read whom the source refuses)."""
+    if acl.permission == "ALLOW" and acl.operation == "WRITE":
         return None
-    if acl.operation == "ALL":
+    if acl.permission == "ALLOW" and acl.operation == "ALL":
         return AclEntry(acl.principal, acl.host, "READ", acl.permission)
     return acl
+
+
+def _deny_write_warnings(topic: str, acls: tuple[AclEntry, ...]) -> tuple[str, ...]:
+    """A copied DENY WRITE / ALL also refuses the mirror if its principal matches the mirror's own."""
+    return tuple(f"{topic}: copies DENY {a.operation} for {a.principal}: if that covers the destination principal, "
+                 f"the mirror can no longer write {topic}" for a in acls
+                 if a.permission == "DENY" and a.operation in ("WRITE", "ALL"))
+
+
+def acl_sync_problems(group: GroupConfig, mirrors: Iterable[ResolvedMirror], source: ClusterState,
+                      destination: ClusterState) -> tuple[list[str], list[str]]:
+    """(errors, notes) of a group that syncs topic ACLs, from what listing them on each side gave.
+
+    A side that may not list them is an error, not "no ACLs": the source's entries (its DENYs too) would
+    silently not reach the mirrors, or, the destination's unknown, every run would plan them again and fail
+    creating them; so is a destination that may not create them. A side without an authorizer is a note, as
+    in MM2."""
+    if not any(m.settings.topics_mirroring.sync_acls for m in mirrors):
+        return [], []
+    errors, notes = [], []
+    fix = "(`mirrorflow acls` prints the grants), or set topics_mirroring.sync_acls: false"
+    if source.acl_access == "denied":
+        errors.append(f"cannot list the topic ACLs of source cluster {group.source!r} (CLUSTER_AUTHORIZATION_FAILED): "
+                      f"its principal needs Describe on the cluster {fix}")
+    if destination.acl_access in ("denied", "list"):
+        what = "list" if destination.acl_access == "denied" else "create"
+        errors.append(f"cannot {what} the topic ACLs of destination cluster {group.destination!r} "
+                      "(CLUSTER_AUTHORIZATION_FAILED): its principal needs Describe (to list) and Alter (to create) "
+                      f"on the cluster {fix}")
+    if source.acl_access == "no_authorizer":
+        notes.append(f"sync_acls: source cluster {group.source!r} has no authorizer, so no topic ACLs to copy")
+    if destination.acl_access == "no_authorizer":
+        notes.append(f"sync_acls: destination cluster {group.destination!r} has no authorizer: no topic ACL can be "
+                     "created there, none is copied")
+    return errors, notes
 
 
 def internal_topics(group: GroupConfig, destination: ClusterState) -> list[tuple[str, int, dict[str, str], str]]:
@@ -169,6 +210,10 @@ def plan_topics(
     chosen, skipped = selector.select(sorted(source.topics))
     actions: list[TopicAction] = []
     notes: list[str] = []
+    acl_errors, acl_notes = acl_sync_problems(group, resolved, source, destination)
+    actions += [TopicAction("error", topic="sync_acls", mirror=f"{group.name} (ACLs)", reason=e) for e in acl_errors]
+    notes += acl_notes
+    acls_copyable = not acl_errors and destination.acl_access == "manage"
 
     if group.replication_policy == "identity":
         notes.append(
@@ -183,7 +228,8 @@ def plan_topics(
         want_rf = tm.replication_factor.resolve(src.replication_factor)
         cfilter = ConfigPropertyFilter(tm.config_exclude)
         want_cfg = {k: v for k, v in src.configs.items() if replicable(k, cfilter)} if tm.sync_configs else {}
-        want_acls = tuple(a for a in (acl_for_destination(x) for x in src.acls) if a) if tm.sync_acls else ()
+        want_acls = tuple(a for a in (acl_for_destination(x) for x in src.acls) if a) \
+            if tm.sync_acls and acls_copyable else ()
         dst = destination.topics.get(sel.destination_topic)
         base: dict[str, Any] = {"topic": sel.destination_topic, "mirror": sel.mirror.name,
                                 "source_topic": sel.source_topic}
@@ -205,7 +251,8 @@ def plan_topics(
             actions.append(TopicAction("create", partitions=want_p, replication_factor=want_rf, configs=want_cfg,
                                        reason=why, warnings=warns, **base))
             if want_acls:
-                actions.append(TopicAction("create_acls", acls=want_acls, reason="copy literal topic ACLs", **base))
+                actions.append(TopicAction("create_acls", acls=want_acls, reason="copy literal topic ACLs",
+                                           warnings=_deny_write_warnings(sel.destination_topic, want_acls), **base))
             continue
 
         changed = False
@@ -228,7 +275,8 @@ def plan_topics(
         missing_acls = tuple(a for a in want_acls if a not in dst.acls)
         if missing_acls:
             actions.append(TopicAction("create_acls", acls=missing_acls,
-                                       reason=f"{len(missing_acls)} literal topic ACL(s) missing", **base))
+                                       reason=f"{len(missing_acls)} literal topic ACL(s) missing",
+                                       warnings=_deny_write_warnings(sel.destination_topic, missing_acls), **base))
             changed = True
         if not changed:
             final_p = max(dst.partitions, want_p)
@@ -290,16 +338,16 @@ def read_state(admin: AdminClient, topics: Iterable[str] | None = None, with_acl
     infos: dict[str, TopicInfo] = {}
     names = [t for t in md.topics if (wanted is None or t in wanted) and not md.topics[t].error]
     configs = _describe_configs(admin, names, timeout) if names else {}
-    acls_supported = True
+    acl_access: AclAccess = "manage"
     acls: dict[str, list[AclEntry]] = {}
     if with_acls:
-        acls, acls_supported = _describe_acls(admin, timeout)
+        acls, acl_access = _describe_acls(admin, timeout)
     for name in names:
         t = md.topics[name]
         parts = t.partitions
         rf = len(next(iter(parts.values())).replicas) if parts else 0
         infos[name] = TopicInfo(name, len(parts), rf, configs.get(name, {}), tuple(acls.get(name, ())))
-    return ClusterState(infos, len(md.brokers), acls_supported)
+    return ClusterState(infos, len(md.brokers), acl_access)
 
 
 def _describe_configs(admin: AdminClient, names: list[str], timeout: float) -> dict[str, dict[str, str]]:
@@ -325,20 +373,43 @@ def _is_topic_override(entry: ConfigEntry) -> bool:
     return source == ConfigSource.DYNAMIC_TOPIC_CONFIG and entry.value is not None and not entry.is_sensitive
 
 
-def _describe_acls(admin: AdminClient, timeout: float) -> tuple[dict[str, list[AclEntry]], bool]:
+def _describe_acls(admin: AdminClient, timeout: float) -> tuple[dict[str, list[AclEntry]], AclAccess]:
+    """The literal topic ACLs of the cluster, by topic, and what the principal may do with ACLs there.
+
+    Asks first which cluster operations the principal is authorized for: librdkafka (2.16) reports a refused
+    DescribeAcls (CLUSTER_AUTHORIZATION_FAILED, even SECURITY_DISABLED) as an empty list, which is not "no
+    ACLs"."""
+    access = _cluster_acl_access(admin, timeout)
+    if access == "denied":
+        return {}, access
     # None matches any name / principal / host (the stubs type these as str)
     flt = AclBindingFilter(ResourceType.TOPIC, None, ResourcePatternType.LITERAL, None, None,  # type: ignore[arg-type]
                            AclOperation.ANY, AclPermissionType.ANY)
     try:
         bindings = admin.describe_acls(flt, request_timeout=timeout).result(timeout)
     except KafkaException as exc:
-        if exc.args[0].name() in ("SECURITY_DISABLED", "CLUSTER_AUTHORIZATION_FAILED"):
-            return {}, False
+        code = exc.args[0].name()
+        if code == "SECURITY_DISABLED":
+            return {}, "no_authorizer"
+        if code == "CLUSTER_AUTHORIZATION_FAILED":
+            return {}, "denied"
         raise KafkaOperationError(f"cannot list ACLs: {exc.args[0].str()}", exc.args[0].name()) from None
     out: dict[str, list[AclEntry]] = {}
     for b in bindings:
         out.setdefault(b.name, []).append(AclEntry(b.principal, b.host, b.operation.name, b.permission_type.name))
-    return out, True
+    return out, access
+
+
+def _cluster_acl_access(admin: AdminClient, timeout: float) -> AclAccess:
+    """``manage`` with Alter on the cluster (it implies Describe), ``list`` with Describe, else ``denied``."""
+    try:
+        cluster = admin.describe_cluster(include_authorized_operations=True, request_timeout=timeout).result(timeout)
+    except FutureTimeout:
+        raise KafkaOperationError(f"cannot describe the cluster: no answer within {timeout:.0f}s", "_TIMED_OUT") from None
+    except KafkaException as exc:
+        raise KafkaOperationError(f"cannot describe the cluster: {exc.args[0].str()}", exc.args[0].name()) from None
+    ops = {op.name for op in cluster.authorized_operations or ()}  # None: not even Describe
+    return "manage" if "ALTER" in ops else "list" if "DESCRIBE" in ops else "denied"
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,38 @@ class SecureClusters:
     def passwords(self) -> list[str]:
         return [pw for _, pw in self.security.passwords]  # type: ignore[attr-defined]
 
+    def cluster_yaml(self, side: str, registry: bool = True) -> str:
+        """The ``clusters.<side>`` block of a mirrors YAML reaching ``src`` / ``dst`` as the mirror's principal
+        (user, password and CA only by ``${ENV}``: see :meth:`principal_env`)."""
+        bootstrap, url = (self.src_bootstrap, self.src_registry) if side == "src" else (self.dst_bootstrap,
+                                                                                        self.dst_registry)
+        text = f"""
+  {side}:
+    kafka:
+      bootstrap.servers: "{bootstrap}"
+      security.protocol: SASL_SSL
+      sasl.mechanism: SCRAM-SHA-512
+      sasl.username: "${{MIRRORFLOW_{side.upper()}_USERNAME}}"
+      sasl.password: "${{MIRRORFLOW_{side.upper()}_PASSWORD}}"
+      ssl.ca.location: "${{MIRRORFLOW_LOCAL_CA}}\""""
+        if registry:
+            text += f"""
+    schema_registry: {{url: "{url}", ssl.ca.location: "${{MIRRORFLOW_LOCAL_CA}}"}}"""
+        return text
+
+    def principal_env(self, root: Path) -> dict[str, str]:
+        """The environment a CLI or job subprocess of the repository at ``root`` runs with as the two
+        mirror principals."""
+        from mirror_core import local
+
+        sec = self.security
+        return {**os.environ, "PYTHONPATH": f"{root}:{root / 'plugins'}",
+                "MIRRORFLOW_SRC_USERNAME": local.SOURCE_USER,
+                "MIRRORFLOW_SRC_PASSWORD": sec.password(local.SOURCE_USER),  # type: ignore[attr-defined]
+                "MIRRORFLOW_DST_USERNAME": local.DESTINATION_USER,
+                "MIRRORFLOW_DST_PASSWORD": sec.password(local.DESTINATION_USER),  # type: ignore[attr-defined]
+                "MIRRORFLOW_LOCAL_CA": str(sec.ca_file)}  # type: ignore[attr-defined]
+
 
 @pytest.fixture(scope="module")
 def secure_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureClusters]:

@@ -10,7 +10,6 @@ grant) and nothing else; provision, both delivery modes, checkpoint, lag and ver
 from __future__ import annotations
 
 import json
-import os
 import socket
 import struct
 import subprocess
@@ -28,7 +27,6 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, To
 from confluent_kafka.admin import AdminClient, NewTopic
 from fastavro import parse_schema, schemaless_writer
 
-from mirror_core import local
 from mirror_core.acls import apply_acls, required_acls
 from mirror_core.config import SchemaRegistryConfig, parse_config
 from mirror_core.registry import RegistryClient
@@ -51,20 +49,7 @@ def config_text(sc, groups: list[tuple[str, str, str, str, str, int]], tmp: Path
     """The mirrors YAML: clusters reached as the two mirror principals (passwords and CA only by ${ENV}), one
     group per ``(name, delivery, read_path, topic, application group, metrics port)``."""
     (tmp / "events").mkdir(exist_ok=True)
-    def cluster(bootstrap: str, registry: str, side: str) -> str:
-        return f"""
-  {side}:
-    kafka:
-      bootstrap.servers: "{bootstrap}"
-      security.protocol: SASL_SSL
-      sasl.mechanism: SCRAM-SHA-512
-      sasl.username: "${{MIRRORFLOW_{side.upper()}_USERNAME}}"
-      sasl.password: "${{MIRRORFLOW_{side.upper()}_PASSWORD}}"
-      ssl.ca.location: "${{MIRRORFLOW_LOCAL_CA}}"
-    schema_registry: {{url: "{registry}", ssl.ca.location: "${{MIRRORFLOW_LOCAL_CA}}"}}"""
-
-    text = "clusters:" + cluster(sc.src_bootstrap, sc.src_registry, "src") + cluster(
-        sc.dst_bootstrap, sc.dst_registry, "dst") + "\ngroups:\n"
+    text = "clusters:" + sc.cluster_yaml("src") + sc.cluster_yaml("dst") + "\ngroups:\n"
     for name, delivery, read_path, topic, app_group, metrics_port in groups:
         text += f"""  - name: {name}
     source: src
@@ -184,10 +169,7 @@ def test_secured_mirror_least_privilege_both_modes_no_password_leaks(secure_clus
             runs.append((name, delivery, read_path, topic, app_group, free_port()))
     cfg_path = tmp_path / "secure.yaml"
     cfg_path.write_text(config_text(sc, runs, tmp_path))
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'plugins'}",
-           "MIRRORFLOW_SRC_USERNAME": local.SOURCE_USER, "MIRRORFLOW_SRC_PASSWORD": sec.password(local.SOURCE_USER),
-           "MIRRORFLOW_DST_USERNAME": local.DESTINATION_USER,
-           "MIRRORFLOW_DST_PASSWORD": sec.password(local.DESTINATION_USER), "MIRRORFLOW_LOCAL_CA": str(sec.ca_file)}
+    env = sc.principal_env(ROOT)
     cfg = parse_config(yaml.safe_load(cfg_path.read_text()), env=env)
 
     # exactly the documented grants, nothing more
@@ -275,16 +257,12 @@ def one_error_line(res: subprocess.CompletedProcess[str]) -> str:
 def test_wrong_password_untrusted_certificate_and_missing_acl_are_one_line_each(secure_clusters, unique, tmp_path):
     """Each refusal: exit 1 within seconds, one line naming the cluster, the principal and what was refused."""
     sc = secure_clusters
-    sec = sc.security
     topic, name = unique("refused"), unique("rg").replace("-", "_")
     admin_src = AdminClient(sc.admin_config(sc.src_bootstrap) | {"log_level": 3})
     create_topics(admin_src, [NewTopic(topic, 1, 1)])
     cfg_path = tmp_path / "refused.yaml"
     cfg_path.write_text(config_text(sc, [(name, "exactly_once", "spark", topic, unique("app"), 0)], tmp_path))
-    base = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'plugins'}", "MIRRORFLOW_LOCAL_CA": str(sec.ca_file),
-            "MIRRORFLOW_SRC_USERNAME": local.SOURCE_USER, "MIRRORFLOW_SRC_PASSWORD": sec.password(local.SOURCE_USER),
-            "MIRRORFLOW_DST_USERNAME": local.DESTINATION_USER,
-            "MIRRORFLOW_DST_PASSWORD": sec.password(local.DESTINATION_USER)}
+    base = sc.principal_env(ROOT)
 
     t0 = time.monotonic()
     line = one_error_line(cli("lag", str(cfg_path), "--group", name, env=base | {"MIRRORFLOW_SRC_PASSWORD": "nope"}))

@@ -20,6 +20,7 @@ from mirror_core.policy import (
     TopicFilter,
     build_replication_policy,
     is_internal_topic,
+    upstream_clusters,
 )
 
 
@@ -277,6 +278,47 @@ def test_prefix_policy_flow_names_and_cycle() -> None:
     ]
     assert [s.source_topic for s in skipped] == ["dst.x"]
     assert "cycle" in skipped[0].reason and "'dst'" in skipped[0].reason
+
+
+def ring_filter(policy: ReplicationPolicy, source: str = "C", destination: str = "A") -> TopicFilter:
+    """The C -> A leg of a ring A -> B -> C -> A, mirroring every topic."""
+    g = config("prefix").groups[0].model_copy(update={"source": source, "destination": destination})
+    return TopicFilter(tuple(resolve_mirrors(g)), policy, source, destination)
+
+
+def test_a_ring_of_three_does_not_send_a_topic_back_to_its_origin() -> None:
+    """A -> B -> C -> A under the prefix policy: C holds ``B.A.orders`` (A's data after two hops). Mirroring
+    it to A would bring A's records home as ``C.B.A.orders``, and every turn of the ring would add a longer
+    name. Only B's and C's own data (and C's copy of a third cluster's) goes to A."""
+    tf = ring_filter(PrefixReplicationPolicy("."))
+    chosen, skipped = tf.select(["B.A.orders", "B.orders", "orders", "A.x", "C.B.A.y", "D.B.z"])
+    assert sorted(s.destination_topic for s in chosen) == ["C.B.orders", "C.D.B.z", "C.orders"]
+    reasons = {s.source_topic: s.reason for s in skipped}
+    assert set(reasons) == {"B.A.orders", "A.x", "C.B.A.y"}
+    assert reasons["B.A.orders"] == "came from 'A' through 'B'; not mirrored back (cycle)"
+    assert reasons["A.x"] == "came from 'A'; not mirrored back (cycle)"
+
+
+def test_the_cycle_walk_uses_the_policy_and_ends() -> None:
+    """A user policy is walked the same way; a policy whose upstream of a topic is the topic itself (or that
+    names topics in a circle) ends the walk instead of looping."""
+    chosen, skipped = ring_filter(SuffixPolicy()).select(["o.from-A.from-B", "o.from-B"])
+    assert [s.source_topic for s in chosen] == ["o.from-B"]
+    assert [s.source_topic for s in skipped] == ["o.from-A.from-B"]
+
+    class SelfUpstream:
+        def format_remote_topic(self, source_cluster_alias: str, topic: str) -> str:
+            return topic
+
+        def topic_source(self, topic: str) -> str | None:
+            return "B"
+
+        def upstream_topic(self, topic: str) -> str | None:
+            return {"t": "u", "u": "t"}.get(topic, topic)
+
+    assert upstream_clusters(SelfUpstream(), "x") == ["B"]
+    assert upstream_clusters(SelfUpstream(), "t") == ["B", "B"]
+    assert [s.source_topic for s in ring_filter(SelfUpstream()).select(["t", "x"])[0]] == ["t", "x"]
 
 
 def test_select_is_pure_and_deterministic() -> None:

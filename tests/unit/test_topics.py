@@ -124,7 +124,10 @@ def test_internal_topics_planned_on_destination():
     (AclEntry("User:a", "*", "READ", "ALLOW"), AclEntry("User:a", "*", "READ", "ALLOW")),
     (AclEntry("User:a", "*", "WRITE", "ALLOW"), None),
     (AclEntry("User:a", "*", "ALL", "ALLOW"), AclEntry("User:a", "*", "READ", "ALLOW")),
-    (AclEntry("User:a", "*", "READ", "DENY"), None),
+    (AclEntry("User:a", "*", "READ", "DENY"), AclEntry("User:a", "*", "READ", "DENY")),
+    (AclEntry("User:a", "*", "ALL", "DENY"), AclEntry("User:a", "*", "ALL", "DENY")),
+    (AclEntry("User:a", "*", "WRITE", "DENY"), AclEntry("User:a", "*", "WRITE", "DENY")),
+    (AclEntry("User:a", "*", "ALTER_CONFIGS", "ALLOW"), AclEntry("User:a", "*", "ALTER_CONFIGS", "ALLOW")),
 ])
 def test_acl_mapping_like_mm2(acl, expected):
     assert acl_for_destination(acl) == expected
@@ -138,6 +141,27 @@ def test_acl_sync_creates_missing_acls_only_when_enabled():
     on = plan_topics(group('[{source_topic: orders, topics_mirroring: {sync_acls: true}}]'), src, EMPTY)
     acls = [a for a in on.actions if a.kind == "create_acls"]
     assert len(acls) == 1 and acls[0].acls == (AclEntry("User:x", "*", "READ", "ALLOW"),)
+
+
+def test_acl_sync_keeps_a_deny_so_the_mirror_is_no_more_open_than_the_source():
+    """Source: everyone may read orders except bob. The destination gets both entries: with the ALLOW alone,
+    bob could read the mirror."""
+    allow_all, deny_bob = AclEntry("User:*", "*", "READ", "ALLOW"), AclEntry("User:bob", "*", "READ", "DENY")
+    src = ClusterState({"orders": TopicInfo("orders", 6, 1, {}, (allow_all, deny_bob))}, 1)
+    g = group('[{source_topic: orders, topics_mirroring: {sync_acls: true}}]')
+    (acls,) = [a for a in plan_topics(g, src, EMPTY).actions if a.kind == "create_acls"]
+    assert acls.acls == (allow_all, deny_bob) and not acls.warnings
+    # an existing mirror that has only the ALLOW (copied before DENYs were) gets the DENY added
+    has_allow = ClusterState({"orders": TopicInfo("orders", 6, 1, {}, (allow_all,))}, 1)
+    (acls,) = [a for a in plan_topics(g, src, has_allow).actions if a.kind == "create_acls"]
+    assert acls.acls == (deny_bob,)
+
+
+def test_a_copied_deny_write_is_flagged_since_it_can_stop_the_mirror():
+    src = ClusterState({"orders": TopicInfo("orders", 6, 1, {}, (AclEntry("User:*", "*", "WRITE", "DENY"),))}, 1)
+    plan = plan_topics(group('[{source_topic: orders, topics_mirroring: {sync_acls: true}}]'), src, EMPTY)
+    assert plan.warnings == ["orders: copies DENY WRITE for User:*: if that covers the destination principal, "
+                             "the mirror can no longer write orders"]
 
 
 @pytest.mark.parametrize("brokers,rf", [(1, 1), (2, 2), (3, 3), (5, 3)])
@@ -331,3 +355,112 @@ def test_without_sync_configs_destination_overrides_stay():
     src = ClusterState({"orders": TopicInfo("orders", 3, 1, {})}, 1)
     dst = ClusterState({"orders": TopicInfo("orders", 3, 1, {"cleanup.policy": "compact"})}, 1)
     assert [a.kind for a in plan_topics(g, src, dst).actions if a.topic == "orders"] == ["unchanged"]
+
+
+def sync_acls_plan(source: ClusterState, destination: ClusterState):
+    return plan_topics(group('[{source_topic: orders, topics_mirroring: {sync_acls: true}}]'), source, destination)
+
+
+ORDERS_WITH_DENY = ClusterState({"orders": TopicInfo("orders", 6, 1, {}, (
+    AclEntry("User:*", "*", "READ", "ALLOW"), AclEntry("User:bob", "*", "READ", "DENY")))}, 1)
+
+
+def test_acls_the_source_will_not_list_are_a_plan_error_naming_the_cluster_and_permission():
+    """The README's grants leave out cluster Describe: listing ACLs is refused. That is not "no ACLs": the plan
+    says which cluster refused and what to grant (or to turn sync_acls off)."""
+    denied = ClusterState({"orders": TopicInfo("orders", 6, 1, {})}, 1, acl_access="denied")
+    plan = sync_acls_plan(denied, EMPTY)
+    (err,) = plan.errors
+    assert "source cluster 'src'" in err.reason and "CLUSTER_AUTHORIZATION_FAILED" in err.reason
+    assert "Describe on the cluster" in err.reason and "sync_acls: false" in err.reason
+    # without sync_acls, the same refusal does not matter
+    assert not plan_topics(group('[{source_topic: orders}]'), denied, EMPTY).errors
+
+
+def test_a_destination_that_will_not_list_acls_is_an_error_and_nothing_is_planned_again_each_run():
+    """The source's ACLs are known, the destination's not: without the error every run planned all of them again
+    and failed creating them."""
+    denied = ClusterState({}, 1, acl_access="denied")
+    plan = sync_acls_plan(ORDERS_WITH_DENY, denied)
+    (err,) = plan.errors
+    assert "destination cluster 'dst'" in err.reason and "Describe (to list) and Alter (to create)" in err.reason
+    assert not [a for a in plan.actions if a.kind == "create_acls"]
+    assert [a.kind for a in plan.actions if a.topic == "orders"] == ["create"]
+
+
+def test_clusters_without_an_authorizer_are_noted_not_errors():
+    no_auth = ClusterState({}, 1, acl_access="no_authorizer")
+    plan = sync_acls_plan(ORDERS_WITH_DENY, no_auth)
+    assert not plan.errors and not [a for a in plan.actions if a.kind == "create_acls"]
+    assert any("destination cluster 'dst' has no authorizer" in n for n in plan.notes)
+    src = ClusterState({"orders": TopicInfo("orders", 6, 1, {})}, 1, acl_access="no_authorizer")
+    plan = sync_acls_plan(src, EMPTY)
+    assert not plan.errors and any("source cluster 'src' has no authorizer" in n for n in plan.notes)
+
+
+class AclAdmin:
+    """The AdminClient calls read_state makes to list ACLs: the principal's cluster operations, then the ACLs
+    (refused with ``acl_error``, a code)."""
+
+    def __init__(self, cluster_ops: list[str] | None, acl_error: str | None = None):
+        self.cluster_ops, self.acl_error, self.listed = cluster_ops, acl_error, False
+
+    def list_topics(self, timeout: float) -> object:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(topics={}, brokers={1: None})
+
+    def describe_cluster(self, include_authorized_operations: bool, request_timeout: float) -> object:
+        from types import SimpleNamespace
+
+        from confluent_kafka.admin import AclOperation
+
+        ops = None if self.cluster_ops is None else [AclOperation[o] for o in self.cluster_ops]
+        return done(SimpleNamespace(authorized_operations=ops))
+
+    def describe_acls(self, flt: object, request_timeout: float) -> object:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.listed = True
+        return done(exc=KafkaException(KafkaError(getattr(KafkaError, self.acl_error)))) if self.acl_error \
+            else done([])
+
+
+def done(value: object = None, exc: Exception | None = None) -> object:
+    from concurrent.futures import Future
+
+    fut: Future[object] = Future()
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)
+    return fut
+
+
+@pytest.mark.parametrize("cluster_ops,access", [(None, "denied"), (["DESCRIBE"], "list"),
+                                                (["ALTER", "DESCRIBE"], "manage")])
+def test_read_state_asks_what_the_principal_may_do_with_acls(cluster_ops, access):
+    """librdkafka answers a refused DescribeAcls with an empty list, as if there were no ACLs: read_state asks
+    the cluster which operations the principal is authorized for instead of trusting that answer."""
+    from mirror_core.topics import read_state
+
+    admin = AclAdmin(cluster_ops)
+    state = read_state(admin, with_acls=True)  # type: ignore[arg-type]
+    assert state.acl_access == access and admin.listed == (access != "denied")
+
+
+def test_read_state_reports_a_cluster_without_authorizer():
+    from mirror_core.topics import read_state
+
+    state = read_state(AclAdmin(["ALTER", "DESCRIBE"], "SECURITY_DISABLED"), with_acls=True)  # type: ignore[arg-type]
+    assert state.acl_access == "no_authorizer"
+
+
+def test_a_destination_that_may_list_but_not_create_acls_is_an_error():
+    plan = sync_acls_plan(ORDERS_WITH_DENY, ClusterState({}, 1, acl_access="list"))
+    (err,) = plan.errors
+    assert err.reason.startswith("cannot create the topic ACLs of destination cluster 'dst'") and "Alter" in err.reason
+    assert not [a for a in plan.actions if a.kind == "create_acls"]
+    # the source only needs to list them
+    assert not sync_acls_plan(ClusterState({"orders": TopicInfo("orders", 6, 1, {})}, 1, acl_access="list"),
+                              EMPTY).errors
