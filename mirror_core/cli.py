@@ -177,7 +177,7 @@ def provision(config: ConfigArg, group: GroupOpt = None) -> None:
     failed = False
     for g in _reachable(cfg, cfg.enabled_groups(group), registries=True):
         p = plan_group(cfg, g)
-        if p.topics.errors:
+        if p.topics.blocking:
             _print_plan(p)
             err.print(f"{g.name}: not provisioned: the plan has errors (see above)")
             failed = True

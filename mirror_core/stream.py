@@ -334,7 +334,7 @@ class MirrorRuntime:
         from mirror_core.provision import plan_group, provision_group
 
         plan = plan_group(self.cfg, self.group)
-        if plan.topics.errors:
+        if plan.topics.blocking:
             raise_plan_errors(plan)
         res = provision_group(self.cfg, self.group, plan)
         for e in res.errors:
@@ -1345,7 +1345,7 @@ def ensure_heartbeats_topic(admin: Any, topic: str, source: ClusterState, destin
 def raise_plan_errors(plan: Any) -> None:
     from mirror_core.errors import PlanError
 
-    raise PlanError("; ".join(f"{a.topic}: {a.reason}" for a in plan.topics.errors))
+    raise PlanError("; ".join(f"{a.topic}: {a.reason}" for a in plan.topics.blocking))
 
 
 def read_initial_offsets(checkpoint_dir: str, read: CheckpointReader = local_checkpoint_reader

@@ -108,6 +108,13 @@ class TopicPlan:
         return [a for a in self.actions if a.kind == "error"]
 
     @property
+    def blocking(self) -> list[TopicAction]:
+        """The errors that keep the group from being provisioned or streamed: all but a missing permission to
+        copy ACLs (:func:`acl_sync_problems`), which stops only the ACL copy. MirrorMaker 2 also goes on mirroring
+        then; here ``plan`` and ``provision`` still fail on it, and the stream logs it."""
+        return [a for a in self.errors if a.topic != ACL_SYNC]
+
+    @property
     def changes(self) -> list[TopicAction]:
         return [a for a in self.actions if a.kind not in ("unchanged", "error")]
 
@@ -135,6 +142,10 @@ def _deny_write_warnings(topic: str, acls: tuple[AclEntry, ...]) -> tuple[str, .
     return tuple(f"{topic}: copies DENY {a.operation} for {a.principal}: if that covers the destination principal, "
                  f"the mirror can no longer write {topic}" for a in acls
                  if a.permission == "DENY" and a.operation in ("WRITE", "ALL"))
+
+
+#: the ``topic`` of a plan error about the permission to copy topic ACLs (see :attr:`TopicPlan.blocking`)
+ACL_SYNC = "sync_acls"
 
 
 def acl_sync_problems(group: GroupConfig, mirrors: Iterable[ResolvedMirror], source: ClusterState,
@@ -211,7 +222,7 @@ def plan_topics(
     actions: list[TopicAction] = []
     notes: list[str] = []
     acl_errors, acl_notes = acl_sync_problems(group, resolved, source, destination)
-    actions += [TopicAction("error", topic="sync_acls", mirror=f"{group.name} (ACLs)", reason=e) for e in acl_errors]
+    actions += [TopicAction("error", topic=ACL_SYNC, mirror=f"{group.name} (ACLs)", reason=e) for e in acl_errors]
     notes += acl_notes
     acls_copyable = not acl_errors and destination.acl_access == "manage"
 

@@ -98,7 +98,8 @@ def plan_findings(plan: Any) -> list[str]:
 
 class PlanOperator(MirrorflowOperator):
     """Plan the group's provisioning (read-only) and log it as a table with its errors, skipped topics and
-    warnings; fails if a topic cannot be provisioned as planned (as ``mirrorflow provision`` refuses to start).
+    warnings; fails if a topic cannot be provisioned as planned (as ``mirrorflow provision`` refuses to start;
+    a missing permission to copy ACLs fails ``apply_topics`` instead, once the topics are there).
     Schema errors are reported here and fail ``mirror_schemas``, after the topics are provisioned."""
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -107,10 +108,10 @@ class PlanOperator(MirrorflowOperator):
         cfg, group = self.load()
         plan = plan_group(cfg, group)
         self.log.info("plan for group %s:\n%s", group.name, plan_table(plan))
-        if plan.topics.errors:
+        if plan.topics.blocking:  # an ACL copy it may not do fails apply_topics, after the topics
             raise AirflowFailException(
-                f"the plan for group {group.name} has {len(plan.topics.errors)} topic error(s): "
-                + "; ".join(f"{a.topic}: {a.reason}" for a in plan.topics.errors))
+                f"the plan for group {group.name} has {len(plan.topics.blocking)} topic error(s): "
+                + "; ".join(f"{a.topic}: {a.reason}" for a in plan.topics.blocking))
         kinds: dict[str, int] = {}
         for a in plan.topics.actions:
             kinds[a.kind] = kinds.get(a.kind, 0) + 1

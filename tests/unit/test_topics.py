@@ -464,3 +464,14 @@ def test_a_destination_that_may_list_but_not_create_acls_is_an_error():
     # the source only needs to list them
     assert not sync_acls_plan(ClusterState({"orders": TopicInfo("orders", 6, 1, {})}, 1, acl_access="list"),
                               EMPTY).errors
+
+
+def test_a_missing_acl_permission_stops_only_the_acl_copy() -> None:
+    """Listing ACLs refused on both sides: two plan errors, neither of which keeps the topic from being made or the
+    stream from running (TopicPlan.blocking); a topic the destination cannot hold still does."""
+    denied = ClusterState({"orders": TopicInfo("orders", 6, 1, {})}, 1, acl_access="denied")
+    plan = sync_acls_plan(denied, ClusterState({}, 1, acl_access="denied"))
+    assert len(plan.errors) == 2 and plan.blocking == []
+    assert [a.kind for a in plan.actions if a.topic == "orders"] == ["create"]
+    no_brokers = ClusterState({}, 0, acl_access="denied")  # no broker to hold a replica
+    assert [a.topic for a in sync_acls_plan(denied, no_brokers).blocking] == ["orders"]
