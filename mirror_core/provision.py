@@ -156,9 +156,17 @@ def apply_topics(cfg: MirrorsConfig, group: GroupConfig, plan: GroupPlan) -> Pro
         applied = apply_topic_plan(clients.admin(cfg.cluster(group.destination)), plan.topics)
     result.done += applied.done
     mirrors = {a.topic: a.mirror for a in plan.topics.actions}
+    dst = cfg.cluster(group.destination)
+    refused: dict[str, list[str]] = {}  # a refusal of the destination's principal -> the changes it refused
     for f in applied.failures:
-        result.errors.append(f"{mirrors.get(f.topic, group.name)}: {f}")
         result.failed_topics.setdefault(f.topic, str(f))
+        line = clients.refusal(group.destination, dst, f.code, f.code)  # the code alone: the same for each topic
+        if line is None:
+            result.errors.append(f"{mirrors.get(f.topic, group.name)}: {f}")
+        else:
+            refused.setdefault(line, []).append(f"{f.kind.replace('_', ' ')} {f.topic}")
+    # one line for each refusal, not one per topic: a missing grant refuses every topic it covers alike
+    result.errors += [f"{', '.join(changes)}: {line}" for line, changes in refused.items()]
     return result
 
 

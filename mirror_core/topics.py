@@ -65,6 +65,8 @@ class TopicInfo:
     replication_factor: int
     configs: dict[str, str] = field(default_factory=dict)  # explicitly set (non-default) configs only
     acls: tuple[AclEntry, ...] = ()
+    #: the configs that have Kafka's own default here (set neither on the topic nor on the brokers)
+    defaults: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -273,14 +275,16 @@ def plan_topics(
                 warnings=_partition_warning(sel.destination_topic, want_p, src.partitions), **base))
             changed = True
         diff = {k: v for k, v in want_cfg.items() if dst.configs.get(k) != v}
-        # as MM2's incremental config sync: an override the source does not have (removed there, or the
-        # destination's own) is deleted, or the destination would keep records for another time or compact them
-        # (config_exclude keeps a destination's own)
-        stale = tuple(sorted(k for k in dst.configs if k not in want_cfg and replicable(k, cfilter))) \
+        # as MM2's incremental config sync: an override the destination has where the source has Kafka's own
+        # default (removed there) is deleted, or the destination would keep records for another time or compact
+        # them. Not where the source's value comes from its brokers' settings (which are not copied): the
+        # destination's override may be what matches them (config_exclude keeps a destination's own)
+        stale = tuple(sorted(k for k in dst.configs
+                             if k not in want_cfg and k in src.defaults and replicable(k, cfilter))) \
             if tm.sync_configs else ()
         if diff or stale:
             whys = (["configs differ: " + ", ".join(sorted(diff))] if diff else []) + (
-                [f"not set on the source, back to the broker default: {', '.join(stale)}"] if stale else [])
+                [f"Kafka's default on the source, back to the broker default: {', '.join(stale)}"] if stale else [])
             actions.append(TopicAction("alter_configs", configs=diff, deletes=stale, reason="; ".join(whys), **base))
             changed = True
         missing_acls = tuple(a for a in want_acls if a not in dst.acls)
@@ -348,7 +352,7 @@ def read_state(admin: AdminClient, topics: Iterable[str] | None = None, with_acl
     wanted = set(topics) if topics is not None else None
     infos: dict[str, TopicInfo] = {}
     names = [t for t in md.topics if (wanted is None or t in wanted) and not md.topics[t].error]
-    configs = _describe_configs(admin, names, timeout) if names else {}
+    configs, defaults = _describe_configs(admin, names, timeout) if names else ({}, {})
     acl_access: AclAccess = "manage"
     acls: dict[str, list[AclEntry]] = {}
     if with_acls:
@@ -357,13 +361,17 @@ def read_state(admin: AdminClient, topics: Iterable[str] | None = None, with_acl
         t = md.topics[name]
         parts = t.partitions
         rf = len(next(iter(parts.values())).replicas) if parts else 0
-        infos[name] = TopicInfo(name, len(parts), rf, configs.get(name, {}), tuple(acls.get(name, ())))
+        infos[name] = TopicInfo(name, len(parts), rf, configs.get(name, {}), tuple(acls.get(name, ())),
+                                defaults.get(name, frozenset()))
     return ClusterState(infos, len(md.brokers), acl_access)
 
 
-def _describe_configs(admin: AdminClient, names: list[str], timeout: float) -> dict[str, dict[str, str]]:
+def _describe_configs(admin: AdminClient, names: list[str], timeout: float
+                      ) -> tuple[dict[str, dict[str, str]], dict[str, frozenset[str]]]:
+    """Per topic: its own overrides (:func:`_is_topic_override`), and the configs that have Kafka's default."""
     futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, n) for n in names], request_timeout=timeout)
     out: dict[str, dict[str, str]] = {}
+    defaults: dict[str, frozenset[str]] = {}
     for res, fut in futures.items():
         try:
             entries = fut.result(timeout)
@@ -374,14 +382,19 @@ def _describe_configs(admin: AdminClient, names: list[str], timeout: float) -> d
             raise KafkaOperationError(f"cannot read the configs of topic {res.name}: {exc.args[0].str()}",
                                       exc.args[0].name()) from None
         out[res.name] = {k: e.value for k, e in entries.items() if _is_topic_override(e)}
-    return out
+        defaults[res.name] = frozenset(k for k, e in entries.items() if _source(e) == ConfigSource.DEFAULT_CONFIG)
+    return out, defaults
 
 
-def _is_topic_override(entry: ConfigEntry) -> bool:
+def _source(entry: ConfigEntry) -> ConfigSource:
     source = entry.source
     if isinstance(source, int) and not isinstance(source, ConfigSource):
         source = ConfigSource(source)  # describe_configs reports the raw protocol value
-    return source == ConfigSource.DYNAMIC_TOPIC_CONFIG and entry.value is not None and not entry.is_sensitive
+    return source  # type: ignore[no-any-return]
+
+
+def _is_topic_override(entry: ConfigEntry) -> bool:
+    return _source(entry) == ConfigSource.DYNAMIC_TOPIC_CONFIG and entry.value is not None and not entry.is_sensitive
 
 
 def _describe_acls(admin: AdminClient, timeout: float) -> tuple[dict[str, list[AclEntry]], AclAccess]:
@@ -500,7 +513,7 @@ def apply_topic_plan(admin: AdminClient, plan: TopicPlan, timeout: float = 60.0)
                 if a.configs:
                     done.append(f"set {', '.join(f'{k}={v}' for k, v in sorted(a.configs.items()))} on {a.topic}")
                 if a.deletes:
-                    done.append(f"deleted {', '.join(a.deletes)} on {a.topic} (not set on the source)")
+                    done.append(f"deleted {', '.join(a.deletes)} on {a.topic} (Kafka's default on the source)")
         elif a.kind == "create_acls":
             bindings = [
                 AclBinding(ResourceType.TOPIC, a.topic, ResourcePatternType.LITERAL, x.principal, x.host,

@@ -211,7 +211,7 @@ groups:
     assert f"created {prefix}.new (2 partitions, RF 1)" in res.stdout
     assert f"grew {prefix}.grown to 4 partitions" in res.stdout
     assert f"set retention.ms=7200000 on {prefix}.grown" in res.stdout
-    assert f"deleted cleanup.policy on {prefix}.grown (not set on the source)" in res.stdout
+    assert f"deleted cleanup.policy on {prefix}.grown (Kafka's default on the source)" in res.stdout
     assert f"create topic {prefix}.clash failed" in res.stderr and "collides" in res.stderr, res.stderr
     assert "TOPIC_EXCEPTION" in res.stderr
 

@@ -330,23 +330,26 @@ def test_configs_kafka_4_removed_are_not_copied():
 
 
 def test_an_override_the_source_does_not_set_is_deleted_on_the_destination():
-    """An override removed on the source (or the destination's own, made before the mirror) would keep the
-    destination deleting or compacting records otherwise: the plan deletes it, as MM2's incremental config sync
-    does; excluded configs (min.insync.replicas, config_exclude) stay as they are."""
+    """An override removed on the source (or the destination's own, made before the mirror), where the source has
+    Kafka's own default, would keep the destination deleting or compacting records otherwise: the plan deletes it,
+    as MM2's incremental config sync does. Not where the source's value comes from its brokers (max.message.bytes
+    here: the destination's override may be what matches it); excluded configs (min.insync.replicas,
+    config_exclude) stay as they are."""
     g = group('[{source_topic: orders}]')  # the group excludes segment.bytes
-    src = ClusterState({"orders": TopicInfo("orders", 3, 1, {"retention.ms": "1000"})}, 1)
+    src = ClusterState({"orders": TopicInfo("orders", 3, 1, {"retention.ms": "1000"}, defaults=frozenset(
+        {"cleanup.policy", "min.insync.replicas", "segment.bytes"}))}, 1)
     dst = FakeDestination(topics={"orders": TopicInfo("orders", 3, 1, {
         "retention.ms": "1000", "cleanup.policy": "compact", "max.message.bytes": "100",
         "min.insync.replicas": "2", "segment.bytes": "1048576"})})
     (alter,) = [a for a in plan_topics(g, src, dst.state()).actions if a.topic == "orders"]
     assert alter.kind == "alter_configs" and alter.configs == {}
-    assert alter.deletes == ("cleanup.policy", "max.message.bytes")
-    assert "not set on the source" in alter.reason and "cleanup.policy" in alter.reason
+    assert alter.deletes == ("cleanup.policy",)
+    assert "Kafka's default on the source" in alter.reason and "cleanup.policy" in alter.reason
     applied = apply_topic_plan(dst, plan_topics(g, src, dst.state()))
     assert [d for d in applied.done if "orders" in d] == [
-        "deleted cleanup.policy, max.message.bytes on orders (not set on the source)"]
-    assert dst.topics["orders"].configs == {"retention.ms": "1000", "min.insync.replicas": "2",
-                                            "segment.bytes": "1048576"}
+        "deleted cleanup.policy on orders (Kafka's default on the source)"]
+    assert dst.topics["orders"].configs == {"retention.ms": "1000", "max.message.bytes": "100",
+                                            "min.insync.replicas": "2", "segment.bytes": "1048576"}
     assert [a.kind for a in plan_topics(g, src, dst.state()).actions if a.topic == "orders"] == ["unchanged"]
 
 
