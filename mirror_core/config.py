@@ -1078,6 +1078,7 @@ class InvalidGroup:
 
 
 _GROUP_PATH_RE = re.compile(r"^groups\[(\d+)\]")
+_GROUP_REF_RE = re.compile(r"\bgroups\[(\d+)\]")
 _CLUSTER_PATH_RE = re.compile(r"^clusters\.([^.\[]+)")
 
 
@@ -1089,6 +1090,12 @@ def load_groups(path: str | Path, env: Mapping[str, str] | None = None) -> tuple
 
     Raises :class:`ConfigError` (every issue, located in the file) when the file cannot be read, when a problem
     is not confined to groups (a top-level key, an empty ``clusters``), or when no group is valid."""
+    cfg, invalid = _valid_groups(path, env)
+    return _with_connections_env(cfg, env), invalid
+
+
+def _valid_groups(path: str | Path, env: Mapping[str, str] | None) -> tuple[MirrorsConfig, list[InvalidGroup]]:
+    """:func:`load_groups` before the connections file is applied."""
     p, source = Path(path), str(path)
     env = os.environ if env is None else env
     raw = _read_yaml(p)
@@ -1102,52 +1109,85 @@ def load_groups(path: str | Path, env: Mapping[str, str] | None = None) -> tuple
         tree = {**raw, "clusters": clusters, "groups": [raw_groups[i] for i in keep]}
         try:
             cfg = resolve_state_dirs(parse_config(tree, env, source), p, source)
-            break
         except ConfigError as exc:
+            before = len(clusters)
             blamed, unconfined = _blame(exc.issues, keep, raw_groups, clusters, env, found)
-            if unconfined or not blamed or blamed >= set(keep):
+            if unconfined or not (blamed or len(clusters) < before) or blamed >= set(keep):
                 every = [i for k in sorted(found) for i in found[k]]
                 raise ConfigError(every + [i for i in unconfined if i not in every], source) from None
             keep = [i for i in keep if i not in blamed]
-    invalid = []
-    for i in sorted(found):
-        name = raw_groups[i].get("name") if isinstance(raw_groups[i], dict) else None
-        invalid.append(InvalidGroup(f"groups[{i}]", name if isinstance(name, str) else None, tuple(found[i])))
-    return _with_connections_env(cfg, env), invalid
+            continue
+        # a group that shares its name with one left out is left out too: its DAGs, checkpoint and stop would
+        # otherwise pass from one to the other as the other's mistake comes and goes
+        named = {_raw_name(raw_groups[i]): i for i in sorted(found, reverse=True) if _raw_name(raw_groups[i])}
+        twins = [i for i in keep if _raw_name(raw_groups[i]) in named]
+        if not twins:
+            break
+        for i in twins:
+            found.setdefault(i, []).append(ConfigIssue(
+                f"groups[{i}].name", f"group name {_raw_name(raw_groups[i])!r} is also groups[{named[_raw_name(raw_groups[i])]}]'s, "
+                "which is left out"))
+        keep = [i for i in keep if i not in twins]
+        if not keep:
+            raise ConfigError([i for k in sorted(found) for i in found[k]], source)
+    invalid = [InvalidGroup(f"groups[{i}]", _raw_name(raw_groups[i]), tuple(found[i])) for i in sorted(found)]
+    return cfg, invalid
+
+
+def _raw_name(group: Any) -> str | None:
+    name = group.get("name") if isinstance(group, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _blame(issues: list[ConfigIssue], keep: list[int], raw_groups: list[Any], clusters: dict[str, Any],
            env: Mapping[str, str], found: dict[int, list[ConfigIssue]]) -> tuple[set[int], list[ConfigIssue]]:
     """Sort one validation's ``issues`` by the groups they concern (``keep[k]`` is the file's index of the
-    validated tree's ``groups[k]``), into ``found``; a cluster's problem concerns the groups that use it, and the
-    cluster leaves ``clusters``. Returns (the groups blamed, the issues no group owns)."""
+    validated tree's ``groups[k]``, in paths and messages alike), into ``found``; a cluster's problem concerns
+    every group of the file that uses it (one left out already stays out), and the cluster leaves ``clusters``.
+    Returns (the kept groups blamed, the issues no group owns)."""
     blamed: set[int] = set()
     unconfined: list[ConfigIssue] = []
+
+    def in_file(m: re.Match[str]) -> str:
+        return f"groups[{keep[int(m.group(1))]}]"
+
     for issue in issues:
+        issue = ConfigIssue(_GROUP_REF_RE.sub(in_file, issue.path), _GROUP_REF_RE.sub(in_file, issue.message))
         if m := _GROUP_PATH_RE.match(issue.path):
-            i = keep[int(m.group(1))]
-            issue = ConfigIssue(f"groups[{i}]" + issue.path[m.end():], issue.message)
-            users = [i]
+            users = [int(m.group(1))]
         elif m := _CLUSTER_PATH_RE.match(issue.path):
             alias = m.group(1)
             clusters.pop(alias, None)
-            users = [i for i in keep if isinstance(raw_groups[i], dict)
-                     and alias in (interpolate(raw_groups[i].get(side), env, []) for side in ("source", "destination"))]
+            users = [i for i, g in enumerate(raw_groups) if isinstance(g, dict)
+                     and alias in (interpolate(g.get(side), env, []) for side in ("source", "destination"))]
         else:
             users = []
         if not users:
             unconfined.append(issue)
         for i in users:
             found.setdefault(i, []).append(issue)
-            blamed.add(i)
+            if i in keep:
+                blamed.add(i)
     return blamed, unconfined
 
 
 def load_group(path: str | Path, name: str, env: Mapping[str, str] | None = None) -> MirrorsConfig:
-    """The config of the valid groups of the file at ``path``, one of which is ``name``; else
-    :class:`ConfigError` naming that group's own problems (or, from :func:`load_groups`, the file's)."""
-    cfg, invalid = load_groups(path, env)
-    return require_group(cfg, invalid, name, str(path))
+    """What one group's job needs of the file at ``path`` (:func:`for_group`); else :class:`ConfigError` naming
+    that group's own problems (or, from :func:`load_groups`, the file's)."""
+    cfg, invalid = _valid_groups(path, env)
+    return _with_connections_env(for_group(require_group(cfg, invalid, name, str(path)), name), env)
+
+
+def for_group(cfg: MirrorsConfig, name: str) -> MirrorsConfig:
+    """``cfg`` narrowed to the group ``name`` and the groups that mirror the other way between its two clusters
+    (a failback's flow, and the reverse lookups of offset translation), with only the clusters they use: what one
+    group's task or job needs. Another group's cluster is then neither looked up (its Airflow connection may be
+    missing) nor handed on (its secrets)."""
+    g = cfg.group(name)
+    groups = [x for x in cfg.groups if x.name == name or (x.source == g.destination and x.destination == g.source)]
+    aliases = {a for x in groups for a in (x.source, x.destination)}
+    return cfg.model_copy(update={"groups": groups,
+                                  "clusters": {a: c for a, c in cfg.clusters.items() if a in aliases}})
 
 
 def require_group(cfg: MirrorsConfig, invalid: list[InvalidGroup], name: str, source: str | None) -> MirrorsConfig:

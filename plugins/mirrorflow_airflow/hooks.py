@@ -31,6 +31,7 @@ from mirror_core.config import (
     InvalidGroup,
     MirrorsConfig,
     connections_payload,
+    for_group,
     load_groups,
     require_group,
     with_connections,
@@ -101,18 +102,22 @@ class MirrorflowHook(BaseHook):
                     if cluster.schema_registry_connection else None)
         return kafka, registry
 
-    def get_config(self) -> MirrorsConfig:
+    def get_config(self, group: str | None = None) -> MirrorsConfig:
         """Load, validate and resolve (once per hook): the file's valid groups (a task runs one group, and another
-        group's mistake does not stop it; see :func:`mirror_core.config.load_groups`)."""
+        group's mistake does not stop it; see :func:`mirror_core.config.load_groups`). With ``group``, only what
+        that group needs (:func:`mirror_core.config.for_group`): another group's connections are not looked up,
+        nor handed to its job."""
         if self._cfg is None:
             cfg, self._invalid = load_groups(self.config_path)
+            if group is not None:
+                cfg = for_group(require_group(cfg, self._invalid, group, self.config_path), group)
             if any(c.needs_connection for c in cfg.clusters.values()):
                 cfg = with_connections(cfg, self.resolve_cluster)
             self._cfg = cfg
         return self._cfg
 
     def get_group(self, name: str) -> tuple[MirrorsConfig, GroupConfig]:
-        cfg = require_group(self.get_config(), self._invalid, name, self.config_path)
+        cfg = require_group(self.get_config(name), self._invalid, name, self.config_path)
         return cfg, cfg.group(name)
 
     @contextmanager

@@ -121,6 +121,38 @@ def test_one_groups_mistake_leaves_the_other_groups_dags(monkeypatch: pytest.Mon
     assert bag.import_errors == {} and len(bag.dags) == 8
 
 
+def test_a_task_looks_up_only_its_own_groups_connections(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Group ``old``'s cluster names an Airflow connection that is not defined: group ``orders``'s tasks still load
+    (the reverse group ``back`` comes with it, for a failback and the offsets' reverse lookups), and its job's
+    connections file holds only its own clusters' secrets."""
+    from mirrorflow_airflow.hooks import MirrorflowHook
+
+    cfg = tmp_path / "mirrors.yaml"
+    cfg.write_text(textwrap.dedent("""
+        clusters:
+          a: {connection: kafka_a}
+          b: {kafka: {bootstrap.servers: "b:9092"}}
+          legacy: {connection: kafka_legacy}
+        groups:
+          - {name: orders, source: a, destination: b, mirrors: [{source_topic: orders}]}
+          - {name: back, source: b, destination: a, mirrors: [{source_topic: orders}]}
+          - {name: old, source: legacy, destination: b, mirrors: [{source_topic: old}]}
+    """))
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_A", json.dumps({"conn_type": "kafka", "password": "a-secret",
+                                                           "extra": {"bootstrap.servers": "a:9092"}}))
+    monkeypatch.delenv("AIRFLOW_CONN_KAFKA_LEGACY", raising=False)
+    hook = MirrorflowHook(str(cfg))
+    loaded, group = hook.get_group("orders")
+    assert group.source == "a" and [g.name for g in loaded.groups] == ["orders", "back"]
+    assert sorted(loaded.clusters) == ["a", "b"]
+    with hook.connections_file() as name:
+        assert name is not None and sorted(json.loads(Path(name).read_text())) == ["a"]
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    with pytest.raises(AirflowNotFoundException):
+        MirrorflowHook(str(cfg)).get_group("old")
+
+
 def _big_config(path: Path, groups: int = 10, per_group: int = 10) -> Path:
     lines = ["clusters:", "  src: {kafka: {bootstrap.servers: 'src:9092'}}", "  dst: {kafka: {bootstrap.servers: 'dst:9092'}}",
              "groups:"]
