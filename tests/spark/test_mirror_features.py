@@ -169,7 +169,8 @@ def test_dead_letters_header_ids_passthrough_heartbeats_and_at_least_once(cluste
     big, hdr, txt, alo = (f"{g}.big", f"{g}.hdr", f"{g}.txt", f"{g}.alo")
     for t, n in ((big, 2), (hdr, 1), (txt, 1), (alo, 2)):
         create_topic(clusters.src_bootstrap, t, n)
-    # the destination accepts at most 2000-byte batches
+    # the destination accepts at most 2000-byte batches (its own setting: config_exclude keeps it, else provisioning
+    # would delete it, the source having Kafka's default)
     dst_admin = AdminClient({"bootstrap.servers": clusters.dst_bootstrap})
     create_topics(dst_admin, [NewTopic(f"{big}.m", 2, 1, config={"max.message.bytes": "2000"})])
     # partition 0: small, 10 KB, small; partition 1: only a 10 KB record (a chunk that is all dead letters)
@@ -212,7 +213,8 @@ groups:
     topics_mirroring: {{replication_factor: {{type: fix, value: 1}}}}
     spark: {{master: "local[2]", trigger: "1 second", checkpoint_dir: "{tmp_path / ckpt}", read_path: {read_path}}}
     mirrors:
-      - {{source_topic: {big}, destination_topic: {big}.m, serdes: {{key: bytes, value: bytes}}}}
+      - {{source_topic: {big}, destination_topic: {big}.m, serdes: {{key: bytes, value: bytes}},
+          topics_mirroring: {{config_exclude: ['max\\.message\\.bytes']}}}}
       - {{source_topic: {hdr}, destination_topic: {hdr}.m}}
       - {{source_topic: {txt}, destination_topic: {txt}.m, serdes: {{key: string, value: string}}}}
       - {{source_topic: {alo}, destination_topic: {alo}.m, serdes: {{key: bytes, value: bytes}},
