@@ -54,6 +54,9 @@ class ProvisionResult:
     id_map: dict[int, int] = field(default_factory=dict)
     #: destination topics a change failed for (the plan's errors too): topic -> why, for whoever must leave them out
     failed_topics: dict[str, str] = field(default_factory=dict)
+    #: destination topics whose create or grow failed (or whose partitions were not served in time): nothing may
+    #: write to them yet
+    unusable: list[str] = field(default_factory=list)
 
 
 def selected_mirrors(cfg: MirrorsConfig, group: GroupConfig) -> list[ResolvedMirror]:
@@ -167,6 +170,7 @@ def apply_topics(cfg: MirrorsConfig, group: GroupConfig, plan: GroupPlan) -> Pro
             refused.setdefault(line, []).append(f"{f.kind.replace('_', ' ')} {f.topic}")
     # one line for each refusal, not one per topic: a missing grant refuses every topic it covers alike
     result.errors += [f"{', '.join(changes)}: {line}" for line, changes in refused.items()]
+    result.unusable = sorted({f.topic for f in applied.failures if f.kind in ("create", "grow")})
     return result
 
 

@@ -337,6 +337,12 @@ class MirrorRuntime:
         if plan.topics.blocking:
             raise_plan_errors(plan)
         res = provision_group(self.cfg, self.group, plan)
+        if res.unusable:
+            # a topic not made (or grown, or served yet) stops the job, as before 7 December: writing to partitions
+            # coming online can lose acknowledged records (KAFKA-15591), and the internal topics are the mirror's own
+            why = [e for e in res.errors if any(t in e for t in res.unusable)] or res.errors
+            raise KafkaOperationError(f"cannot provision {', '.join(res.unusable)} on {self.group.destination}: "
+                                      + "; ".join(why))
         for e in res.errors:
             log.error("%s: %s", self.group.name, e)
         self.id_map.update(res.id_map)

@@ -1617,3 +1617,27 @@ def test_read_path_executors_plans_in_spark_and_reads_in_the_tasks():
     for path in ("auto", "spark", "direct"):
         assert not SparkConfig(read_path=path).reads_in_tasks
     assert not SparkConfig(read_path="spark").plans_only and SparkConfig(read_path="direct").plans_only
+
+
+def test_a_topic_provisioning_could_not_make_stops_the_job(monkeypatch):
+    """Provisioning goes on past a topic it could not make (the CLI reports each), but the job does not: nothing may
+    write to a topic not made, grown or served yet (records acknowledged while a partition comes online can be
+    lost), so it stops in one line naming it; a failed ACL copy or config change is logged and the job goes on."""
+    from mirror_core import provision
+    from mirror_core.errors import KafkaOperationError
+    from mirror_core.provision import GroupPlan, ProvisionResult
+    from mirror_core.topics import TopicPlan
+
+    rt = _runtime('master: "local[1]"')
+    monkeypatch.setattr(provision, "plan_group", lambda cfg, group: GroupPlan(group.name, TopicPlan(group.name, ())))
+    refreshed = []
+    monkeypatch.setattr(rt, "_refresh_settings", lambda: refreshed.append(1))
+    res = ProvisionResult("g", errors=["g__t__t: create t: cluster 'b' ... denied", "g__t__t: create ACLs on t: no"],
+                          unusable=["t"])
+    monkeypatch.setattr(provision, "provision_group", lambda cfg, group, plan: res)
+    with pytest.raises(KafkaOperationError, match="cannot provision t on b: g__t__t: create t"):
+        rt.prepare()
+    assert refreshed == []
+    res.unusable = []
+    rt.prepare()
+    assert refreshed == [1]
