@@ -27,6 +27,15 @@ def _dagbag(config: Path | None, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN2
     return DagBag(str(DAGS))
 
 
+def dagbag_of(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, yaml_text: str, name: str = "mirrors.yaml"):  # noqa: ANN201
+    """The DAGs of a config written from ``yaml_text`` (dedented) into ``tmp_path``; it must import cleanly."""
+    cfg = tmp_path / name
+    cfg.write_text(textwrap.dedent(yaml_text))
+    bag = _dagbag(cfg, monkeypatch)
+    assert bag.import_errors == {}
+    return bag
+
+
 def test_every_dag_of_the_local_config_imports(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MIRRORFLOW_CONFIG", raising=False)
     bag = _dagbag(ROOT / "config" / "local.yaml", monkeypatch)

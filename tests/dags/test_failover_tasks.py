@@ -6,29 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from tests.dags.test_dagbag import _dagbag
+from tests.dags.test_dagbag import dagbag_of
 
 
 def _two_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    cfg = tmp_path / "two-way.yaml"
-    cfg.write_text(textwrap.dedent("""
+    return dagbag_of(tmp_path, monkeypatch, """
         clusters:
           a: {kafka: {bootstrap.servers: "a:9092"}}
           b: {kafka: {bootstrap.servers: "b:9092"}}
         groups:
           - {name: ab, source: a, destination: b, spark: {mode: available_now}, mirrors: [{source_topic: orders}]}
           - {name: ba, source: b, destination: a, mirrors: [{source_topic: orders}]}
-    """))
-    bag = _dagbag(cfg, monkeypatch)
-    assert bag.import_errors == {}
-    return bag
+    """, name="two-way.yaml")
 
 
 def test_two_dags_that_move_one_flow_know_each_other(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,7 +3,6 @@ each (errors, schema errors, skipped topics, warnings); schema subjects are mirr
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 from mirror_core.provision import GroupPlan, ProvisionResult
 from mirror_core.schemas import SchemaPlan
 from mirror_core.topics import TopicAction, TopicPlan
-from tests.dags.test_dagbag import _dagbag
+from tests.dags.test_dagbag import dagbag_of
 
 _UNAUTHORIZED = ("g__orders__orders", "schema registry http://dst: GET /subjects/orders-value/versions failed: "
                  "Unauthorized [subject 'orders-value', HTTP 401, error code 40101]")
@@ -27,16 +26,13 @@ def _plan(*actions: TopicAction, schema_errors: tuple[tuple[str, str], ...] = ()
 
 
 def _task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, task_id: str) -> Any:
-    cfg = tmp_path / "m.yaml"
-    cfg.write_text(textwrap.dedent("""
+    bag = dagbag_of(tmp_path, monkeypatch, """
         clusters:
           a: {kafka: {bootstrap.servers: "a:9092"}}
           b: {kafka: {bootstrap.servers: "b:9092"}}
         groups:
           - {name: g, source: a, destination: b, mirrors: [{source_topic: orders}, {source_topic: ordrs}]}
-    """))
-    bag = _dagbag(cfg, monkeypatch)
-    assert bag.import_errors == {}
+    """)
     return bag.dags["mirrorflow__g__provision"].get_task(task_id)
 
 
