@@ -147,6 +147,16 @@ class SchemaRegistryConfig(_Frozen):
                 host = redaction.url_host(v)
                 raise ValueError("not an http(s) URL (it must start with http:// or https://)"
                                  + (f"; host {host!r}" if host else ""))
+            after = v.split("//", 1)[1]
+            authority = re.split(r"[/?#]", after, maxsplit=1)[0]
+            rest = after[len(authority):]
+            if "@" in rest or not redaction.url_host(authority):
+                # a '/', '?' or '#' in the userinfo ends the host for every URL parser, and shows the rest of the
+                # password as the path (or the port): never the value, only the host (the text after the last '@')
+                host = redaction.url_host(v)
+                raise ValueError("its user:password must be percent-encoded ('/' as %2F, '?' as %3F, '#' as %23): "
+                                 "as written, the host is not where it ends"
+                                 + (f"; host {host!r}" if host else ""))
             return v.rstrip("/")
         return v
 

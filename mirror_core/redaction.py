@@ -32,10 +32,11 @@ SECRET_KEY_RE = re.compile(
     r"(password|passphrase|secret|token|sasl\.jaas\.config|sasl\.oauthbearer\.config|basic\.auth\.user\.info"
     r"|key\.pem$|\.key$|account\.key\.)", re.I)
 
-#: ``scheme://userinfo@`` anywhere in a text (``scheme//`` too, a common typo): the userinfo runs to the
-#: authority's LAST ``@`` (an unencoded ``@``, ``'`` or ``"`` in a password is still the password's), the
-#: authority ending at ``/``, ``?``, ``#`` or a blank as a URL parser ends it
-_USERINFO_IN_TEXT = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*:?//)[^/?#\s]*@")
+#: ``scheme://userinfo@`` anywhere in a text (``scheme//`` too, a common typo): the userinfo runs to the LAST
+#: ``@`` before a blank. An unencoded ``@``, ``'``, ``"``, ``/``, ``?`` or ``#`` in a password is still the
+#: password's: a URL parser would end the authority at the ``/``, and show the rest of the password as a path.
+#: A URL whose path holds an ``@`` loses its host and path up to it too (shown less, never more)
+_USERINFO_IN_TEXT = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*:?//)\S*@")
 
 MASK = "**********"
 

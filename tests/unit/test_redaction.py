@@ -41,7 +41,9 @@ def test_item14_bad_registry_url_error_hides_credentials():
 
 def test_item14_text_and_config_redaction():
     assert redact_url(URL) == "https://registry.example:8081/apis/ccompat/v7"
-    assert redact_url("http://host/x@y") == "http://host/x@y"  # an @ in the path is not userinfo
+    # an @ after the host may still end a password holding an unencoded '/': shown less, never more
+    assert redact_url("http://host/x@y") == "http://y"
+    assert redact_url("http://bob:Le4k/Tail9@host/x") == "http://host/x"
     line = f"GET {URL} failed; retry http://bob:pw2@other/x"
     assert redact_text(line) == "GET https://registry.example:8081/apis/ccompat/v7 failed; retry http://other/x"
     safe = redact_config({"bootstrap.servers": "b:9092", "sasl.password": "pw", "sasl.jaas.config": "x",
@@ -268,10 +270,10 @@ TRICKY_PASSWORDS = ["Le4k'Tail9", 'Le4k"Tail9', "Le4k@Tail9", "Le4kTail9"]
 
 
 def _leaks(pw: str, text: str) -> list[str]:
-    """The pieces of ``pw`` (split at its quote or ``@``) that ``text`` shows."""
+    """The pieces of ``pw`` (split at its quote, ``@``, ``/``, ``?`` or ``#``) that ``text`` shows."""
     import re
 
-    return [part for part in re.split(r"['\"@]", pw) if part in text]
+    return [part for part in re.split(r"['\"@/?#]", pw) if part in text]
 
 
 def _formatted(message: str) -> str:
@@ -323,3 +325,43 @@ def test_a_malformed_registry_url_is_not_echoed(pw, form):
     assert "clusters.a.schema_registry.url" in text and "reg.example:8081" in text
     for shown in (text, str(direct.value), str(SecretUrl(bad)), repr(SecretUrl(bad)), _formatted(text)):
         assert _leaks(pw, shown) == [], shown
+
+
+@pytest.mark.parametrize("pw", ["Le4k/Tail9", "Le4k?Tail9", "Le4k#Tail9", "Le4k/Ta@il9"])
+def test_a_registry_password_with_an_unencoded_slash_is_refused_and_never_shown(pw):
+    """A ``/``, ``?`` or ``#`` in a URL's password ends its host for every URL parser: the client would call a
+    host named after the password's first part, and its error ("Invalid port: 'Le4k'") showed that part. The
+    config refuses such a URL, naming its field and host, and asks for the percent-encoded form, which works;
+    a log line holding the raw URL shows none of the password."""
+    from urllib.parse import quote
+
+    from mirror_core.config import parse_config
+    from mirror_core.errors import ConfigError
+    from mirror_core.registry import split_userinfo
+
+    def raw(url: str) -> dict:
+        return {"clusters": {"a": {"kafka": {"bootstrap.servers": "b:9092"}, "schema_registry": {"url": url}},
+                             "b": {"kafka": {"bootstrap.servers": "c:9092"}}},
+                "groups": [{"name": "g", "source": "a", "destination": "b", "mirrors": [{"source_topic": "t"}]}]}
+
+    url = f"https://svc:{pw}@reg.example:8081/apis/ccompat/v7"
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw(url), env={})
+    text = str(err.value)
+    assert "clusters.a.schema_registry.url" in text and "percent-encoded" in text and "'/' as %2F" in text
+    assert "reg.example:8081" in text
+    for shown in (text, str(SecretUrl(url)), repr(SecretUrl(url)), _formatted(f"GET {url} failed"),
+                  _formatted(f"failed: {(url,)!r}")):
+        assert _leaks(pw, shown) == [], shown
+    encoded = f"https://svc:{quote(pw, safe='')}@reg.example:8081/apis/ccompat/v7"
+    cfg = parse_config(raw(encoded), env={})
+    reg = cfg.clusters["a"].schema_registry
+    assert reg is not None and split_userinfo(reg.url.get_secret_value())[1] == ("svc", pw)
+    assert str(reg.url) == "https://reg.example:8081/apis/ccompat/v7"
+
+
+def test_a_url_whose_path_holds_an_at_sign_is_shown_without_it():
+    """The text redaction runs to the last ``@`` of a URL: one with an ``@`` in its path loses its host too
+    (shown less, never more); an ``@`` after a blank is another word's."""
+    assert redact_text("GET https://reg:8081/subjects/a@b.c failed") == "GET https://b.c failed"
+    assert redact_text("https://u:p@reg:8081/x, mail ops@example.com") == "https://reg:8081/x, mail ops@example.com"
