@@ -306,19 +306,29 @@ def plan_topics(
         if existing is None:
             actions.append(TopicAction("create", topic=name, mirror=f"{group.name} (internal)", partitions=parts,
                                        replication_factor=rf, configs=cfg, reason=why))
-        elif name == group.stops and not compacted(existing.configs.get("cleanup.policy", "delete")):
-            # made by someone else with the default policy: a failover's stop would expire with the retention,
-            # and a stream DAG start the stopped mirror again
+        elif fix := _internal_policy_fix(group, name, existing.configs.get("cleanup.policy", "delete")):
             actions.append(TopicAction("alter_configs", topic=name, mirror=f"{group.name} (internal)",
-                                       configs={"cleanup.policy": "compact"},
-                                       reason=f"{why}: must be compacted (has cleanup.policy="
-                                              f"{existing.configs.get('cleanup.policy', 'delete')}), or a stop "
-                                              "expires with the retention"))
+                                       configs={"cleanup.policy": fix[0]}, reason=f"{why}: {fix[1]}"))
         else:
             actions.append(TopicAction("unchanged", topic=name, mirror=f"{group.name} (internal)",
                                        partitions=existing.partitions, replication_factor=existing.replication_factor,
                                        reason=why))
     return TopicPlan(group.name, tuple(actions), tuple((s.source_topic, s.reason) for s in skipped), tuple(notes))
+
+
+def _internal_policy_fix(group: GroupConfig, name: str, policy: str) -> tuple[str, str] | None:
+    """The ``cleanup.policy`` an internal topic made by someone else must be given, and why; None when it has the
+    right one."""
+    if name == group.stops and not compacted(policy):
+        # with the default policy a failover's stop would expire with the retention, and a stream DAG start the
+        # stopped mirror again
+        return "compact", f"must be compacted (has cleanup.policy={policy}), or a stop expires with the retention"
+    if name == group.offset_syncs and "compact" in {p.strip() for p in policy.split(",")}:
+        # compaction keeps each partition's newest sync only (an offset sync's key is its partition): a group's
+        # offset committed before it then has no sync at or below it, and cannot be translated exactly
+        return "delete", (f"must not be compacted (has cleanup.policy={policy}): compaction keeps each partition's "
+                          "newest sync only, and an offset committed before it cannot be translated")
+    return None
 
 
 def _rule_text(rule: Any, source_value: int) -> str:

@@ -190,6 +190,21 @@ def test_a_stops_topic_made_with_the_default_policy_is_compacted():
             assert action.configs == {"cleanup.policy": "compact"} and "a stop expires" in action.reason
 
 
+def test_an_offset_sync_topic_made_compacted_is_given_delete_retention():
+    """An offset-sync topic someone made beforehand compacted (MirrorMaker 2 makes its own so) keeps each
+    partition's newest sync only: a group's offset committed before it could no longer be translated. Provisioning
+    gives it delete retention; one with delete retention (or none set) is left as it is."""
+    g = group('[{source_topic: orders}]')
+    name = "mirrorflow-offset-syncs.src.internal"
+    for configs, planned in (({}, "unchanged"), ({"cleanup.policy": "delete"}, "unchanged"),
+                             ({"cleanup.policy": "compact"}, "alter_configs"),
+                             ({"cleanup.policy": "delete, compact"}, "alter_configs")):
+        action = by_topic(plan_topics(g, SRC, ClusterState({name: TopicInfo(name, 1, 1, configs)}, 1)))[name]
+        assert action.kind == planned, configs
+        if planned == "alter_configs":
+            assert action.configs == {"cleanup.policy": "delete"} and "cannot be translated" in action.reason
+
+
 def test_acls_already_on_the_destination_are_not_planned_again():
     x_read, z_read = AclEntry("User:x", "*", "READ", "ALLOW"), AclEntry("User:z", "*", "DESCRIBE", "ALLOW")
     src = ClusterState({"orders": TopicInfo("orders", 6, 1, {}, (AclEntry("User:x", "*", "ALL", "ALLOW"), z_read))}, 1)
