@@ -154,6 +154,39 @@ def test_groups_no_longer_in_the_config_are_left_out(airflow: Airflow) -> None:
     assert [g.group for g in page.groups] == ["kept"]
 
 
+def test_a_group_gone_from_the_config_while_its_stream_ran_is_named_with_the_configs_import_errors(
+        airflow: Airflow) -> None:
+    """A group left out of the config (or removed) while its continuous stream ran keeps a Spark job that nothing
+    relaunches or stops: the page names it, with its task's state, and says how many of the config's DAG files
+    fail to import (where the groups left out are named). A group gone with its stream done is not named."""
+    from airflow.models.errors import ParseImportError
+    from mirrorflow_airflow.web.render import as_json, render
+
+    airflow.dags("kept")
+    for g, state in (("broken", "running"), ("retrying", "up_for_retry"), ("finished", "success")):
+        airflow.dags(g, stale=True)
+        airflow.stream(g, "running", state)
+    assert page_model(airflow.session, hours=6, now=NOW).config_errors == 0
+    airflow.session.execute(insert(ParseImportError.__table__).values(
+        filename="mirrorflow_config_check.py", bundle_name="dags-folder", stacktrace="x"))  # relative to its bundle
+    airflow.session.execute(insert(ParseImportError.__table__).values(
+        filename="mirrors/someone_elses.py", bundle_name="dags-folder", stacktrace="x"))
+    airflow.session.execute(insert(ParseImportError.__table__).values(
+        filename="mirrors/mirrorflow_dags.py", bundle_name="dags-folder", stacktrace="x"))
+    page = page_model(airflow.session, hours=6, now=NOW)
+    assert [g.group for g in page.groups] == ["kept"]
+    assert page.unmanaged == (("broken", "running"), ("retrying", "up_for_retry")) and page.config_errors == 2
+    html = render(page, 6)
+    assert "<b>broken</b> (mirror_stream running)" in html and "2 of its DAG" in html
+    assert "finished" not in html
+    shown = as_json(page)
+    assert shown["unmanaged_streams"] == [{"group": "broken", "stream_state": "running"},
+                                          {"group": "retrying", "stream_state": "up_for_retry"}]
+    assert shown["config_import_errors"] == 2
+    assert page_model(airflow.session, hours=6, now=NOW, readable={"kept", "retrying"}).unmanaged == (
+        ("retrying", "up_for_retry"),)
+
+
 def test_a_user_sees_only_the_groups_they_may_read(airflow: Airflow) -> None:
     for g in ("mine", "theirs"):
         airflow.dags(g)

@@ -9,6 +9,7 @@ Kafka and never reads the config or a connection, so it has no secret to show.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,15 +27,22 @@ from mirrorflow_airflow.web.render import as_json, render
 
 def page_model(session: Any, hours: float, now: datetime | None = None, readable: set[str] | None = None
                ) -> PageModel:
-    """The page's data: the groups whose DAGs are not stale; with ``readable``, only those of them. What it
-    reads is bounded per group whatever the window (see :mod:`mirrorflow_airflow.web.store`)."""
+    """The page's data: the groups whose DAGs are not stale; with ``readable``, only those of them. Besides,
+    the groups whose DAGs went stale while their stream was active (a job nothing looks after any more), and
+    whether the config's DAG files fail to import. What it reads is bounded per group whatever the window (see
+    :mod:`mirrorflow_airflow.web.store`)."""
     now = now or datetime.now(UTC)
     synced, streamed = store.live_groups(session, "offset_sync"), store.live_groups(session, "stream")
     if readable is not None:
         synced, streamed = synced & readable, streamed & readable
-    return build_page(store.newest_samples(session, synced),
+    gone = store.live_groups(session, "stream", stale=True)
+    if readable is not None:
+        gone &= readable
+    page = build_page(store.newest_samples(session, synced),
                       store.totals_history(session, synced, now - timedelta(hours=hours)),
                       store.stream_states(session, streamed), now, groups=synced)
+    return replace(page, unmanaged=tuple(sorted(store.unmanaged_streams(session, gone).items())),
+                   config_errors=store.config_import_errors(session))
 
 
 def readable_groups(user: Any, session: Any) -> set[str]:

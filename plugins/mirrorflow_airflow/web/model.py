@@ -175,6 +175,10 @@ class GroupView:
 class PageModel:
     generated_at: datetime
     groups: tuple[GroupView, ...]
+    #: groups no longer in the config (or left out of it) whose stream task was last active: (group, state)
+    unmanaged: tuple[tuple[str, str], ...] = ()
+    #: the config's DAG files that fail to import (groups left out for a problem, or the whole config)
+    config_errors: int = 0
 
 
 def dag_id(group: str, purpose: str) -> str:

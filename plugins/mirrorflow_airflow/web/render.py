@@ -56,12 +56,20 @@ PAGE = _env.from_string("""<!doctype html>
  .state.upstream_failed { background: #cf222e; } .state.scheduled, .state.deferred { background: #8250df; }
  a { color: #0969da; text-decoration: none; }
  img.plot { max-width: 100%; margin-top: 8px; }
+ .alert { border: 1px solid #cf222e; border-radius: 6px; padding: 8px 12px; background: #ffebe9; }
 </style></head><body>
 <h1>Mirrors</h1>
 <div class="muted">Lag samples recorded by each group's <code>offset_sync</code> DAG (task <code>record_lag</code>),
 last {{ hours|num("{:g}") }} h; stream: the <code>mirror_stream</code> task's state
 in the latest run of the group's <code>stream</code> DAG.
 Generated {{ page.generated_at.strftime("%Y-%m-%d %H:%M:%S") }} UTC; refreshes every {{ refresh }}s.</div>
+{% if page.config_errors %}<p class="alert">The mirrors config has problems: {{ page.config_errors }} of its DAG
+files fail to import, and the groups they name are left out (Airflow's <a target="_top" href="{{ base }}dags">DAG
+import errors</a> name each group and its problems).</p>{% endif %}
+{% if page.unmanaged %}<p class="alert">No longer in the config, or left out of it, while their stream was active:
+{% for g, state in page.unmanaged %}<b>{{ g }}</b> (mirror_stream {{ state }}){{ ", " if not loop.last }}{% endfor %}.
+A Spark job of theirs may still run, and nothing relaunches or stops it any more: fix the group (its DAGs come
+back) or stop the job.</p>{% endif %}
 {% if not page.groups %}<p>No mirrorflow DAGs or lag samples yet: unpause a group's
 <code>offset_sync</code> DAG (it records a sample every run).</p>{% endif %}
 {% for g in page.groups %}
@@ -102,7 +110,8 @@ def as_json(page: PageModel) -> dict[str, Any]:
     def iso(t: datetime | None) -> str | None:
         return t.isoformat() if t else None
 
-    return {"generated_at": iso(page.generated_at), "groups": [
+    return {"generated_at": iso(page.generated_at), "config_import_errors": page.config_errors,
+            "unmanaged_streams": [{"group": g, "stream_state": s} for g, s in page.unmanaged], "groups": [
         {"group": g.group, "stream_state": g.stream_state, "stream_stopped": g.stream_stopped,
          "taken_at": iso(g.taken_at),
          "last_checkpoint_age_seconds": g.last_checkpoint_age_seconds, "total_lag_records": g.total_lag_records,

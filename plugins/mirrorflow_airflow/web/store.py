@@ -8,7 +8,9 @@ One view of the page, for the G groups shown (those whose DAGs are not stale), r
 * G x :data:`MAX_POINTS` ``lag_totals`` XComs in the window, a few hundred bytes each. When the window holds
   more of a group's records, every k-th is read (the newest first, k the smallest that fits), so the points
   still span the whole window; a busy group never takes another's share;
-* G stream DAG runs with their ``mirror_stream`` task instance, and the groups' DAG rows.
+* G stream DAG runs with their ``mirror_stream`` task instance, and the groups' DAG rows;
+* the same for the groups whose stream DAG is stale (to name those whose job may still run unattended), and a
+  count of the config's DAG files that fail to import.
 
 So a view's read does not grow with the history's length, the number of runs or the window.
 """
@@ -23,7 +25,7 @@ from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from airflow.models.taskinstance import TaskInstance
 from airflow.models.xcom import XComModel
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, func, or_, select
 
 from mirrorflow_airflow.web.model import SAMPLE_KEY, TOTALS_KEY, dag_id, group_of
 
@@ -33,13 +35,37 @@ STREAM_TASK = "mirror_stream"
 MAX_POINTS = 1000
 
 
-def live_groups(session: Any, purpose: str) -> set[str]:
+#: a stream task in one of these states has (or is about to have) a Spark job running
+ACTIVE_STREAM_STATES = frozenset({"running", "deferred", "queued", "scheduled", "up_for_retry", "restarting"})
+#: the DAG files whose import errors are the mirrors config's problems (a group left out, or the whole file)
+CONFIG_DAG_FILES = ("mirrorflow_config_check.py", "mirrorflow_dags.py")
+
+
+def live_groups(session: Any, purpose: str, stale: bool = False) -> set[str]:
     """The groups with a ``mirrorflow__<group>__<purpose>`` DAG that is not stale (a DAG no longer in the
-    config is stale: its group is not shown)."""
+    config is stale: its group is not shown); with ``stale``, those whose DAG is."""
     q = select(DagModel.dag_id).where(DagModel.dag_id.startswith("mirrorflow__", autoescape=True),
                                       DagModel.dag_id.endswith(f"__{purpose}", autoescape=True),
-                                      DagModel.is_stale.is_(False))
+                                      DagModel.is_stale.is_(stale))
     return {g for d in session.scalars(q) if (g := group_of(d, purpose))}
+
+
+def unmanaged_streams(session: Any, groups: Collection[str]) -> dict[str, str]:
+    """Of ``groups`` (those whose stream DAG is stale: removed from the config, or left out of it for a
+    problem), the ones whose ``mirror_stream`` task was last seen active, with its state: a Spark job of theirs
+    may still run, and nothing relaunches or stops it any more."""
+    return {g: s for g, s in stream_states(session, groups).items() if s in ACTIVE_STREAM_STATES}
+
+
+def config_import_errors(session: Any) -> int:
+    """How many of the mirrors config's DAG files fail to import (Airflow's DAG import errors name the groups
+    left out and their problems)."""
+    from airflow.models.errors import ParseImportError
+
+    # Airflow keeps the file's path relative to its DAG bundle
+    names = [c for f in CONFIG_DAG_FILES
+             for c in (ParseImportError.filename == f, ParseImportError.filename.endswith(f"/{f}", autoescape=True))]
+    return int(session.scalar(select(func.count()).select_from(ParseImportError).where(or_(*names))) or 0)
 
 
 def _every_kth(session: Any, key: str, groups: Collection[str], keep: int, since: datetime | None = None
