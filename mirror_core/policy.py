@@ -124,9 +124,10 @@ def build_replication_policy(group: GroupConfig) -> ReplicationPolicy:
     return instance
 
 
-# Names that are never mirrored: Kafka's own, registries' storage, MM2's and ours.
+# Names that are never mirrored: Kafka's own, registries' storage, MM2's and ours. MM2's DefaultTopicFilter
+# default (topics.exclude ".*[-.]internal, .*\.replica, __.*") is all in it.
 _INTERNAL_RE = re.compile(
-    r"^(__.*|_schemas|_confluent.*|kafkasql-journal|.*\.internal|.*[.-]internal|"
+    r"^(__.*|_schemas|_confluent.*|kafkasql-journal|.*\.internal|.*[.-]internal|.*\.replica|"
     r"mm2-.*|.*\.mirrorflow\.dlq|heartbeats)$"
 )
 
