@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -215,11 +215,13 @@ def plan_topics(
     destination: ClusterState,
     policy: ReplicationPolicy | None = None,
     mirrors: Iterable[ResolvedMirror] | None = None,
+    dead_letters: Mapping[str, str] | None = None,
 ) -> TopicPlan:
-    """Decide, for every topic the group mirrors, what the destination needs. Pure."""
+    """Decide, for every topic the group mirrors, what the destination needs. Pure. ``dead_letters``: the
+    dead-letter topics on the source, which no flow selects (:meth:`MirrorsConfig.dead_letter_topics_on`)."""
     policy = policy or build_replication_policy(group)
     resolved = tuple(mirrors if mirrors is not None else resolve_mirrors(group))
-    selector = TopicFilter(resolved, policy, group.source, group.destination)
+    selector = TopicFilter(resolved, policy, group.source, group.destination, dead_letters or {})
     chosen, skipped = selector.select(sorted(source.topics))
     actions: list[TopicAction] = []
     notes: list[str] = []
