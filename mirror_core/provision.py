@@ -32,6 +32,12 @@ class GroupPlan:
     def has_errors(self) -> bool:
         return bool(self.topics.errors) or bool(self.schemas is not None and self.schemas.errors)
 
+    @property
+    def registry_outages(self) -> list[str]:
+        """One line per schema registry that could not be reached or could not serve while planning (its URL
+        without credentials in it): the plan is incomplete for a runtime reason, not a problem of the config."""
+        return list(self.schemas.outages) if self.schemas is not None else []
+
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "group": self.group,
@@ -126,11 +132,13 @@ def _plan_schemas(cfg: MirrorsConfig, group: GroupConfig, topic_plan: TopicPlan,
     src, dst = _registries(cfg, group)
     steps: list[Any] = []
     errors: list[Any] = []
+    outages: list[str] = []
     for (mode, force), subset in _by_rules(pairs).items():
         part = schemas.plan_subjects(src, dst, subset, mode, force)
         steps += list(part.steps)
         errors += list(part.errors)
-    return schemas.SchemaPlan(steps, errors), pairs
+        outages += [o for o in part.outages if o not in outages]
+    return schemas.SchemaPlan(steps, errors, outages), pairs
 
 
 def provision_group(cfg: MirrorsConfig, group: GroupConfig, plan: GroupPlan | None = None) -> ProvisionResult:
