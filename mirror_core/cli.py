@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from mirror_core.errors import ConfigError, ConfigIssue, MirrorError
+from mirror_core.errors import ConfigError, ConfigIssue, MirrorError, UnreachableError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Mirror Kafka topics and their schemas.")
 local_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Embedded local clusters (demo, tests).")
@@ -157,6 +157,10 @@ def plan(config: ConfigArg, group: GroupOpt = None, as_json: JsonOpt = False) ->
 
     cfg = load_config(config)
     plans = [plan_group(cfg, g) for g in _reachable(cfg, cfg.enabled_groups(group), registries=True)]
+    outages = list(dict.fromkeys(o for p in plans for o in p.registry_outages))
+    if outages:
+        # a registry that went away (or fails) after the up-front check: as if that check had found it so
+        raise UnreachableError("; ".join(outages))
     if as_json:
         print(json.dumps([p.as_dict() for p in plans], indent=2, default=str))
     else:

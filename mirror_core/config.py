@@ -770,6 +770,16 @@ class MirrorsConfig(_Frozen):
             return [self.group(name)]
         return [g for g in self.groups if g.enabled]
 
+    def dead_letter_topics_on(self, alias: str) -> dict[str, str]:
+        """The dead-letter topics this file's groups write on cluster ``alias`` (the same brokers under another
+        alias count as the same cluster): topic -> its group. No regex flow reading that cluster mirrors them
+        (:class:`mirror_core.policy.TopicFilter`): in a two-way setup the reverse flow would copy the dead
+        letters back, whatever their name."""
+        here = _brokers(self.clusters[alias]) if alias in self.clusters else None
+        return {g.dlq_topic: g.name for g in self.groups
+                if g.destination == alias
+                or (here is not None and g.destination in self.clusters and _brokers(self.clusters[g.destination]) == here)}
+
 
 # --------------------------------------------------------------------------- resolved mirrors
 

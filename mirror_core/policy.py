@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import importlib
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from mirror_core.errors import MirrorError
 
 if TYPE_CHECKING:
-    from mirror_core.config import GroupConfig, ResolvedMirror
+    from mirror_core.config import GroupConfig, MirrorsConfig, ResolvedMirror
 
 
 class PolicyError(MirrorError):
@@ -124,9 +125,10 @@ def build_replication_policy(group: GroupConfig) -> ReplicationPolicy:
     return instance
 
 
-# Names that are never mirrored: Kafka's own, registries' storage, MM2's and ours.
+# Names that are never mirrored: Kafka's own, registries' storage, MM2's and ours. MM2's DefaultTopicFilter
+# default (topics.exclude ".*[-.]internal, .*\.replica, __.*") is all in it.
 _INTERNAL_RE = re.compile(
-    r"^(__.*|_schemas|_confluent.*|kafkasql-journal|.*\.internal|.*[.-]internal|"
+    r"^(__.*|_schemas|_confluent.*|kafkasql-journal|.*\.internal|.*[.-]internal|.*\.replica|"
     r"mm2-.*|.*\.mirrorflow\.dlq|heartbeats)$"
 )
 
@@ -154,12 +156,16 @@ class Skipped:
 
 @dataclass(frozen=True)
 class TopicFilter:
-    """Chooses source topics for a group's mirrors: explicit pairs, then regex flows."""
+    """Chooses source topics for a group's mirrors: explicit pairs, then regex flows.
+
+    ``dead_letters``: the dead-letter topics on the source cluster (topic -> the group writing them,
+    :meth:`MirrorsConfig.dead_letter_topics_on`): a flow never selects one, an explicit mirror may."""
 
     mirrors: tuple[ResolvedMirror, ...]
     policy: ReplicationPolicy
     source_alias: str
     destination_alias: str
+    dead_letters: Mapping[str, str] = field(default_factory=dict)
 
     def select(self, source_topics: list[str]) -> tuple[list[TopicSelection], list[Skipped]]:
         """Pure: decide, for the listed source topics, which are mirrored and where to."""
@@ -190,6 +196,10 @@ class TopicFilter:
             if is_internal_topic(topic):
                 skipped.append(Skipped(topic, "internal topic, never mirrored"))
                 continue
+            if topic in self.dead_letters:
+                skipped.append(Skipped(topic, f"dead-letter topic of group {self.dead_letters[topic]!r}, "
+                                              "never mirrored by a flow"))
+                continue
             hops = upstream_clusters(self.policy, topic)
             if self.destination_alias in hops:
                 skipped.append(Skipped(topic, _cycle_reason(hops, self.destination_alias)))
@@ -207,6 +217,16 @@ class TopicFilter:
             })
             chosen.append(TopicSelection(resolved, topic, dst))
         return chosen, skipped
+
+
+def group_topic_filter(cfg: MirrorsConfig, group: GroupConfig, mirrors: tuple[ResolvedMirror, ...] | None = None,
+                       policy: ReplicationPolicy | None = None) -> TopicFilter:
+    """The :class:`TopicFilter` of ``group`` in ``cfg``, which knows the file's dead-letter topics on its source."""
+    from mirror_core.config import resolve_mirrors
+
+    return TopicFilter(mirrors if mirrors is not None else tuple(resolve_mirrors(group)),
+                       policy or build_replication_policy(group), group.source, group.destination,
+                       cfg.dead_letter_topics_on(group.source))
 
 
 def _cycle_reason(hops: list[str], destination: str) -> str:

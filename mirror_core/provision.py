@@ -13,7 +13,7 @@ from typing import Any
 
 from mirror_core import clients
 from mirror_core.config import GroupConfig, MirrorsConfig, ResolvedMirror, resolve_mirrors
-from mirror_core.policy import TopicFilter, build_replication_policy
+from mirror_core.policy import group_topic_filter
 from mirror_core.topics import TopicPlan, apply_topic_plan, plan_topics, read_state
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,12 @@ class GroupPlan:
     @property
     def has_errors(self) -> bool:
         return bool(self.topics.errors) or bool(self.schemas is not None and self.schemas.errors)
+
+    @property
+    def registry_outages(self) -> list[str]:
+        """One line per schema registry that could not be reached or could not serve while planning (its URL
+        without credentials in it): the plan is incomplete for a runtime reason, not a problem of the config."""
+        return list(self.schemas.outages) if self.schemas is not None else []
 
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -63,9 +69,7 @@ def selected_mirrors(cfg: MirrorsConfig, group: GroupConfig) -> list[ResolvedMir
     """Every concrete (source topic -> destination topic) mirror of the group, flows expanded."""
     # topic names are all the filter needs: no per-topic config reads here (this runs every checkpoint round)
     md = clients.admin(cfg.cluster(group.source)).list_topics(timeout=30)
-    selector = TopicFilter(tuple(resolve_mirrors(group)), build_replication_policy(group), group.source,
-                           group.destination)
-    chosen, _ = selector.select(sorted(t for t, info in md.topics.items() if info.error is None))
+    chosen, _ = group_topic_filter(cfg, group).select(sorted(t for t, info in md.topics.items() if info.error is None))
     return [c.mirror for c in chosen]
 
 
@@ -78,9 +82,8 @@ def plan_group(cfg: MirrorsConfig, group: GroupConfig) -> GroupPlan:
         src_state = read_state(clients.admin(src), with_acls=want_acls)
     with clients.acting_on(group.destination, dst):
         dst_state = read_state(clients.admin(dst), with_acls=want_acls)
-    topic_plan = plan_topics(group, src_state, dst_state)
-    selector = TopicFilter(tuple(resolve_mirrors(group)), build_replication_policy(group), group.source,
-                           group.destination)
+    selector = group_topic_filter(cfg, group)
+    topic_plan = plan_topics(group, src_state, dst_state, selector.policy, selector.mirrors, selector.dead_letters)
     mirrors = {c.mirror.name: c.mirror for c in selector.select(sorted(src_state.topics))[0]}
     schema_plan, pairs = _plan_schemas(cfg, group, topic_plan, mirrors)
     return GroupPlan(group.name, topic_plan, schema_plan, tuple(pairs))
@@ -129,11 +132,13 @@ def _plan_schemas(cfg: MirrorsConfig, group: GroupConfig, topic_plan: TopicPlan,
     src, dst = _registries(cfg, group)
     steps: list[Any] = []
     errors: list[Any] = []
+    outages: list[str] = []
     for (mode, force), subset in _by_rules(pairs).items():
         part = schemas.plan_subjects(src, dst, subset, mode, force)
         steps += list(part.steps)
         errors += list(part.errors)
-    return schemas.SchemaPlan(steps, errors), pairs
+        outages += [o for o in part.outages if o not in outages]
+    return schemas.SchemaPlan(steps, errors, outages), pairs
 
 
 def provision_group(cfg: MirrorsConfig, group: GroupConfig, plan: GroupPlan | None = None) -> ProvisionResult:

@@ -142,9 +142,12 @@ class RegistryError(SchemaMirrorError):
         transient: bool = False,
         reason: str | None = None,
         retry_after: float | None = None,
+        url: str | None = None,
     ):
         self.transient = transient
         self.retry_after = retry_after
+        #: the registry's URL without credentials, when the error is about one registry
+        self.url = url
         #: for a transport failure, what the HTTP client saw (e.g. ``ConnectError: ... Connection refused``)
         self.reason = reason or message
         super().__init__(message, subject=subject, http_status=http_status, error_code=error_code)
@@ -152,6 +155,12 @@ class RegistryError(SchemaMirrorError):
 
 class RegistryUnavailableError(RegistryError):
     """The registry's circuit breaker is open: calls fail immediately until it resets."""
+
+
+def is_outage(err: BaseException) -> bool:
+    """True when the registry could not be reached or could not serve: connection refused, a timeout, a 5xx (or
+    429) answer, or its circuit breaker open. A runtime failure, not a problem of what was asked."""
+    return isinstance(err, RegistryError) and (err.transient or isinstance(err, RegistryUnavailableError))
 
 
 def is_not_found(err: BaseException) -> bool:
@@ -322,12 +331,13 @@ class RegistryClient:
                 reason = ("its TLS certificate is not trusted (set the registry's ssl.ca.location)"
                           if "CERTIFICATE_VERIFY_FAILED" in text else "TLS handshake failed (http vs https?)")
                 raise RegistryError(f"schema registry {self._display_url} refused ({what}): {reason}",
-                                    subject=subject) from None
+                                    subject=subject, url=self._display_url) from None
             why = redact_text(str(exc)).strip()
             raise RegistryError(
                 f"schema registry {self._display_url} unreachable ({what}): {type(exc).__name__}"
                 + (f" ({why})" if why else ""),
                 subject=subject, transient=True, reason=f"{type(exc).__name__}" + (f": {why}" if why else ""),
+                url=self._display_url,
             ) from None
         if resp.status_code < 400:
             try:
@@ -335,7 +345,7 @@ class RegistryClient:
             except ValueError:
                 raise RegistryError(f"schema registry {self._display_url}: {what} answered HTTP "
                                     f"{resp.status_code} with a body that is not JSON (wrong URL?)",
-                                    subject=subject, http_status=resp.status_code) from None
+                                    subject=subject, http_status=resp.status_code, url=self._display_url) from None
         code: int | None = None
         message = resp.reason_phrase
         try:
@@ -351,6 +361,7 @@ class RegistryClient:
             subject=subject, http_status=resp.status_code, error_code=code,
             transient=resp.status_code >= 500 or limited,
             retry_after=retry_after_seconds(resp.headers.get("Retry-After")) if limited else None,
+            url=self._display_url,
         )
 
     def _call_once(self, method: str, path: str, params: dict[str, Any] | None, body: Any,
@@ -362,7 +373,7 @@ class RegistryClient:
             reason = f" (last failure: {cause})" if isinstance(cause, RegistryError) else ""
             raise RegistryUnavailableError(
                 f"schema registry {self._display_url} circuit breaker is open: failing fast{reason}",
-                subject=subject,
+                subject=subject, url=self._display_url,
             ) from None
 
     def _request(self, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None,

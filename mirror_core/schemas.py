@@ -56,6 +56,7 @@ from mirror_core.registry import (
     Schema,
     SchemaReference,
     is_not_found,
+    is_outage,
 )
 from mirror_core.wire import SCHEMA_REGISTRATION_REFUSED, WireError
 
@@ -154,6 +155,9 @@ class SchemaStep:
 class SchemaPlan:
     steps: list[SchemaStep]
     errors: list[tuple[str, str]]  # (mirror_name, message)
+    #: one line per registry that could not be reached or could not serve while planning (connection refused, a
+    #: timeout, 5xx): its mirrors are in ``errors`` too, but the plan is incomplete for a runtime reason
+    outages: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -267,6 +271,8 @@ class _Planner:
         self.sources: dict[tuple[str, int], RegisteredSchema] = {}
         self.outcomes: dict[tuple[str, str], _Outcome] = {}
         self._src_global: str | None = None
+        #: registry URL (or the message, for an error not tied to one) -> the first outage seen there
+        self.outages: dict[str, str] = {}
 
     def plan_mirror(self, mirror_name: str, pairs: Sequence[SubjectPair]) -> tuple[list[SchemaStep], str | None]:
         steps: list[SchemaStep] = []
@@ -277,6 +283,8 @@ class _Planner:
             steps.append(SchemaStep(mirror_name, stop.subject, "conflict", stop.message))
             return steps, stop.message
         except RegistryError as exc:
+            if is_outage(exc):
+                self.outages.setdefault(exc.url or str(exc), str(exc))
             return steps, str(exc)
         return steps, None
 
@@ -431,7 +439,7 @@ def plan_subjects(
         steps += mirror_steps
         if err:
             errors.append((mirror_name, err))
-    return SchemaPlan(steps, errors)
+    return SchemaPlan(steps, errors, list(planner.outages.values()))
 
 
 # --------------------------------------------------------------------------- applying

@@ -39,7 +39,7 @@ from mirror_core.config import (
 )
 from mirror_core.errors import KafkaOperationError, MirrorError
 from mirror_core.joblock import local_path
-from mirror_core.policy import ReplicationPolicy, TopicFilter, TopicSelection, build_replication_policy
+from mirror_core.policy import ReplicationPolicy, TopicSelection, build_replication_policy, group_topic_filter
 from mirror_core.redaction import ClientConfig, client_config
 from mirror_core.replicate import (
     FENCE_THREADS,
@@ -353,8 +353,7 @@ class MirrorRuntime:
         src_state = read_state(clients.admin(self.src))
         dst_admin = clients.admin(self.dst)
         dst_state = read_state(dst_admin)
-        chosen, _ = TopicFilter(self.mirrors, self.policy, self.group.source, self.group.destination).select(
-            sorted(src_state.topics))
+        chosen, _ = group_topic_filter(self.cfg, self.group, self.mirrors, self.policy).select(sorted(src_state.topics))
         hb = heartbeat_selection(self.group, self.policy, sorted(src_state.topics), chosen)
         if hb is not None:
             chosen.append(hb)

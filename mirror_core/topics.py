@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from confluent_kafka import KafkaException, TopicCollection, TopicPartition
@@ -58,6 +58,9 @@ class AclEntry:
     permission: str
 
 
+MIN_ISR = "min.insync.replicas"
+
+
 @dataclass(frozen=True)
 class TopicInfo:
     name: str
@@ -67,6 +70,18 @@ class TopicInfo:
     acls: tuple[AclEntry, ...] = ()
     #: the configs that have Kafka's own default here (set neither on the topic nor on the brokers)
     defaults: frozenset[str] = frozenset()
+    #: the ``min.insync.replicas`` in effect (the topic's override or the brokers' setting); None when not read
+    min_insync_replicas: int | None = None
+
+    @property
+    def min_isr(self) -> tuple[int, str] | None:
+        """The ``min.insync.replicas`` in effect and whose it is (``the topic's`` / ``the brokers'``), if known."""
+        own = self.configs.get(MIN_ISR)
+        if own is not None and own.isdigit():
+            return int(own), "the topic's"
+        if self.min_insync_replicas is not None:
+            return self.min_insync_replicas, "the brokers'"
+        return None
 
 
 @dataclass(frozen=True)
@@ -215,11 +230,13 @@ def plan_topics(
     destination: ClusterState,
     policy: ReplicationPolicy | None = None,
     mirrors: Iterable[ResolvedMirror] | None = None,
+    dead_letters: Mapping[str, str] | None = None,
 ) -> TopicPlan:
-    """Decide, for every topic the group mirrors, what the destination needs. Pure."""
+    """Decide, for every topic the group mirrors, what the destination needs. Pure. ``dead_letters``: the
+    dead-letter topics on the source, which no flow selects (:meth:`MirrorsConfig.dead_letter_topics_on`)."""
     policy = policy or build_replication_policy(group)
     resolved = tuple(mirrors if mirrors is not None else resolve_mirrors(group))
-    selector = TopicFilter(resolved, policy, group.source, group.destination)
+    selector = TopicFilter(resolved, policy, group.source, group.destination, dead_letters or {})
     chosen, skipped = selector.select(sorted(source.topics))
     actions: list[TopicAction] = []
     notes: list[str] = []
@@ -268,6 +285,9 @@ def plan_topics(
                                            warnings=_deny_write_warnings(sel.destination_topic, want_acls), **base))
             continue
 
+        first = len(actions)  # the topic's first action carries its replication warnings
+        rf_warns = _replication_warnings(sel.destination_topic, dst, want_rf,
+                                         f"the rule wants {want_rf} ({_rule_text(tm.replication_factor, src.replication_factor)})")
         changed = False
         if want_p > dst.partitions:
             actions.append(TopicAction(
@@ -299,6 +319,8 @@ def plan_topics(
                                        reason="up to date",
                                        warnings=_partition_warning(sel.destination_topic, final_p, src.partitions),
                                        **base))
+        if rf_warns:
+            actions[first] = replace(actions[first], warnings=actions[first].warnings + rf_warns)
 
     for name, parts, cfg, why in internal_topics(group, destination):
         rf = min(3, destination.broker_count)
@@ -312,7 +334,7 @@ def plan_topics(
         else:
             actions.append(TopicAction("unchanged", topic=name, mirror=f"{group.name} (internal)",
                                        partitions=existing.partitions, replication_factor=existing.replication_factor,
-                                       reason=why))
+                                       reason=why, warnings=_replication_warnings(name, existing, None, "")))
     return TopicPlan(group.name, tuple(actions), tuple((s.source_topic, s.reason) for s in skipped), tuple(notes))
 
 
@@ -342,6 +364,20 @@ def _rule_text(rule: Any, source_value: int) -> str:
     return f"source has {source_value}" + (f", clamped to {' / '.join(bounds)}" if bounds else "")
 
 
+def _replication_warnings(topic: str, dst: TopicInfo, want_rf: int | None, wanted: str) -> tuple[str, ...]:
+    """An existing destination topic whose replication factor is not ``want_rf`` (``wanted`` says why that one;
+    None: no rule), or is below its ``min.insync.replicas``. Provisioning changes neither."""
+    out = []
+    if want_rf is not None and dst.replication_factor != want_rf:
+        out.append(f"{topic}: destination topic has replication factor {dst.replication_factor}, {wanted}; "
+                   "provisioning does not change an existing topic's replication factor")
+    isr = dst.min_isr
+    if isr is not None and dst.replication_factor < isr[0]:
+        out.append(f"{topic}: destination topic has replication factor {dst.replication_factor}, below {isr[1]} "
+                   f"{MIN_ISR} {isr[0]}: every acks=all write to it (the mirror's) fails with NOT_ENOUGH_REPLICAS")
+    return tuple(out)
+
+
 def _partition_warning(topic: str, dst_partitions: int, src_partitions: int) -> tuple[str, ...]:
     if dst_partitions < src_partitions:
         return (f"{topic}: destination has {dst_partitions} < {src_partitions} source partitions; partition numbers "
@@ -362,7 +398,7 @@ def read_state(admin: AdminClient, topics: Iterable[str] | None = None, with_acl
     wanted = set(topics) if topics is not None else None
     infos: dict[str, TopicInfo] = {}
     names = [t for t in md.topics if (wanted is None or t in wanted) and not md.topics[t].error]
-    configs, defaults = _describe_configs(admin, names, timeout) if names else ({}, {})
+    configs, defaults, min_isr = _describe_configs(admin, names, timeout) if names else ({}, {}, {})
     acl_access: AclAccess = "manage"
     acls: dict[str, list[AclEntry]] = {}
     if with_acls:
@@ -372,16 +408,18 @@ def read_state(admin: AdminClient, topics: Iterable[str] | None = None, with_acl
         parts = t.partitions
         rf = len(next(iter(parts.values())).replicas) if parts else 0
         infos[name] = TopicInfo(name, len(parts), rf, configs.get(name, {}), tuple(acls.get(name, ())),
-                                defaults.get(name, frozenset()))
+                                defaults.get(name, frozenset()), min_isr.get(name))
     return ClusterState(infos, len(md.brokers), acl_access)
 
 
 def _describe_configs(admin: AdminClient, names: list[str], timeout: float
-                      ) -> tuple[dict[str, dict[str, str]], dict[str, frozenset[str]]]:
-    """Per topic: its own overrides (:func:`_is_topic_override`), and the configs that have Kafka's default."""
+                      ) -> tuple[dict[str, dict[str, str]], dict[str, frozenset[str]], dict[str, int]]:
+    """Per topic: its own overrides (:func:`_is_topic_override`), the configs that have Kafka's default, and the
+    ``min.insync.replicas`` in effect."""
     futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, n) for n in names], request_timeout=timeout)
     out: dict[str, dict[str, str]] = {}
     defaults: dict[str, frozenset[str]] = {}
+    min_isr: dict[str, int] = {}
     for res, fut in futures.items():
         try:
             entries = fut.result(timeout)
@@ -393,7 +431,10 @@ def _describe_configs(admin: AdminClient, names: list[str], timeout: float
                                       exc.args[0].name()) from None
         out[res.name] = {k: e.value for k, e in entries.items() if _is_topic_override(e)}
         defaults[res.name] = frozenset(k for k, e in entries.items() if _source(e) == ConfigSource.DEFAULT_CONFIG)
-    return out, defaults
+        isr = entries.get(MIN_ISR)
+        if isr is not None and isr.value is not None and str(isr.value).isdigit():
+            min_isr[res.name] = int(isr.value)
+    return out, defaults, min_isr
 
 
 def _source(entry: ConfigEntry) -> ConfigSource:

@@ -77,7 +77,7 @@ def import_strimzi(text: str, source: str) -> Draft:
     groups: list[dict[str, Any]] = []
     draft.tree["groups"] = groups
     for mi, m in enumerate(mirrors):
-        groups.append(_mirror(draft, mi, m, consumer_opts, groups, eos))
+        groups.append(_mirror(draft, mi, m, consumer_opts, groups, eos, target_shape="target" in spec))
     for key in spec:
         if key not in ("clusters", "mirrors", "target"):
             what = ("the Connect cluster MM2 ran in; mirrorflow runs none" if key == "connectCluster"
@@ -249,7 +249,9 @@ def _cluster(draft: Draft, w: str, c: Any, seen: list[str], eos: dict[str, mm2.S
 
 
 def _mirror(draft: Draft, mi: int, m: Any, consumer_opts: dict[str, dict[str, str]],
-            groups: list[dict[str, Any]], eos: dict[str, mm2.Setting]) -> dict[str, Any]:
+            groups: list[dict[str, Any]], eos: dict[str, mm2.Setting], target_shape: bool = False) -> dict[str, Any]:
+    """One mirror, in the older shape's keys (:func:`_target_shape` rewrote a newer one's); ``target_shape``:
+    it was read from ``spec.target`` and the mirror's ``source``, which its errors name."""
     aliases = list(consumer_opts)
     w = f"spec.mirrors[{mi}]"
     if not isinstance(m, dict):
@@ -264,6 +266,8 @@ def _mirror(draft: Draft, mi: int, m: Any, consumer_opts: dict[str, dict[str, st
         ends.append(alias)
     src, dst = ends
     if src == dst:
+        if target_shape:
+            raise draft.error(f"{w}.source", f"the mirror's source and spec.target are the same cluster ({src!r})")
         raise draft.error(w, "sourceCluster and targetCluster are the same cluster")
     settings: dict[str, mm2.Setting] = {mm2.EOS: eos[dst]} if dst in eos else {}
     for key, mm2_key in _PATTERNS.items():

@@ -167,6 +167,7 @@ INTERNAL = [
     "g.mirrorflow.dlq",
     "connect-offsets-internal",
     "heartbeats",
+    "orders.replica",  # MM2's DefaultTopicFilter excludes .*\.replica too
 ]
 
 
@@ -175,7 +176,8 @@ def test_internal_topics(topic: str) -> None:
     assert is_internal_topic(topic)
 
 
-@pytest.mark.parametrize("topic", ["orders", "payments.eu", "internal.audit", "my_schemas", "heartbeats-app"])
+@pytest.mark.parametrize("topic", ["orders", "payments.eu", "internal.audit", "my_schemas", "heartbeats-app",
+                                   "replica.orders", "orders.replicas", "orders-replica"])
 def test_ordinary_topics_are_not_internal(topic: str) -> None:
     assert not is_internal_topic(topic)
 

@@ -169,8 +169,12 @@ def test_required_acls_for_the_shipped_secure_config():
     dst = {(g.resource_type, g.name, g.pattern): g.operations for g in grants if g.side == "destination"}
     assert {g.principal for g in grants if g.side == "source"} == {"User:mirror-source"}
     assert {g.principal for g in grants if g.side == "destination"} == {"User:mirror-destination"}
-    # the source principal reads; it never writes or creates anything
-    assert all(set(ops) <= {"READ", "DESCRIBE", "DESCRIBE_CONFIGS"} for ops in src.values())
+    # the source principal reads; the one topic it creates and writes is heartbeats (on, as in MM2)
+    assert cfg.groups[0].heartbeats.enabled
+    writes = {k for k, ops in src.items() if not set(ops) <= {"READ", "DESCRIBE", "DESCRIBE_CONFIGS"}}
+    assert writes == {("TOPIC", "heartbeats", "LITERAL")}
+    assert src[("TOPIC", "heartbeats", "LITERAL")] == ("CREATE", "WRITE", "READ", "DESCRIBE", "DESCRIBE_CONFIGS")
+    assert ("TOPIC", "heartbeats", "LITERAL") in dst  # its mirror (identity naming)
     assert src[("TOPIC", "secure.payments.", "PREFIXED")] == ("READ", "DESCRIBE", "DESCRIBE_CONFIGS")
     assert ("TRANSACTIONAL_ID", "mirrorflow.secure:", "PREFIXED") in dst
     from mirror_core.config import transactional_id

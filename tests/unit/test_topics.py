@@ -120,6 +120,39 @@ def test_internal_topics_planned_on_destination():
     assert "g.mirrorflow.dlq" in plan
 
 
+def test_an_existing_destination_topic_with_another_replication_factor_warns():
+    """Provisioning never changes an existing topic's replication factor: a destination made with another one
+    (by hand, by MM2, before the rule changed) is named with what it has and what the rule wants."""
+    g = group('[{source_topic: orders}]')  # the rule: fix 1
+    dst = ClusterState({"orders": TopicInfo("orders", 6, 3, {"retention.ms": "1000"})}, 3)
+    plan = plan_topics(g, SRC, dst)
+    assert by_topic(plan)["orders"].kind == "unchanged"
+    assert plan.warnings == ["orders: destination topic has replication factor 3, the rule wants 1 (fixed); "
+                             "provisioning does not change an existing topic's replication factor"]
+    same = ClusterState({"orders": TopicInfo("orders", 6, 1, {"retention.ms": "1000"})}, 3)
+    assert plan_topics(g, SRC, same).warnings == []
+
+
+@pytest.mark.parametrize(("configs", "effective", "whose"), [
+    ({"min.insync.replicas": "2"}, None, "the topic's"),  # an override on the topic
+    ({}, 2, "the brokers'"),  # the brokers' setting (read_state reads the effective value)
+])
+def test_a_destination_topic_below_its_min_insync_replicas_warns(configs, effective, whose):
+    """RF below min.insync.replicas: every acks=all write (all the mirror's) fails with NOT_ENOUGH_REPLICAS."""
+    g = group('[{source_topic: orders}]')
+    dst = ClusterState({"orders": TopicInfo("orders", 6, 1, {"retention.ms": "1000", **configs},
+                                            min_insync_replicas=effective)}, 3)
+    plan = plan_topics(g, SRC, dst)
+    assert plan.warnings == [f"orders: destination topic has replication factor 1, below {whose} min.insync.replicas "
+                             "2: every acks=all write to it (the mirror's) fails with NOT_ENOUGH_REPLICAS"]
+    # the same for a topic the mirror's offset handling writes
+    syncs = "mirrorflow-offset-syncs.src.internal"
+    dst = ClusterState({syncs: TopicInfo(syncs, 1, 1, configs, min_insync_replicas=effective)}, 3)
+    assert [w for w in plan_topics(g, SRC, dst).warnings if w.startswith(syncs)] == [
+        f"{syncs}: destination topic has replication factor 1, below {whose} min.insync.replicas 2: every acks=all "
+        "write to it (the mirror's) fails with NOT_ENOUGH_REPLICAS"]
+
+
 @pytest.mark.parametrize("acl,expected", [
     (AclEntry("User:a", "*", "READ", "ALLOW"), AclEntry("User:a", "*", "READ", "ALLOW")),
     (AclEntry("User:a", "*", "WRITE", "ALLOW"), None),
@@ -465,6 +498,35 @@ def test_read_state_asks_what_the_principal_may_do_with_acls(cluster_ops, access
     admin = AclAdmin(cluster_ops)
     state = read_state(admin, with_acls=True)  # type: ignore[arg-type]
     assert state.acl_access == access and admin.listed == (access != "denied")
+
+
+def test_read_state_reads_the_effective_min_insync_replicas():
+    """A topic's min.insync.replicas may come from the brokers, not the topic: read_state keeps the value in
+    effect (its configs hold only the topic's own overrides)."""
+    from types import SimpleNamespace
+
+    from confluent_kafka.admin import ConfigEntry, ConfigSource
+
+    from mirror_core.topics import read_state
+
+    def entries(source: ConfigSource, value: str) -> dict[str, ConfigEntry]:
+        return {"min.insync.replicas": ConfigEntry("min.insync.replicas", value, source=source),
+                "retention.ms": ConfigEntry("retention.ms", "604800000", source=ConfigSource.DEFAULT_CONFIG)}
+
+    described = {"a": entries(ConfigSource.STATIC_BROKER_CONFIG, "2"), "b": entries(ConfigSource.DYNAMIC_TOPIC_CONFIG, "3")}
+
+    class Admin:
+        def list_topics(self, timeout: float) -> object:
+            part = SimpleNamespace(replicas=[1])
+            return SimpleNamespace(topics={t: SimpleNamespace(error=None, partitions={0: part}) for t in described},
+                                   brokers={1: None})
+
+        def describe_configs(self, resources: list[Any], request_timeout: float) -> dict[Any, Any]:
+            return {r: done(described[r.name]) for r in resources}
+
+    state = read_state(Admin())  # type: ignore[arg-type]
+    assert (state.topics["a"].min_insync_replicas, state.topics["a"].configs) == (2, {})
+    assert (state.topics["b"].min_insync_replicas, state.topics["b"].configs) == (3, {"min.insync.replicas": "3"})
 
 
 def test_read_state_reports_a_cluster_without_authorizer():

@@ -88,3 +88,22 @@ def test_a_mirror_without_source_is_an_error():
     with pytest.raises(ConfigError) as info:
         import_config("strimzi", cr, "kmm2.yaml")
     assert info.value.issues[0].path == "spec.mirrors[1].source"
+
+
+def test_a_mirror_from_the_target_to_itself_names_the_keys_of_this_shape():
+    """The same-cluster error names the keys the resource has (``source``, ``spec.target``), not the older
+    shape's ``sourceCluster`` / ``targetCluster``."""
+    cr = """apiVersion: kafka.strimzi.io/v1
+kind: KafkaMirrorMaker2
+metadata: {name: loop}
+spec:
+  target: {alias: central, bootstrapServers: "central:9092"}
+  mirrors:
+    - source: {alias: central, bootstrapServers: "central:9092"}
+      topicsPattern: "orders"
+"""
+    with pytest.raises(ConfigError) as info:
+        import_config("strimzi", cr, "kmm2.yaml")
+    issue = info.value.issues[0]
+    assert (issue.path, issue.message) == ("spec.mirrors[0].source", "the mirror's source and spec.target are the same "
+                                                                     "cluster ('central')")
