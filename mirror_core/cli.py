@@ -462,6 +462,7 @@ def failover(
     sync, verify, (switch the consumers), finalize. Exit 0 when the step passed, 1 when not."""
     import subprocess
     import time
+    from dataclasses import replace
 
     from mirror_core import failover as fo
     from mirror_core.config import load_config
@@ -507,8 +508,9 @@ def failover(
         else:
             # with consumer groups (stopped on the source by now): their offsets follow them first
             resynced = fo.resync(cfg, g, params) if consumer_groups else None
-            if resynced is not None and fo.still_consuming(resynced):
-                rep = resynced  # nothing stopped: run the step again once they are stopped
+            blocked = fo.stop_blocked(resynced)
+            if resynced is not None and blocked is not None:
+                rep = replace(resynced, summary=blocked)  # nothing stopped: run the step again once fixed
             else:
                 if resynced is None:
                     err.print(f"{g.name}: finalize without --consumer-group: no group's offsets are synced again "

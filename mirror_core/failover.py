@@ -423,27 +423,34 @@ def resync(cfg: MirrorsConfig, group: GroupConfig, params: FailoverParams) -> St
     """:func:`final_sync` once more, as ``finalize``'s first step: the approval before it asks for the consumers to
     be stopped on the source, and what they read there since ``final_sync`` would otherwise be read again on the
     destination. Their destination offsets follow them forward (never back); a group that already has members on
-    the destination is left as it is, and the report says so, as it does when the clusters did not answer (the
-    stream is stopped all the same: the approval was given)."""
+    the destination is left as it is, and the report says so, as it does when the clusters did not answer or
+    records are still to mirror. Any of these keeps finalize from stopping the stream (:func:`stop_blocked`)."""
     try:
         active = {gid: n for gid, n in source_members(cfg, group, params.consumer_groups).items() if n}
         if active:
             # what they read from here on would be read again on the destination: nothing is stopped yet, and
-            # the step runs again once they are (see still_consuming)
+            # the step runs again once they are (see stop_blocked)
             who = ", ".join(f"{gid!r} has {n} active member(s)" for gid, n in sorted(active.items()))
             return StepReport("resync", group.name, False,
                               f"consumers still run on the source {group.source}: {who}; stop them there, then run "
                               "finalize again", {"source_members": active})
         rep = final_sync(cfg, group, params)
-    except Exception as exc:  # noqa: BLE001 - reported; finalize stops the stream all the same (it was approved)
+    except Exception as exc:  # noqa: BLE001 - reported; finalize stops nothing (stop_blocked)
         return StepReport("resync", group.name, False, f"could not sync them again: {exc}", {})
     return StepReport("resync", group.name, rep.ok, rep.summary, rep.details, rep.at)
 
 
-def still_consuming(resynced: StepReport | None) -> bool:
-    """Whether :func:`resync` found consumers still running on the source: finalize must not stop the stream
-    (the approval said they were stopped; they were not)."""
-    return resynced is not None and bool(resynced.details.get("source_members"))
+def stop_blocked(resynced: StepReport | None) -> str | None:
+    """Why finalize must not stop the stream after :func:`resync`, or None. Any failed resync blocks it:
+    consumers still running on the source (the approval said they were stopped; they were not), records still to
+    mirror (a producer wrote after ``quiet``, or a transaction committed late: stopped for good, the stream would
+    never bring them, and the switched consumers would never read them), a group not placed where its consumers
+    stopped (they would read again what they read since ``sync``), or clusters that did not answer. Nothing is
+    stopped; the step runs again once that is fixed. Without consumer groups (``resynced`` None) nothing blocks."""
+    if resynced is None or resynced.ok:
+        return None
+    return (f"{resynced.summary}; nothing stopped: run finalize again once that is fixed (a group its consumers "
+            "may re-read on the destination can be left out of it)")
 
 
 def finalize(cfg: MirrorsConfig, group: GroupConfig, stream_stopped: bool | None = None,

@@ -352,9 +352,10 @@ class FinalizeFailoverOperator(MirrorflowOperator):
         # stream stops, which takes up to its stop timeout)
         resynced = failover.resync(cfg, group, params)
         self.log.info("resync: %s", resynced.summary)
-        if failover.still_consuming(resynced):
-            # nothing stopped yet: once they are stopped, clearing the task runs the step again
-            raise AirflowFailException(resynced.summary)
+        blocked = failover.stop_blocked(resynced)
+        if blocked is not None:
+            # nothing stopped yet: once it is fixed, clearing the task runs the step again
+            raise AirflowFailException(blocked)
         try:
             where = failover.request_stream_stop(cfg, group, f"failover of group {group.name} to {group.destination}")
         except failover.stops.StopSignalError as exc:

@@ -84,3 +84,23 @@ def test_plan_still_exits_2_when_the_registry_refuses_the_request(tmp_path: Path
     assert res.exit_code == 2, res.output
     assert "schema error: g__orders__orders: schema registry https://sr-unauthorized:8081" in res.stderr
     assert "hunter2" not in res.output
+
+
+def test_finalize_writes_no_stop_when_the_offsets_could_not_be_synced_again(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """``failover --step finalize -c g1`` whose resync finds records still to mirror: exit 1, the reason and
+    "nothing stopped" in its one line, and no stop written (the stream goes on mirroring them)."""
+    from mirror_core import failover
+
+    file = tmp_path / "mirrors.yaml"
+    file.write_text(CONFIG.format(host="sr-finalize"))
+    monkeypatch.setattr(reach, "require_reachable", lambda *a, **kw: None)
+    monkeypatch.setattr(failover, "resync", lambda *_a: failover.StepReport(
+        "resync", "g", False, "not drained: 500 records still to mirror", {"lag_records": 500}))
+
+    def no_stop(*_a: Any, **_kw: Any) -> None:
+        raise AssertionError("the stream's stop written with records still to mirror")
+    monkeypatch.setattr(failover, "request_stream_stop", no_stop)
+    res = CliRunner().invoke(app, ["failover", str(file), "--group", "g", "--step", "finalize", "-c", "g1"])
+    assert res.exit_code == 1, res.output
+    assert "g: resync: NOT OK: not drained: 500 records still to mirror; nothing stopped" in res.output

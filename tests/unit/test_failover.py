@@ -259,14 +259,38 @@ def test_finalize_stops_nothing_while_consumers_still_run_on_the_source(tmp_path
         raise AssertionError("offsets synced while their consumers still read the source")
     monkeypatch.setattr(failover, "final_sync", no_sync)
     rep = failover.resync(cfg, cfg.groups[0], failover.FailoverParams(("g1", "g2")))
-    assert not rep.ok and failover.still_consuming(rep)
+    assert not rep.ok and failover.stop_blocked(rep) is not None
     assert rep.summary == ("consumers still run on the source a: 'g1' has 2 active member(s); stop them there, then "
                            "run finalize again")
     # stopped: the offsets follow them
     monkeypatch.setattr(failover, "source_members", lambda _cfg, _g, gids: dict.fromkeys(gids, 0))
     monkeypatch.setattr(failover, "final_sync", lambda *_a: failover.StepReport("sync", "ab", True, "2 synced", {}))
     rep = failover.resync(cfg, cfg.groups[0], failover.FailoverParams(("g1", "g2")))
-    assert rep.ok and not failover.still_consuming(rep)
+    assert rep.ok and failover.stop_blocked(rep) is None
+
+
+def test_finalize_stops_nothing_when_the_offsets_could_not_be_synced_again(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resync that fails for any reason keeps the stream running: records still to mirror (a producer wrote
+    after the quiet period) would never reach the destination once the stream stops for good, and a group not
+    placed where its consumers stopped would read again on the destination. Until 8 December only consumers
+    still on the source kept finalize from writing the stop."""
+    cfg = _cfg(tmp_path)
+    monkeypatch.setattr(failover, "source_members", lambda _cfg, _g, gids: dict.fromkeys(gids, 0))
+    for answer in (failover.StepReport("sync", "ab", False, "not drained: 500 records still to mirror",
+                                       {"lag_records": 500}),
+                   failover.StepReport("sync", "ab", False, "g1 t[0]: destination at 40, expected 45", {})):
+        monkeypatch.setattr(failover, "final_sync", lambda *_a, _r=answer: _r)
+        rep = failover.resync(cfg, cfg.groups[0], failover.FailoverParams(("g1",)))
+        blocked = failover.stop_blocked(rep)
+        assert blocked is not None and blocked.startswith(answer.summary) and "nothing stopped" in blocked
+
+    def unreachable(*_a: Any) -> None:
+        raise OSError("destination cluster b unreachable")
+    monkeypatch.setattr(failover, "final_sync", unreachable)
+    blocked = failover.stop_blocked(failover.resync(cfg, cfg.groups[0], failover.FailoverParams(("g1",))))
+    assert blocked is not None and "could not sync them again: destination cluster b unreachable" in blocked
+    assert failover.stop_blocked(None) is None  # no consumer groups given: nothing to sync, nothing blocks
 
 
 def test_the_sync_step_takes_only_an_exact_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
