@@ -161,6 +161,45 @@ def resume_on_destination(s: Scenario, topic: str) -> dict[int, list[bytes]]:
     return out
 
 
+@contextmanager
+def group_member(bootstrap: str, group: str, topic: str, timeout: float = 60.0) -> Iterator[None]:
+    """A live consumer of ``group`` on the cluster at ``bootstrap``, subscribed to ``topic`` and polling (in a
+    thread) for as long as the block runs: entered once the group has assigned it partitions, left once the
+    group has no member again. It commits nothing."""
+    joined, done = threading.Event(), threading.Event()
+    failed: list[BaseException] = []
+
+    def member() -> None:
+        try:
+            c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                          "log_level": 3})
+            try:
+                c.subscribe([topic])
+                while not done.is_set():
+                    c.poll(0.2)
+                    if c.assignment():
+                        joined.set()
+            finally:
+                c.close()  # leaves the group
+        except BaseException as exc:  # noqa: BLE001 - raised in the test's thread
+            failed.append(exc)
+            joined.set()
+
+    t = threading.Thread(target=member, name=f"member-{group}", daemon=True)
+    t.start()
+    try:
+        assert joined.wait(timeout) and not failed, failed or f"{group} not assigned {topic} in {timeout} s"
+        yield
+    finally:
+        done.set()
+        t.join(timeout)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout
+    while admin.describe_consumer_groups([group])[group].result(30).members:
+        assert time.monotonic() < deadline, f"{group} still has members {timeout} s after its consumer closed"
+        time.sleep(0.2)
+
+
 def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
     got = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
