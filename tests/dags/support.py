@@ -244,11 +244,15 @@ class Approver:
     ``answers`` maps an approval task id to "Approve" / "Reject", or to "timeout": then nobody answers, and once
     the approval's response timeout has passed the approver runs the scheduler's sweep of such approvals (what
     a scheduler does every loop; it is ``answered`` with status 0). A watchdog fails whatever still waits for
-    input after ``timeout`` seconds, so a missing answer ends the run instead of hanging the test."""
+    input after ``timeout`` seconds, so a missing answer ends the run instead of hanging the test. ``before`` maps
+    an approval task id to what happens while it waits, just before it is answered (called with its run id and
+    map index; what it raises fails the run like a wrong answer)."""
 
-    def __init__(self, dag_id: str, answers: dict[str, str], timeout: float = 600.0) -> None:
+    def __init__(self, dag_id: str, answers: dict[str, str], timeout: float = 600.0,
+                 before: dict[str, Callable[[str, int], None]] | None = None) -> None:
         self.dag_id = dag_id
         self.answers = dict(answers)
+        self.before = dict(before or {})
         self.timeout = timeout
         self.answered: list[tuple[str, str, int]] = []
         self.errors: list[str] = []
@@ -270,6 +274,8 @@ class Approver:
                         self.errors.append(f"unexpected approval {task_id}")
                         hitl.fail_awaiting_input(self.dag_id)
                         return
+                    if task_id in self.before:
+                        self.before.pop(task_id)(run_id, map_index)
                     if choice == "timeout":
                         sweep_timed_out_approvals(self.dag_id, task_id, run_id)
                         self.answered.append((task_id, choice, 0))
