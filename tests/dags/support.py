@@ -308,6 +308,42 @@ class Approver:
             t.join(30)
 
 
+@contextmanager
+def signed_in(users: dict[str, str], passwords_file: Path) -> Iterator[dict[str, Any]]:
+    """Airflow's public API with real users instead of the all-admins mode the DAG tests run in: the simple auth
+    manager's ``users`` (name -> role, e.g. ``USER``), each with a client signed in as them (their passwords in
+    ``passwords_file``). The all-admins mode is back on the way out."""
+    import os
+    import secrets
+
+    from airflow.api_fastapi.app import create_app
+    from fastapi.testclient import TestClient
+
+    passwords = {u: secrets.token_urlsafe(16) for u in users}
+    passwords_file.write_text(json.dumps(passwords) + "\n")
+    env = {"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{role}" for u, role in users.items()),
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords_file)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        app = create_app()
+        clients: dict[str, Any] = {}
+        for user, password in passwords.items():
+            client = TestClient(app)
+            tok = client.post("/auth/token", json={"username": user, "password": password})
+            tok.raise_for_status()
+            client.headers["Authorization"] = f"Bearer {tok.json()['access_token']}"
+            clients[user] = client
+        yield clients
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def sweep_timed_out_approvals(dag_id: str, task_id: str, run_id: str, wait: float = 120.0) -> None:
     """Wait (up to ``wait`` seconds) for the response timeout of ``task_id`` in ``run_id`` to pass, then run the
     scheduler's sweep that answers timed-out approvals with their defaults (a scheduler runs it every loop;

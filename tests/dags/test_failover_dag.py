@@ -33,10 +33,12 @@ def run_failover(dag: Any, cg: str, answers: dict[str, str],
     return dr, approver
 
 
-def ended_at_first_approval(dag: Any, cg: str, answer: tuple[str, int], reason: str) -> Any:
-    """A run whose first approval gets ``answer`` (choice, HTTP status): it ends there, and the report says
-    ``reason``."""
-    dr, approver = run_failover(dag, cg, {"approve_stop_producers": answer[0]})
+def ended_at_first_approval(dag: Any, cg: str, answer: tuple[str, int], reason: str,
+                            before: Callable[[str, int], None] | None = None) -> Any:
+    """A run whose first approval gets ``answer`` (choice, HTTP status), after ``before`` while it waits: it ends
+    there, and the report says ``reason``."""
+    dr, approver = run_failover(dag, cg, {"approve_stop_producers": answer[0]},
+                                {"approve_stop_producers": before} if before else None)
     assert dr.state == "success", support.task_states(dr)
     assert approver.answered == [("approve_stop_producers", *answer)]
     report = support.xcom(dr.dag_id, dr.run_id, "report")
@@ -134,10 +136,11 @@ def test_failover_reject_reject_then_approve(clusters: Any, unique: Any, tmp_pat
 
 def test_an_approval_nobody_may_or_does_answer_ends_the_run(clusters: Any, unique: Any, tmp_path: Path,
                                                              airflow_db: Path, monkeypatch: Any) -> None:
-    """failover.approvers are the approvals' assigned users (Airflow lets only them answer; these tests run in the
-    simple auth manager's all-admins mode, where everyone may); failover.approval_timeout: unanswered, the
-    approval is answered Reject when it passes (by the scheduler's sweep), the run ends where it was (nothing
-    changed), and the report says nobody answered."""
+    """failover.approvers are the approvals' assigned users: Airflow lets only them answer (the other tests run in
+    the simple auth manager's all-admins mode, where everyone may; here, while the approval waits, two users who
+    may both act on the run try). failover.approval_timeout: unanswered, the approval is answered Reject when it
+    passes (by the scheduler's sweep), the run ends where it was (nothing changed), and the report says nobody
+    answered."""
     s = support.scenario(clusters, unique, tmp_path, partitions=1, records=20,
                          group_yaml="    failover: {approvers: [sre-oncall], approval_timeout: 3s}\n")
     support.commit_source_group(s, {0: 5})
@@ -148,7 +151,22 @@ def test_an_approval_nobody_may_or_does_answer_ends_the_run(clusters: Any, uniqu
     assert stop.assigned_users == [{"id": "sre-oncall", "name": "sre-oncall"}] and stop.defaults == ["Reject"]
     assert "Unanswered for 3 s, this is answered Reject." in stop.body
 
+    def others_may_not(run_id: str, map_index: int) -> None:
+        from mirrorflow_airflow import hitl
+
+        path = f"/api/v2/dags/{failover.dag_id}/dagRuns/{run_id}/taskInstances/approve_stop_producers/{map_index}/" \
+            "hitlDetails"
+        with support.signed_in({"sre-oncall": "USER", "dev": "USER"}, tmp_path / "passwords.json") as users:
+            r = users["dev"].patch(path, json={"chosen_options": ["Reject"]})
+            assert r.status_code == 403 and "(id=dev) is not a respondent for the task" in r.text, r.text[:300]
+            # the approver gets past that check (here only to be refused an answer that is not one of the options)
+            r = users["sre-oncall"].patch(path, json={"chosen_options": ["Maybe"]})
+            assert r.status_code == 400 and "Invalid options" in r.text, r.text[:300]
+            r = users["dev"].get(path)
+            assert r.status_code == 200 and r.json()["response_received"] is False, r.text[:300]
+        assert ("approve_stop_producers", run_id, map_index) in hitl.awaiting_input(failover.dag_id)  # still waits
+
     dr = ended_at_first_approval(failover, s.consumer_group, ("timeout", 0),
-                                 "no answer before the approval's timeout: rejected")
+                                 "no answer before the approval's timeout: rejected", before=others_may_not)
     assert support.task_states(dr)["final_sync"] == "skipped"
     assert support.committed(s.dst, s.consumer_group, f"{s.topic}.mirror", 1) == {0: -1001}
