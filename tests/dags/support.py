@@ -161,6 +161,45 @@ def resume_on_destination(s: Scenario, topic: str) -> dict[int, list[bytes]]:
     return out
 
 
+@contextmanager
+def group_member(bootstrap: str, group: str, topic: str, timeout: float = 60.0) -> Iterator[None]:
+    """A live consumer of ``group`` on the cluster at ``bootstrap``, subscribed to ``topic`` and polling (in a
+    thread) for as long as the block runs: entered once the group has assigned it partitions, left once the
+    group has no member again. It commits nothing."""
+    joined, done = threading.Event(), threading.Event()
+    failed: list[BaseException] = []
+
+    def member() -> None:
+        try:
+            c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                          "log_level": 3})
+            try:
+                c.subscribe([topic])
+                while not done.is_set():
+                    c.poll(0.2)
+                    if c.assignment():
+                        joined.set()
+            finally:
+                c.close()  # leaves the group
+        except BaseException as exc:  # noqa: BLE001 - raised in the test's thread
+            failed.append(exc)
+            joined.set()
+
+    t = threading.Thread(target=member, name=f"member-{group}", daemon=True)
+    t.start()
+    try:
+        assert joined.wait(timeout) and not failed, failed or f"{group} not assigned {topic} in {timeout} s"
+        yield
+    finally:
+        done.set()
+        t.join(timeout)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout
+    while admin.describe_consumer_groups([group])[group].result(30).members:
+        assert time.monotonic() < deadline, f"{group} still has members {timeout} s after its consumer closed"
+        time.sleep(0.2)
+
+
 def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
     got = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
@@ -205,11 +244,15 @@ class Approver:
     ``answers`` maps an approval task id to "Approve" / "Reject", or to "timeout": then nobody answers, and once
     the approval's response timeout has passed the approver runs the scheduler's sweep of such approvals (what
     a scheduler does every loop; it is ``answered`` with status 0). A watchdog fails whatever still waits for
-    input after ``timeout`` seconds, so a missing answer ends the run instead of hanging the test."""
+    input after ``timeout`` seconds, so a missing answer ends the run instead of hanging the test. ``before`` maps
+    an approval task id to what happens while it waits, just before it is answered (called with its run id and
+    map index; what it raises fails the run like a wrong answer)."""
 
-    def __init__(self, dag_id: str, answers: dict[str, str], timeout: float = 600.0) -> None:
+    def __init__(self, dag_id: str, answers: dict[str, str], timeout: float = 600.0,
+                 before: dict[str, Callable[[str, int], None]] | None = None) -> None:
         self.dag_id = dag_id
         self.answers = dict(answers)
+        self.before = dict(before or {})
         self.timeout = timeout
         self.answered: list[tuple[str, str, int]] = []
         self.errors: list[str] = []
@@ -231,6 +274,8 @@ class Approver:
                         self.errors.append(f"unexpected approval {task_id}")
                         hitl.fail_awaiting_input(self.dag_id)
                         return
+                    if task_id in self.before:
+                        self.before.pop(task_id)(run_id, map_index)
                     if choice == "timeout":
                         sweep_timed_out_approvals(self.dag_id, task_id, run_id)
                         self.answered.append((task_id, choice, 0))
@@ -261,6 +306,42 @@ class Approver:
         finally:
             self._stop.set()
             t.join(30)
+
+
+@contextmanager
+def signed_in(users: dict[str, str], passwords_file: Path) -> Iterator[dict[str, Any]]:
+    """Airflow's public API with real users instead of the all-admins mode the DAG tests run in: the simple auth
+    manager's ``users`` (name -> role, e.g. ``USER``), each with a client signed in as them (their passwords in
+    ``passwords_file``). The all-admins mode is back on the way out."""
+    import os
+    import secrets
+
+    from airflow.api_fastapi.app import create_app
+    from fastapi.testclient import TestClient
+
+    passwords = {u: secrets.token_urlsafe(16) for u in users}
+    passwords_file.write_text(json.dumps(passwords) + "\n")
+    env = {"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{role}" for u, role in users.items()),
+           "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords_file)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        app = create_app()
+        clients: dict[str, Any] = {}
+        for user, password in passwords.items():
+            client = TestClient(app)
+            tok = client.post("/auth/token", json={"username": user, "password": password})
+            tok.raise_for_status()
+            client.headers["Authorization"] = f"Bearer {tok.json()['access_token']}"
+            clients[user] = client
+        yield clients
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def sweep_timed_out_approvals(dag_id: str, task_id: str, run_id: str, wait: float = 120.0) -> None:

@@ -412,6 +412,26 @@ def test_finalize_waits_for_a_job_still_on_the_checkpoint(monkeypatch: pytest.Mo
             assert ti.pushed["step_report"]["details"]["stream_stopped"] is False
 
 
+def test_finalize_stops_nothing_while_a_consumer_still_runs_on_the_source(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path) -> None:
+    """The operator's half of what test_failover_cli checks on real clusters for the CLI: the resync finds members
+    on the source, and the task fails naming them before it writes the stop or pauses the stream DAG."""
+    from airflow.sdk.exceptions import AirflowFailException
+    from mirrorflow_airflow import operators
+
+    from mirror_core import failover
+
+    boards = fake_boards(monkeypatch)
+    monkeypatch.setattr(failover, "source_members", lambda _cfg, _g, gids: dict.fromkeys(gids, 2))
+    paused: list[str] = []
+    monkeypatch.setattr(operators, "pause_dag", lambda dag_id, log: paused.append(dag_id) or True)
+    op = operators.FinalizeFailoverOperator(task_id="finalize", config_path=str(_own_checkpoint_config(tmp_path)),
+                                            group_name="demo", stream_dag_id="mirrorflow__demo__stream")
+    with pytest.raises(AirflowFailException, match="consumers still run on the source src: 'demo-app' has 2 active"):
+        op.execute({"ti": _TaskInstance(), "params": {"consumer_groups": ["demo-app"]}})
+    assert sum(b.writes for b in boards.values()) == 0 and paused == []
+
+
 def test_a_stream_job_counts_as_running_only_while_its_task_runs() -> None:
     from mirrorflow_airflow.operators import stream_jobs_running
 

@@ -34,6 +34,11 @@ def test_failover_by_hand(clusters: Any, unique: Any, tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["failover", str(s.config), "--group", s.name, "--step", "preflight", *cg])
     assert res.exit_code == 1 and "not mirrored yet" in res.output  # nothing mirrored yet: not ready
     assert step(s, "drain")["ok"]
+    # a consumer of the group already reads on the destination: not ready
+    with support.group_member(s.dst, s.consumer_group, f"{s.topic}.mirror"):
+        res = CliRunner().invoke(app, ["failover", str(s.config), "--group", s.name, "--step", "preflight", *cg])
+    assert res.exit_code == 1, res.output
+    assert f"consumer group {s.consumer_group!r} has 1 active member(s) on the destination" in res.output, res.output
     assert step(s, "preflight", *cg)["ok"]
     assert step(s, "lag", "--max-lag-records", "0")["details"]["lag_records"] == 0
     assert step(s, "quiet", "--quiet-seconds", "1", "--no-stream")["ok"]
@@ -42,6 +47,17 @@ def test_failover_by_hand(clusters: Any, unique: Any, tmp_path: Path) -> None:
     assert step(s, "verify")["details"]["records_verified"] == 40
     # the consumers read on until they were stopped on the source: finalize moves their offsets after them
     support.commit_source_group(s, {0: 9, 1: 15})
+    # ... but one still reads there: finalize stops nothing, moves no offset, and says who
+    cfg = load_config(s.config)
+    with support.group_member(s.src, s.consumer_group, s.topic):
+        res = CliRunner().invoke(app, ["failover", str(s.config), "--group", s.name, "--step", "finalize", "--json",
+                                       *cg])
+    assert res.exit_code == 1, res.output
+    early = json.loads(res.output[res.output.index("{"):])
+    assert early["details"]["source_members"] == {s.consumer_group: 1}
+    assert f"consumers still run on the source src: {s.consumer_group!r} has 1 active member(s)" in early["summary"]
+    assert stops.requested(cfg, cfg.group(s.name)) is None
+    assert support.committed(s.dst, s.consumer_group, f"{s.topic}.mirror", 2) == {0: 5, 1: 12}  # where sync put them
     # a job still on the group's checkpoint (one started by hand, say): finalize waits until it has ended
     lock = joblock.lock_path(load_config(s.config).group(s.name).spark.checkpoint_dir, s.name)
     assert lock is not None
@@ -56,7 +72,6 @@ def test_failover_by_hand(clusters: Any, unique: Any, tmp_path: Path) -> None:
     assert fin["details"]["stream_stopped"] is True and "stream stopped" in fin["summary"]
     assert fin["details"]["resync"]["ok"] and sorted(
         (o["partition"], o["source_committed"]) for o in fin["details"]["resync"]["offsets"]) == [(0, 9), (1, 15)]
-    cfg = load_config(s.config)
     assert fin["details"]["stop"] == stops.where(cfg, cfg.group(s.name))
     assert (stops.requested(cfg, cfg.group(s.name)) or "").startswith(f"failover of group {s.name} to dst at ")
     assert not list(Path(cfg.group(s.name).spark.checkpoint_dir).glob("*stopped-by-failover"))
