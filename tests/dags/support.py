@@ -16,7 +16,7 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from mirrorflow_airflow import hitl
 
@@ -113,11 +113,28 @@ def commit_source_group(s: Scenario, offsets: dict[int, int]) -> None:
     commit(s.src, s.consumer_group, s.topic, offsets)
 
 
+_COORDINATOR_NOT_READY = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                          KafkaError.COORDINATOR_NOT_AVAILABLE)
+
+
 def commit(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> None:
-    """Commit ``group``'s ``offsets`` of ``topic`` (partition -> offset) on the cluster at ``bootstrap``."""
+    """Commit ``group``'s ``offsets`` of ``topic`` (partition -> offset) on the cluster at ``bootstrap``; a
+    coordinator not ready yet (right after the cluster started: NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS) is
+    asked again, for up to 60 s."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
-    c.close()
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            try:
+                c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
+                return
+            except KafkaException as exc:
+                err = exc.args[0]
+                if not (err.retriable() or err.code() in _COORDINATOR_NOT_READY) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    finally:
+        c.close()
 
 
 def keys(bootstrap: str, topic: str, partition: int, start: int = 0, timeout: float = 60) -> list[bytes]:
