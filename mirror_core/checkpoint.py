@@ -4,8 +4,10 @@
   has committed offsets on, translate the committed offset through the offset-sync history and emit
   an MM2 ``Checkpoint`` to ``<source-alias>.checkpoints.internal`` on the destination. A checkpoint
   never moves backwards unless the source group itself was rewound.
-* Group offset sync: write the translated offsets into the destination's consumer groups, but only
-  for groups with no active members there, and never backwards unless forced.
+* Group offset sync: write the offsets this round translated into the destination's consumer groups, but
+  only for groups with no active members there, and never backwards unless forced. A position that is
+  untranslatable now, or whose checkpoint would move backwards, leaves its group's offset as it is (reported),
+  never set to an earlier round's checkpoint.
 * Heartbeats: an MM2 ``Heartbeat`` to the source's heartbeats topic; the data path mirrors it, which
   measures end-to-end latency even when data topics are idle.
 
@@ -443,11 +445,16 @@ def source_group_offsets(cfg: MirrorsConfig, group: GroupConfig, topics: set[str
 
 def emit_checkpoints(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore,
                      mappings: list[TopicMapping], report: RoundReport) -> dict[tuple[str, str, int], Checkpoint]:
-    """Translate every selected group's committed offsets and write checkpoints; returns the current ones."""
+    """Translate every selected group's committed offsets and write checkpoints; returns the checkpoint of each
+    (group, destination topic, partition) this round translated: the one it wrote, or the earlier one when the
+    translation is the same (confirmed). Only these may be applied to destination groups: an earlier checkpoint of
+    a position that is untranslatable now, or whose translation went back (a re-created destination topic), is
+    where the group was, not where it is, and would make its consumers read again or skip. The earlier ones are
+    read only to keep the checkpoints from moving backwards, as MirrorMaker 2's do."""
     by_src = {m.source_topic: m for m in mappings}
     remapped = remapped_topics(cfg, group, mappings)
     previous = load_checkpoints(cfg, group)
-    current = dict(previous)
+    current: dict[tuple[str, str, int], Checkpoint] = {}
     translator = SourceTranslator(cfg, group, store)
     with clients.acting_on(group.source, cfg.cluster(group.source)):
         offsets = source_group_offsets(cfg, group, set(by_src))
@@ -469,7 +476,10 @@ def emit_checkpoints(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncSt
                 rep.skipped.append((dst_topic, part, f"offset {committed} untranslatable: {tr.reason}"))
                 continue
             if cp is None:
-                if prev is not None and prev.downstream_offset > tr.downstream_offset:
+                if prev is not None and (prev.upstream_offset, prev.downstream_offset) == \
+                        (committed, tr.downstream_offset):
+                    current[(gid, dst_topic, part)] = prev  # unchanged: confirmed by this round
+                else:  # the translation went back while the source group did not
                     rep.skipped.append((dst_topic, part, "checkpoint would move backwards"))
                 continue
             producer.produce(group.checkpoints_topic, key=cp.key_bytes(), value=cp.value_bytes(), partition=0,
