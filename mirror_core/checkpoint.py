@@ -221,8 +221,8 @@ def refresh_idle_syncs(cfg: MirrorsConfig, group: GroupConfig, mappings: list[To
 
 #: a position with no committed source record between it and the partition's first retained sync
 BEFORE_FIRST = "before the first mirrored record, no committed record in between on the source"
-#: a position of a partition with no sync and no committed source record from it to the source's end
-NOTHING_TO_MIRROR = "nothing mirrored and nothing to mirror from here: the destination's end"
+#: a position of a partition with no sync and no committed source record in its log
+NOTHING_TO_MIRROR = "nothing mirrored and nothing to mirror: the destination's end"
 
 
 class SourceTranslator:
@@ -232,10 +232,12 @@ class SourceTranslator:
     * below a partition's first retained sync, with no committed record on the source from the position up
       to the sync (a log whose first offsets were compacted away, or held aborted records or transaction
       markers): the sync's downstream position (``BEFORE_FIRST``, exact);
-    * in a partition with no sync at all, with no committed record from the position to the source's last
-      stable offset (an empty partition where a consumer committed 0, one holding only aborted records): the
-      destination partition's last stable offset (``NOTHING_TO_MIRROR``, conservative: whatever lands there
-      next is read, nothing is skipped).
+    * in a partition with no sync at all, with no committed record from the source's log start to its last
+      stable offset (an empty partition where a consumer committed 0, one holding only aborted records, one
+      whose records retention removed): the destination partition's last stable offset (``NOTHING_TO_MIRROR``,
+      conservative: whatever lands there next is read, nothing is skipped). A committed record below the
+      position, not mirrored yet, would land there too and be read again: such a position waits for the
+      writer's syncs.
 
     A writer only syncs a partition once it mirrors a record, so without this such positions were
     untranslatable: no checkpoint, no group offset, and a failover's sync refused them. A position below the
@@ -322,8 +324,11 @@ class SourceTranslator:
             self._pairs[topic] = (dst_ends, _ends_or_none(self.cfg.cluster(self.group.source), self.group.source,
                                                           topic))
         dst, ends = (side.get(partition) for side in self._pairs[topic])
+        # nothing committed in the whole log, not only from the position on: a record below it is still to be
+        # mirrored (no sync: the writer starts at the log start) and lands at the destination's end or after it,
+        # where a consumer placed there would read it again
         if dst is None or ends is None or not ends[0] <= committed <= ends[1] or \
-                not self._nothing_committed(topic, partition, committed, ends[1]):
+                not self._nothing_committed(topic, partition, ends[0], ends[1]):
             return tr
         return Translation(dst[1], False, NOTHING_TO_MIRROR)
 
