@@ -4,8 +4,10 @@
   has committed offsets on, translate the committed offset through the offset-sync history and emit
   an MM2 ``Checkpoint`` to ``<source-alias>.checkpoints.internal`` on the destination. A checkpoint
   never moves backwards unless the source group itself was rewound.
-* Group offset sync: write the translated offsets into the destination's consumer groups, but only
-  for groups with no active members there, and never backwards unless forced.
+* Group offset sync: write the offsets this round translated into the destination's consumer groups, but
+  only for groups with no active members there, and never backwards unless forced. A position that is
+  untranslatable now, or whose checkpoint would move backwards, leaves its group's offset as it is (reported),
+  never set to an earlier round's checkpoint.
 * Heartbeats: an MM2 ``Heartbeat`` to the source's heartbeats topic; the data path mirrors it, which
   measures end-to-end latency even when data topics are idle.
 
@@ -219,8 +221,8 @@ def refresh_idle_syncs(cfg: MirrorsConfig, group: GroupConfig, mappings: list[To
 
 #: a position with no committed source record between it and the partition's first retained sync
 BEFORE_FIRST = "before the first mirrored record, no committed record in between on the source"
-#: a position of a partition with no sync and no committed source record from it to the source's end
-NOTHING_TO_MIRROR = "nothing mirrored and nothing to mirror from here: the destination's end"
+#: a position of a partition with no sync and no committed source record in its log
+NOTHING_TO_MIRROR = "nothing mirrored and nothing to mirror: the destination's end"
 
 
 class SourceTranslator:
@@ -230,10 +232,12 @@ class SourceTranslator:
     * below a partition's first retained sync, with no committed record on the source from the position up
       to the sync (a log whose first offsets were compacted away, or held aborted records or transaction
       markers): the sync's downstream position (``BEFORE_FIRST``, exact);
-    * in a partition with no sync at all, with no committed record from the position to the source's last
-      stable offset (an empty partition where a consumer committed 0, one holding only aborted records): the
-      destination partition's last stable offset (``NOTHING_TO_MIRROR``, conservative: whatever lands there
-      next is read, nothing is skipped).
+    * in a partition with no sync at all, with no committed record from the source's log start to its last
+      stable offset (an empty partition where a consumer committed 0, one holding only aborted records, one
+      whose records retention removed): the destination partition's last stable offset (``NOTHING_TO_MIRROR``,
+      conservative: whatever lands there next is read, nothing is skipped). A committed record below the
+      position, not mirrored yet, would land there too and be read again: such a position waits for the
+      writer's syncs.
 
     A writer only syncs a partition once it mirrors a record, so without this such positions were
     untranslatable: no checkpoint, no group offset, and a failover's sync refused them. A position below the
@@ -320,8 +324,11 @@ class SourceTranslator:
             self._pairs[topic] = (dst_ends, _ends_or_none(self.cfg.cluster(self.group.source), self.group.source,
                                                           topic))
         dst, ends = (side.get(partition) for side in self._pairs[topic])
+        # nothing committed in the whole log, not only from the position on: a record below it is still to be
+        # mirrored (no sync: the writer starts at the log start) and lands at the destination's end or after it,
+        # where a consumer placed there would read it again
         if dst is None or ends is None or not ends[0] <= committed <= ends[1] or \
-                not self._nothing_committed(topic, partition, committed, ends[1]):
+                not self._nothing_committed(topic, partition, ends[0], ends[1]):
             return tr
         return Translation(dst[1], False, NOTHING_TO_MIRROR)
 
@@ -443,11 +450,16 @@ def source_group_offsets(cfg: MirrorsConfig, group: GroupConfig, topics: set[str
 
 def emit_checkpoints(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore,
                      mappings: list[TopicMapping], report: RoundReport) -> dict[tuple[str, str, int], Checkpoint]:
-    """Translate every selected group's committed offsets and write checkpoints; returns the current ones."""
+    """Translate every selected group's committed offsets and write checkpoints; returns the checkpoint of each
+    (group, destination topic, partition) this round translated: the one it wrote, or the earlier one when the
+    translation is the same (confirmed). Only these may be applied to destination groups: an earlier checkpoint of
+    a position that is untranslatable now, or whose translation went back (a re-created destination topic), is
+    where the group was, not where it is, and would make its consumers read again or skip. The earlier ones are
+    read only to keep the checkpoints from moving backwards, as MirrorMaker 2's do."""
     by_src = {m.source_topic: m for m in mappings}
     remapped = remapped_topics(cfg, group, mappings)
     previous = load_checkpoints(cfg, group)
-    current = dict(previous)
+    current: dict[tuple[str, str, int], Checkpoint] = {}
     translator = SourceTranslator(cfg, group, store)
     with clients.acting_on(group.source, cfg.cluster(group.source)):
         offsets = source_group_offsets(cfg, group, set(by_src))
@@ -469,7 +481,10 @@ def emit_checkpoints(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncSt
                 rep.skipped.append((dst_topic, part, f"offset {committed} untranslatable: {tr.reason}"))
                 continue
             if cp is None:
-                if prev is not None and prev.downstream_offset > tr.downstream_offset:
+                if prev is not None and (prev.upstream_offset, prev.downstream_offset) == \
+                        (committed, tr.downstream_offset):
+                    current[(gid, dst_topic, part)] = prev  # unchanged: confirmed by this round
+                else:  # the translation went back while the source group did not
                     rep.skipped.append((dst_topic, part, "checkpoint would move backwards"))
                 continue
             producer.produce(group.checkpoints_topic, key=cp.key_bytes(), value=cp.value_bytes(), partition=0,

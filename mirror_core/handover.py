@@ -5,7 +5,9 @@ Those tools leave no offset syncs, so a new mirror would start at each source pa
 offset and copy again what they already wrote. Before the first run, :func:`seed_positions` writes,
 for each partition of each selected mirror whose consumer group has committed offset ``C`` on the
 source and that has no offset sync yet, one *position sync* ``C -> D`` to the group's offset-sync
-topic, where ``D`` is the end of the destination partition the writer will use:
+topic, where ``D`` is the end of the destination partition the writer will use. Like the writer's syncs, it
+names its destination topic in a header (:func:`mirror_core.positions.sync_headers`), so that another mirror of
+the same source topic into another destination topic, which shares the sync topic, never takes it for its own:
 
 - the writer resumes each partition after its newest committed sync, so it skips what the other
   tool copied and writes source offset ``C`` at destination offset ``D``;
@@ -14,10 +16,11 @@ topic, where ``D`` is the end of the destination partition the writer will use:
   Positions below ``C`` have no sync and stay untranslatable (reported as such, never guessed): the
   other tool did not keep partitions, so its offsets mean nothing downstream.
 
-Nothing is seeded where it could lose data or undo mirrorflow's own work: a partition with a sync
-already, a group with no committed offset, or a destination topic that does not exist yet (nothing
-was copied; the mirror starts from the beginning). Run it once, after ``provision`` and before
-``run``: ``python -m mirror_core.handover CONFIG --group G [--dry-run]``.
+Nothing is seeded where it could lose data or undo mirrorflow's own work: a partition with a sync of this
+destination topic already (or one from before syncs named their destination, which may be this one's), a
+group with no committed offset, or a destination topic that does not exist yet (nothing was copied; the
+mirror starts from the beginning). Run it once, after ``provision`` and before ``run``:
+``python -m mirror_core.handover CONFIG --group G [--dry-run]``.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ from mirror_core import clients
 from mirror_core.config import ClusterConfig, GroupConfig, MirrorsConfig, ResolvedMirror
 from mirror_core.errors import KafkaOperationError, MirrorError
 from mirror_core.offsets import OffsetSync
+from mirror_core.positions import sync_headers
 
 
 @dataclass(frozen=True)
 class Seed:
-    """A position sync to write: source ``topic``/``partition`` at ``upstream`` -> ``downstream``."""
+    """A position sync to write: source ``topic``/``partition`` at ``upstream`` -> ``downstream`` (in
+    ``destination_topic``'s ``destination_partition``)."""
 
     mirror: str
     topic: str
@@ -44,6 +49,7 @@ class Seed:
     upstream: int
     downstream: int
     destination_partition: int
+    destination_topic: str
 
 
 @dataclass(frozen=True)
@@ -68,13 +74,13 @@ def destination_partition(partition: int, source_partitions: int, destination_pa
 
 
 def decide(mirror: str, topic: str, partition: int, committed: int | None, has_sync: bool,
-           destination_end: int, destination_partition: int) -> Seed | Skip:
+           destination_end: int, destination_partition: int, destination_topic: str) -> Seed | Skip:
     """Seed or skip one partition (pure: the reasons are the module docstring's rules)."""
     if has_sync:
         return Skip(mirror, topic, partition, "mirrorflow already has a position for it")
     if committed is None or committed < 0:
         return Skip(mirror, topic, partition, "no committed offset: the mirror copies it from the start")
-    return Seed(mirror, topic, partition, committed, destination_end, destination_partition)
+    return Seed(mirror, topic, partition, committed, destination_end, destination_partition, destination_topic)
 
 
 def plan_handover(cfg: MirrorsConfig, group: GroupConfig) -> HandoverReport:
@@ -97,9 +103,12 @@ def plan_handover(cfg: MirrorsConfig, group: GroupConfig) -> HandoverReport:
         committed = _committed(src, m, n_src)
         for p in range(n_src):
             dp = destination_partition(p, n_src, n_dst)
-            has_sync = last_committed_sync(dst_consumer, group.offset_syncs, topic, p) is not None
+            # another mirror of the topic into another destination topic has syncs of its own: not this one's
+            # (a sync from before syncs named their destination may be this one's: counted, nothing seeded)
+            has_sync = last_committed_sync(dst_consumer, group.offset_syncs, topic, p,
+                                           destination=dst_topic) is not None
             end = _end(dst, dst_topic, dp)
-            d = decide(m.name, topic, p, committed.get(p), has_sync, end, dp)
+            d = decide(m.name, topic, p, committed.get(p), has_sync, end, dp, dst_topic)
             if isinstance(d, Seed):
                 report.seeds.append(d)
             else:
@@ -115,7 +124,10 @@ def seed_positions(cfg: MirrorsConfig, group: GroupConfig, dry_run: bool = False
     p = clients.producer(cfg.cluster(group.destination), **{"acks": "all", "enable.idempotence": True})
     for s in report.seeds:
         sync = OffsetSync(s.topic, s.partition, s.upstream, s.downstream)
-        p.produce(group.offset_syncs, key=sync.key_bytes(), value=sync.value_bytes(), partition=0)
+        # named like the writer's syncs: another mirror of the topic (into another destination topic, sharing
+        # the sync topic) passes over it, in its translation and in its writer's position lookup
+        p.produce(group.offset_syncs, key=sync.key_bytes(), value=sync.value_bytes(), partition=0,
+                  headers=sync_headers(s.destination_topic))  # type: ignore[arg-type]
     if p.flush(60):
         raise KafkaOperationError(f"position syncs for group {group.name!r} not acknowledged within 60 s")
     report.written = True

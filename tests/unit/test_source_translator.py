@@ -78,6 +78,21 @@ def test_a_partition_without_syncs_reads_the_destinations_end_before_the_sources
     assert tr.translate("t", 0, 4, "t").reason == NO_SYNCS
 
 
+def test_a_position_at_the_sources_end_waits_for_records_below_it_to_be_mirrored(world: Any) -> None:
+    """g sits at the source's end, 100, of a partition the writer has not mirrored yet (no sync, destination
+    empty). Placed at the destination's end, 0, its consumers there would read the 100 records again once they
+    are mirrored: it stays untranslatable until the writer's syncs place it."""
+    cl, tr = world({("a", "t"): {0: (0, 100)}, ("b", "t"): {0: (0, 0)}}, {0: list(range(100))}, [])
+    assert tr.translate("t", 0, 100, "t").reason == NO_SYNCS
+    # the log's records below the position were removed by retention (log start 100): nothing left to mirror
+    cl, tr = world({("a", "t"): {0: (100, 100)}, ("b", "t"): {0: (0, 0)}}, {}, [])
+    got = tr.translate("t", 0, 100, "t")
+    assert (got.downstream_offset, got.reason) == (0, checkpoint.NOTHING_TO_MIRROR)
+    # only aborted records and markers below it (0-9), nothing committed anywhere: nothing to mirror either
+    cl, tr = world({("a", "t"): {0: (0, 10)}, ("b", "t"): {0: (0, 0)}}, {}, [])
+    assert tr.translate("t", 0, 10, "t").reason == checkpoint.NOTHING_TO_MIRROR
+
+
 def test_empty_partitions_use_no_reads_and_many_are_placed(world: Any) -> None:
     """A consumer committed 0 on each of 100 empty partitions: nothing to read, so none of the budget's reads is
     used, and every position is placed (the failover's sync would refuse the ones left unplaced)."""
