@@ -19,7 +19,7 @@ import yaml
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-from test_mirror_e2e import ROOT, create_topic, read_all, run_once  # tests/spark is on sys.path
+from test_mirror_e2e import ROOT, counted, create_topic, read_all, run_once  # tests/spark is on sys.path
 
 from mirror_core import clients
 from mirror_core.config import ClusterConfig, parse_config
@@ -221,7 +221,7 @@ groups:
           delivery: at_least_once}}
 """
     path, cfg = write_config(clusters, tmp_path, group_yaml("ckpt1"))
-    run_once(path, g)
+    first_run = run_once(path, g)
 
     # 5. the oversized records are dead letters with their coordinates; everything else arrives once
     got = read_all(clusters.dst_bootstrap, f"{big}.m")
@@ -236,6 +236,12 @@ groups:
     assert h["mirrorflow.error.reason"] == b"record_too_large" and h["h"] == b"1"
     assert (h["mirrorflow.source.topic"], h["mirrorflow.source.partition"], h["mirrorflow.source.offset"]) == \
         (big.encode(), b"0", b"30")
+    # ... and counted, per mirror, in the samples /metrics served (mirrorflow_records_dead_lettered_total)
+    dead_total, mirrored_total = "mirrorflow_records_dead_lettered_total", "mirrorflow_records_mirrored_total"
+    mirror_of = {t: f"{g}__{t}__{t}.m" for t in (big, hdr, txt, alo)}
+    runs = counted(first_run, g)
+    assert {t: runs.get((dead_total, mirror_of[t])) for t in mirror_of} == {big: 2.0, hdr: 1.0, txt: 0.0, alo: 0.0}
+    assert {t: runs.get((mirrored_total, mirror_of[t])) for t in (big, hdr, txt)} == {big: 60.0, hdr: 1.0, txt: 1.0}
     # 9. the all-dead-letters partition still has a position sync at its end
     syncs = syncs_of(clusters.dst_bootstrap, f"{g}.syncs.internal", big)
     assert any(s.partition == 1 and s.upstream_offset == 1 for s in syncs), syncs
@@ -265,8 +271,11 @@ groups:
     # 9. a restart that has lost Spark's checkpoint (a new worker, from the earliest offsets): the
     # exactly-once writers resume from their syncs, nothing is dead-lettered or mirrored twice
     path2, _ = write_config(clusters, tmp_path, group_yaml("ckpt2"), name="again.yaml")
-    run_once(path2, g)
+    again_run = run_once(path2, g)
     assert len(flat(read_all(clusters.dst_bootstrap, f"{g}.dlq"))) == 3
+    runs = counted(again_run, g)
+    assert {t: runs.get((dead_total, mirror_of[t]), 0.0) for t in mirror_of} == dict.fromkeys(mirror_of, 0.0)
+    assert {t: runs.get((mirrored_total, mirror_of[t]), 0.0) for t in (big, hdr)} == {big: 0.0, hdr: 0.0}
     again = read_all(clusters.dst_bootstrap, f"{big}.m")
     assert [m.key() for m in again[0]] == [m.key() for m in got[0]] and again[1] == []
     assert len(flat(read_all(clusters.dst_bootstrap, f"{hdr}.m"))) == 1
