@@ -132,12 +132,16 @@ groups:
             return text if line in text else None
 
         text = wait_for("metrics for the new topic", scrape, timeout=30, proc=job)
-        for name in ("mirrorflow_bytes_mirrored_total", "mirrorflow_records_dead_lettered_total",
-                     "mirrorflow_records_replay_skipped_total", "mirrorflow_records_loop_skipped_total",
-                     "mirrorflow_schema_id_cache_misses_total", "mirrorflow_batch_duration_seconds_count",
-                     "mirrorflow_replication_latency_ms_count"):
-            assert name in text, name
-        assert f'mirrorflow_bytes_mirrored_total{{group="{prefix}",mirror="{mirror}"}} 130.0' in text  # keys+values
+        # samples, not only their "# HELP" lines: the mirror's own, with the values this run gives them
+        labels = f'{{group="{prefix}",mirror="{mirror}"}}'
+        for name in ("mirrorflow_records_dead_lettered_total", "mirrorflow_records_replay_skipped_total",
+                     "mirrorflow_records_loop_skipped_total", "mirrorflow_schema_id_cache_misses_total"):
+            assert f"{name}{labels} 0.0" in text.splitlines(), name
+        assert f"mirrorflow_bytes_mirrored_total{labels} 130.0" in text.splitlines()  # keys + values
+        for sample in (f"mirrorflow_replication_latency_ms_count{labels}",
+                       f'mirrorflow_batch_duration_seconds_count{{group="{prefix}"}}'):
+            counts = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(f"{sample} ")]
+            assert len(counts) == 1 and counts[0] >= 1, (sample, counts)
     finally:
         if job.poll() is None:
             job.send_signal(signal.SIGTERM)  # the driver only: it stops the query, then Spark
