@@ -114,7 +114,8 @@ def import_(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")] = None,
     producer: Annotated[Path | None, typer.Option(help="mm1: the producer.properties.")] = None,
     include: Annotated[str | None, typer.Option(
-        envvar="MIRROR_MAKER_TOPIC_WHITELIST", help="mm1: the --include / whitelist regex MirrorMaker 1 ran with.")] = None,
+        "--include", "--whitelist", envvar="MIRROR_MAKER_TOPIC_WHITELIST",
+        help="mm1: the topic regex MirrorMaker 1 ran with (--whitelist is MirrorMaker 1's older name for it).")] = None,
     env: Annotated[str, typer.Option("--env", help="viooh: the ENV its consumer group names were made with.")] = "local",
 ) -> None:
     """Translate a viooh-mirror, MirrorMaker 2 (dedicated, or its Kafka Connect connectors), Strimzi or

@@ -19,6 +19,9 @@ Names (all labelled by ``group`` and ``mirror``):
   acknowledged, ``commit`` = committing the transaction / the offset syncs)
 - ``mirrorflow_replication_latency_ms`` — histogram of destination commit time minus source record
   timestamp, sampled per batch (MM2's ``replication-latency-ms``)
+
+A run logs its group's counter samples when it ends (:func:`counter_samples`): a drain's ``/metrics`` is gone
+by the time Prometheus would next scrape it.
 """
 
 from __future__ import annotations
@@ -52,3 +55,18 @@ def serve(port: int) -> None:
     """Expose /metrics on ``port`` (0 = disabled)."""
     if port:
         start_http_server(port, addr="0.0.0.0", registry=REGISTRY)
+
+
+def counter_samples(group: str) -> list[str]:
+    """This process's counter samples of ``group``, as ``/metrics`` prints them without the ``group`` label
+    (``mirrorflow_records_dead_lettered_total{mirror="g__a__a"} 2.0``)."""
+    out = []
+    for family in REGISTRY.collect():
+        if family.type != "counter":
+            continue
+        for s in family.samples:
+            if not s.name.endswith("_total") or s.labels.get("group") != group:
+                continue
+            labels = ",".join(f'{k}="{v}"' for k, v in s.labels.items() if k != "group")
+            out.append(f"{s.name}{{{labels}}} {s.value}")
+    return out

@@ -558,6 +558,7 @@ def _run_job(args: argparse.Namespace, cfg: MirrorsConfig, group: GroupConfig, s
     query = build_query(spark, cfg, group, once=args.once, runtime=rt, prepared=True)
     rc = run_until_done(query, group.name, stopper, stop_watch)
     rc = finish_writes(rt, group.name, rc)
+    log.info("%s: counted by this run: %s", group.name, "; ".join(metrics.counter_samples(group.name)) or "nothing")
     rt.stop_warm_up(timeout=1.0)
     rt.close()
     spark.stop()  # the JVM ends its Python workers; then this process ends the JVM

@@ -39,10 +39,25 @@ def test_two_dags_that_move_one_flow_know_each_other(tmp_path: Path, monkeypatch
                    "mirrorflow__ba__failback": ["mirrorflow__ab__failover"]}
     from mirrorflow_airflow import operators
 
+    from mirror_core import failover
+
+    # the DAG runs Airflow knows, by state: only a sibling's run that is going on stops the preflight (not the
+    # runs of the DAG itself, not a sibling's finished runs)
+    runs: dict[str, list[str]] = {}
+
+    def get_dr_count(dag_id: str, states: list[str]) -> int:
+        return sum(state in states for state in runs.get(dag_id, []))
+
+    ti = SimpleNamespace(get_dr_count=get_dr_count, get_task_states=lambda dag_id, task_ids: {},
+                         xcom_push=lambda key, value: None)
+    monkeypatch.setattr(failover, "preflight", lambda cfg, group, params, stream_running: failover.StepReport(
+        "preflight", group.name, True, "ready", {}))
     task = bag.dags["mirrorflow__ab__failback"].get_task("preflight")
-    ti = SimpleNamespace(get_dr_count=lambda dag_id, states: int(dag_id == "mirrorflow__ba__failover"))
+    runs.update({"mirrorflow__ba__failover": ["success", "failed", "running"], "mirrorflow__ab__failback": ["running"]})
     with pytest.raises(operators.AirflowFailException, match="a run of mirrorflow__ba__failover moves the consumers"):
         task.execute({"params": {"consumer_groups": ["g1"]}, "ti": ti})
+    runs.update({"mirrorflow__ba__failover": ["success", "failed"], "mirrorflow__ab__failover": ["running"]})
+    assert task.execute({"params": {"consumer_groups": ["g1"]}, "ti": ti})["ok"] is True
 
 
 def test_approval_texts_render_without_upstream_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

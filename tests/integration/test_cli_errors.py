@@ -50,9 +50,12 @@ groups:
     return cfg
 
 
-def run_cli(cfg: Path, command: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    args = [command, str(cfg)] + (["--group", "g16", "--once"] if command == "run" else [])
-    env = os.environ.copy() | {"MIRRORFLOW_CONNECT_TIMEOUT": str(CONNECT_TIMEOUT)}
+def run_cli(cfg: Path, command: str, *options: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``mirrorflow [options] command cfg``; without options, with MIRRORFLOW_CONNECT_TIMEOUT=1.5 in the env."""
+    args = [*options, command, str(cfg)] + (["--group", "g16", "--once"] if command == "run" else [])
+    env = {k: v for k, v in os.environ.items() if k != "MIRRORFLOW_CONNECT_TIMEOUT"}
+    if not options:
+        env["MIRRORFLOW_CONNECT_TIMEOUT"] = str(CONNECT_TIMEOUT)
     t0 = time.monotonic()
     res = subprocess.run([sys.executable, "-m", "mirror_core.cli", *args], cwd=ROOT, capture_output=True, text=True,
                          timeout=180, env=env)
@@ -75,8 +78,19 @@ def test_item16_unreachable_cluster_one_line(clusters, topic, tmp_path, command)
     assert res.returncode == 1, (res.returncode, res.stderr[-3000:])
     assert len(lines) == 1, res.stderr[-3000:]
     assert "'src'" in lines[0] and DEAD in lines[0] and "unreachable" in lines[0], lines[0]
+    assert lines[0].endswith("(waited 1.5s)"), lines[0]  # the variable's timeout, not the default
     assert "Traceback" not in res.stdout + res.stderr and "|FAIL|" not in res.stdout + res.stderr
     assert took < BOUND, took
+
+
+def test_item16_the_connect_timeout_option_bounds_the_wait(clusters, topic, tmp_path):
+    """``--connect-timeout 1``, no MIRRORFLOW_CONNECT_TIMEOUT: the line says how long it waited."""
+    cfg = write_config(tmp_path, clusters, topic, DEAD, clusters.src_registry)
+    res, took = run_cli(cfg, "lag", "--connect-timeout", "1")
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 1 and len(lines) == 1, (res.returncode, res.stderr[-3000:])
+    assert "'src'" in lines[0] and "unreachable" in lines[0] and lines[0].endswith("(waited 1s)"), lines[0]
+    assert took < 1 + 20.0, took
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -94,7 +108,7 @@ def test_item16_unreachable_registry_one_line(clusters, topic, tmp_path, command
     assert res.returncode == 1, (res.returncode, res.stderr[-3000:])
     assert len(lines) == 1, res.stderr[-3000:]
     assert "schema registry" in lines[0] and "'src'" in lines[0] and "127.0.0.1:1" in lines[0], lines[0]
-    assert "unreachable" in lines[0], lines[0]
+    assert "unreachable" in lines[0] and lines[0].endswith("(waited 1.5s)"), lines[0]
 
 
 def test_item16_validate_needs_no_cluster(clusters, tmp_path):

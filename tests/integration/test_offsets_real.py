@@ -92,14 +92,15 @@ def mirror_now(cfg, topic, partitions, seed=1, tamper_offset=None):
     return snapshot
 
 
-def produce(bootstrap, topic, partitions, per_partition, start=0):
+def produce(bootstrap, topic, partitions, per_partition, start=0, timestamp_ms=None):
+    """``per_partition`` records to each partition, timestamped ``RECENT_MS + i`` (all ``timestamp_ms`` if given)."""
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 10})
     for i in range(start, start + per_partition):
         for part in range(partitions):
             while True:
                 try:
                     p.produce(topic, key=f"{part}:{i}".encode(), value=f"v{i}".encode(), partition=part,
-                              timestamp=RECENT_MS + i)
+                              timestamp=RECENT_MS + i if timestamp_ms is None else timestamp_ms)
                     break
                 except BufferError:
                     p.poll(0.05)
@@ -206,10 +207,16 @@ def test_groups_resume_exactly_on_destination_and_lag(clusters, unique, tmp_path
 
     lag = json.loads(CliRunner().invoke(app, ["lag", str(path), "--json"]).stdout)[0]
     assert [p["lag_records"] for p in lag["partitions"]] == [0, 0, 0]
-    produce(clusters.src_bootstrap, topic, 3, 250, start=20_000)  # the mirror is "stopped"
+    # caught up, heartbeats off: 0 s (with heartbeats, the newest mirrored heartbeat's age)
+    assert [p["lag_seconds"] for p in lag["partitions"]] == [0.0, 0.0, 0.0]
+    assert lag["totals"][f"group {name}"] == {"lag_records": 0, "max_lag_seconds": 0.0}
+    # the mirror is "stopped" and records written 120 s ago wait: the lag in seconds is the oldest one's age,
+    # what the failover's lag step compares with max_lag_seconds
+    produce(clusters.src_bootstrap, topic, 3, 250, start=20_000, timestamp_ms=int(time.time() * 1000) - 120_000)
     lag = json.loads(CliRunner().invoke(app, ["lag", str(path), "--json"]).stdout)[0]
     assert [p["lag_records"] for p in lag["partitions"]] == [250, 250, 250]
-    assert all(p["lag_seconds"] is not None and p["lag_seconds"] > 0 for p in lag["partitions"])
+    assert all(p["lag_seconds"] is not None and 115 < p["lag_seconds"] < 180 for p in lag["partitions"]), lag
+    assert 115 < lag["totals"][f"group {name}"]["max_lag_seconds"] < 180
     cg = {(x["consumer_group"], x["partition"]): x for x in lag["consumer_groups"]}
     assert cg[(f"{name}-done", 0)]["lag_records"] == 0
 

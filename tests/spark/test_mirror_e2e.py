@@ -104,6 +104,17 @@ def run_once(config_path, group_name, timeout=300):
     return proc
 
 
+def counted(proc, group_name) -> dict[tuple[str, str], float]:
+    """``{(counter, mirror): value}``: the samples the job's /metrics served when it ended, from the line the job
+    logs then (``mirrorflow_records_dead_lettered_total{mirror="..."} 2.0; ...``)."""
+    import re
+
+    lines = re.findall(rf"{re.escape(group_name)}: counted by this run: (.*)", proc.stderr)
+    assert len(lines) == 1, proc.stderr[-3000:]
+    return {(name, mirror): float(value)
+            for name, mirror, value in re.findall(r'(mirrorflow_\w+_total)\{mirror="([^"]+)"\} ([^;\s]+)', lines[0])}
+
+
 @pytest.mark.parametrize("written_by", ["driver", "tasks", "direct", "executors", "executors-driver",
                                         "executors-share"])
 def test_end_to_end_exact_copy_with_schema_translation_and_dead_letters(clusters, unique, tmp_path, written_by):

@@ -19,7 +19,7 @@ import yaml
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-from test_mirror_e2e import ROOT, create_topic, read_all, run_once  # tests/spark is on sys.path
+from test_mirror_e2e import ROOT, counted, create_topic, read_all, run_once  # tests/spark is on sys.path
 
 from mirror_core import clients
 from mirror_core.config import ClusterConfig, parse_config
@@ -132,12 +132,16 @@ groups:
             return text if line in text else None
 
         text = wait_for("metrics for the new topic", scrape, timeout=30, proc=job)
-        for name in ("mirrorflow_bytes_mirrored_total", "mirrorflow_records_dead_lettered_total",
-                     "mirrorflow_records_replay_skipped_total", "mirrorflow_records_loop_skipped_total",
-                     "mirrorflow_schema_id_cache_misses_total", "mirrorflow_batch_duration_seconds_count",
-                     "mirrorflow_replication_latency_ms_count"):
-            assert name in text, name
-        assert f'mirrorflow_bytes_mirrored_total{{group="{prefix}",mirror="{mirror}"}} 130.0' in text  # keys+values
+        # samples, not only their "# HELP" lines: the mirror's own, with the values this run gives them
+        labels = f'{{group="{prefix}",mirror="{mirror}"}}'
+        for name in ("mirrorflow_records_dead_lettered_total", "mirrorflow_records_replay_skipped_total",
+                     "mirrorflow_records_loop_skipped_total", "mirrorflow_schema_id_cache_misses_total"):
+            assert f"{name}{labels} 0.0" in text.splitlines(), name
+        assert f"mirrorflow_bytes_mirrored_total{labels} 130.0" in text.splitlines()  # keys + values
+        for sample in (f"mirrorflow_replication_latency_ms_count{labels}",
+                       f'mirrorflow_batch_duration_seconds_count{{group="{prefix}"}}'):
+            counts = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(f"{sample} ")]
+            assert len(counts) == 1 and counts[0] >= 1, (sample, counts)
     finally:
         if job.poll() is None:
             job.send_signal(signal.SIGTERM)  # the driver only: it stops the query, then Spark
@@ -221,7 +225,7 @@ groups:
           delivery: at_least_once}}
 """
     path, cfg = write_config(clusters, tmp_path, group_yaml("ckpt1"))
-    run_once(path, g)
+    first_run = run_once(path, g)
 
     # 5. the oversized records are dead letters with their coordinates; everything else arrives once
     got = read_all(clusters.dst_bootstrap, f"{big}.m")
@@ -236,6 +240,12 @@ groups:
     assert h["mirrorflow.error.reason"] == b"record_too_large" and h["h"] == b"1"
     assert (h["mirrorflow.source.topic"], h["mirrorflow.source.partition"], h["mirrorflow.source.offset"]) == \
         (big.encode(), b"0", b"30")
+    # ... and counted, per mirror, in the samples /metrics served (mirrorflow_records_dead_lettered_total)
+    dead_total, mirrored_total = "mirrorflow_records_dead_lettered_total", "mirrorflow_records_mirrored_total"
+    mirror_of = {t: f"{g}__{t}__{t}.m" for t in (big, hdr, txt, alo)}
+    runs = counted(first_run, g)
+    assert {t: runs.get((dead_total, mirror_of[t])) for t in mirror_of} == {big: 2.0, hdr: 1.0, txt: 0.0, alo: 0.0}
+    assert {t: runs.get((mirrored_total, mirror_of[t])) for t in (big, hdr, txt)} == {big: 60.0, hdr: 1.0, txt: 1.0}
     # 9. the all-dead-letters partition still has a position sync at its end
     syncs = syncs_of(clusters.dst_bootstrap, f"{g}.syncs.internal", big)
     assert any(s.partition == 1 and s.upstream_offset == 1 for s in syncs), syncs
@@ -265,8 +275,11 @@ groups:
     # 9. a restart that has lost Spark's checkpoint (a new worker, from the earliest offsets): the
     # exactly-once writers resume from their syncs, nothing is dead-lettered or mirrored twice
     path2, _ = write_config(clusters, tmp_path, group_yaml("ckpt2"), name="again.yaml")
-    run_once(path2, g)
+    again_run = run_once(path2, g)
     assert len(flat(read_all(clusters.dst_bootstrap, f"{g}.dlq"))) == 3
+    runs = counted(again_run, g)
+    assert {t: runs.get((dead_total, mirror_of[t]), 0.0) for t in mirror_of} == dict.fromkeys(mirror_of, 0.0)
+    assert {t: runs.get((mirrored_total, mirror_of[t]), 0.0) for t in (big, hdr)} == {big: 0.0, hdr: 0.0}
     again = read_all(clusters.dst_bootstrap, f"{big}.m")
     assert [m.key() for m in again[0]] == [m.key() for m in got[0]] and again[1] == []
     assert len(flat(read_all(clusters.dst_bootstrap, f"{hdr}.m"))) == 1

@@ -159,7 +159,7 @@ def test_item5_expired_records_are_reported_and_a_recreated_topic_is_mirrored_fr
 
     from confluent_kafka import KafkaException, TopicPartition
     from confluent_kafka.admin import NewTopic
-    from test_mirror_e2e import run_once
+    from test_mirror_e2e import counted, run_once
 
     topic = unique("recreate")
     name = topic.replace("-", "")
@@ -194,6 +194,10 @@ groups:
     admin.delete_records([TopicPartition(topic, 0, 25)])[TopicPartition(topic, 0, 25)].result(30)
     proc = run_once(path, name)
     assert "5 records (offsets 20-24) expired on the source" in proc.stderr, proc.stderr[-3000:]
+    mirror = f"{name}__{topic}__{topic}.m"
+    expired, rewound = ("mirrorflow_records_expired_total", mirror), ("mirrorflow_source_offsets_rewound_total", mirror)
+    runs = counted(proc, name)  # what /metrics served at the end
+    assert (runs.get(expired), runs.get(rewound, 0.0)) == (5.0, 0.0), runs
     assert keys()[20:] == [f"b{i}".encode() for i in range(5, 10)]
 
     # the topic is deleted and created again with 5 new records
@@ -209,4 +213,6 @@ groups:
     produce(clusters.src_bootstrap, topic, 5, 1, "c")
     proc = run_once(path, name)
     assert "moved back from 30 to 5" in proc.stderr, proc.stderr[-3000:]
+    runs = counted(proc, name)
+    assert (runs.get(rewound), runs.get(expired, 0.0)) == (25.0, 0.0), runs  # offsets the end moved back by
     assert keys()[25:] == [f"c{i}".encode() for i in range(5)]

@@ -165,7 +165,7 @@ def test_a_writer_behind_spark_writes_the_batches_handed_over_meanwhile_as_one(m
     rows = stream.write_batches(PLAN, spark())
     assert [offsets for kind, _, offsets in rec.events if kind == "feed"] == writes
     assert rows[0]["records_in"] == 5
-    cut = stream.COALESCE_RECORDS if most is None else max(int(most), stream.CHUNK_RECORDS)
+    cut = 200_000 if most is None else max(int(most), stream.CHUNK_RECORDS)  # the README's 200,000 by default
     assert set(rec.chunk_records) == {cut}
 
 
@@ -218,3 +218,19 @@ def test_an_empty_batch_writes_nothing(monkeypatch) -> None:
     rec.install(monkeypatch)
     assert stream.write_batches(PLAN, iter([batch("a", 0, [])])) == []
     assert rec.events == []
+
+
+@pytest.mark.parametrize(("variable", "records"), [(None, 200_000), ("0", 0), ("5000", 5000)])
+def test_a_transaction_coalesces_up_to_200000_records_or_what_the_variable_says(monkeypatch, variable, records):
+    """README: "up to 200,000 records (`MIRRORFLOW_COALESCE_RECORDS`; 0 for a chunk at a time)"."""
+    if variable is None:
+        monkeypatch.delenv("MIRRORFLOW_COALESCE_RECORDS", raising=False)
+    else:
+        monkeypatch.setenv("MIRRORFLOW_COALESCE_RECORDS", variable)
+    assert stream.coalesce_records() == records
+
+
+def test_a_coalesce_bound_that_is_not_a_whole_number_is_refused(monkeypatch):
+    monkeypatch.setenv("MIRRORFLOW_COALESCE_RECORDS", "lots")
+    with pytest.raises(ValueError, match="MIRRORFLOW_COALESCE_RECORDS='lots': must be a whole number of records"):
+        stream.coalesce_records()

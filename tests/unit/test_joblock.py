@@ -97,6 +97,15 @@ def test_a_streaming_job_that_does_not_stop_within_the_patience_is_one_clear_err
                               "stop that job first")
 
 
+def test_the_patience_is_one_and_a_half_stop_timeouts_and_5_s_50_s_by_default():
+    """README: "at most one and a half spark.stop_timeout and 5 s (50 s by default ...)"."""
+    from mirror_core.config import SparkConfig
+
+    assert joblock.patience(SparkConfig().stop_timeout) == 50.0
+    assert joblock.patience(30.0) == 50.0
+    assert joblock.patience(10.0) == 20.0
+
+
 def test_a_streaming_job_that_stops_within_the_patience_is_waited_for(tmp_path):
     clock = Clock()
     lock = JobLock(tmp_path / "g.lock")

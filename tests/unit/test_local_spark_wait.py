@@ -7,6 +7,7 @@ import json
 import os
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from types import SimpleNamespace
 
 import pytest
 
@@ -98,19 +99,21 @@ def test_the_local_clusters_daemons_start_without_the_callers_secret_variables(m
     monkeypatch.setenv("MIRRORFLOW_GC", "1")
     monkeypatch.setenv("SPARK_WORKER_OPTS", "-Dx=1")
     monkeypatch.setattr(local, "find_java", lambda version: "java")
-    seen: list[dict[str, str]] = []
+    # every daemon starts (a fake process each) and the master and workers come up at once
+    monkeypatch.setattr(local_spark, "wait_master", lambda *args: None)
+    monkeypatch.setattr(local_spark, "wait_workers", lambda *args: None)
+    started: list[tuple[str, dict[str, str]]] = []
 
-    class _Started(Exception):
-        pass
-
-    def fake_popen(cmd: list[str], **kwargs: object) -> None:
-        seen.append(dict(kwargs["env"]))  # type: ignore[call-overload]
-        raise _Started()
+    def fake_popen(cmd: list[str], **kwargs: object) -> SimpleNamespace:
+        role = next(c.rsplit(".", 1)[1] for c in cmd if c.startswith("org.apache.spark.deploy."))
+        started.append((role, dict(kwargs["env"])))  # type: ignore[call-overload]
+        return SimpleNamespace(pid=100_000 + len(started))
 
     monkeypatch.setattr(subprocess, "Popen", fake_popen)
-    with pytest.raises(_Started):
-        local_spark.up(local.LocalEnv(state_dir=tmp_path, cache=tmp_path / "cache"))
-    env = seen[0]
-    assert planted not in env.values()
-    assert env["MIRRORFLOW_GC"] == "1" and env["SPARK_WORKER_OPTS"] == "-Dx=1" and env["PATH"] == os.environ["PATH"]
-    assert env["SPARK_LOCAL_IP"] == "127.0.0.1"
+    cluster = local_spark.up(local.LocalEnv(state_dir=tmp_path, cache=tmp_path / "cache"), workers=3)
+    assert [role for role, _ in started] == ["Master", "Worker", "Worker", "Worker"]
+    assert cluster.worker_pids == (100_002, 100_003, 100_004)
+    for role, env in started:
+        assert planted not in env.values(), role
+        assert env["MIRRORFLOW_GC"] == "1" and env["SPARK_WORKER_OPTS"] == "-Dx=1", role
+        assert env["PATH"] == os.environ["PATH"] and env["SPARK_LOCAL_IP"] == "127.0.0.1", role

@@ -101,13 +101,52 @@ def test_plot_without_samples_says_so():
     assert "<svg" in svg and "<path" in svg  # text drawn as paths: no font needed
 
 
-def test_a_secret_in_a_sample_never_reaches_the_page():
+def test_what_record_lag_records_holds_no_secret_of_the_config_so_the_page_shows_none(monkeypatch):
+    """The page shows only what the record_lag task recorded (it never reads the config): so what that task
+    records (lag_sample, then its throughput and totals) must hold nothing of the clusters' settings. The config
+    carries a planted password in both clusters' properties and in the registry URL; the Kafka reads are
+    stubbed. The sample's fields are pinned: a new one is a decision to review, not something that slips in."""
+    import json
+    from types import SimpleNamespace
+
+    import yaml
+
+    from mirror_core import clients, lag_samples, stops
+    from mirror_core.config import parse_config
+    from mirror_core.health import LagReport, PartitionLag
+
     planted = "s3cr3t-Pl4nted-pw"
-    raw = [sample("prod", T0, [("orders", 0, 1, 0.1, 2, 1)], sasl_password=planted,
-                  cluster={"sasl.password": planted})]
-    page = build_page(raw, raw, {"prod": "running"}, now=T0)
-    assert planted not in render(page, hours=6)
-    assert planted not in str(as_json(page))
+    cfg = parse_config(yaml.safe_load(f"""
+clusters:
+  src:
+    kafka: {{bootstrap.servers: "src:9093", security.protocol: SASL_SSL, sasl.mechanism: PLAIN,
+            sasl.username: mirror, sasl.password: "{planted}"}}
+    schema_registry: {{url: "https://alice:{planted}@registry.example/apis/ccompat/v7"}}
+  dst:
+    kafka: {{bootstrap.servers: "dst:9093", security.protocol: SASL_SSL, sasl.mechanism: PLAIN,
+            sasl.username: mirror, sasl.password: "{planted}"}}
+groups:
+  - {{name: prod, source: src, destination: dst, mirrors: [{{source_topic: orders}}]}}
+"""), env={})
+    group = cfg.group("prod")
+    monkeypatch.setattr(lag_samples, "replication_lag", lambda cfg, group, mappings: LagReport(
+        [PartitionLag("prod", "prod__orders__orders", "orders", 0, 120, 100, 20, 1.5)]))
+    topics = SimpleNamespace(topics={"orders": SimpleNamespace(error=None)})
+    monkeypatch.setattr(clients, "admin", lambda cluster, **kw: SimpleNamespace(list_topics=lambda timeout: topics))
+    monkeypatch.setattr(clients, "end_offsets", lambda cluster, topic, **kw: {0: (0, 101)})
+    monkeypatch.setattr(clients, "read_partition", lambda *args, **kw: iter(()))
+    monkeypatch.setattr(stops, "requested", lambda cfg, group, timeout=None: None)
+
+    sample = with_throughput(lag_samples.lag_sample(cfg, group), None)
+    assert set(sample) == {"group", "taken_at", "partitions", "lag_records", "max_lag_seconds",
+                           "last_checkpoint_at", "stream_stopped", "throughput"}
+    assert [set(p) for p in sample["partitions"]] == [{
+        "source_topic", "destination_topic", "partition", "lag_records", "lag_seconds", "source_end",
+        "destination_end", "throughput"}]
+    assert planted not in json.dumps([sample, totals(sample)])
+    page = build_page([sample], [totals(sample)], {"prod": "running"}, now=T0)
+    assert planted not in render(page, hours=6) and planted not in json.dumps(as_json(page))
+    assert "orders" in render(page, hours=6)  # the page was drawn from the sample
 
 
 def test_values_are_escaped():

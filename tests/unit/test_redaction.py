@@ -365,3 +365,34 @@ def test_a_url_whose_path_holds_an_at_sign_is_shown_without_it():
     (shown less, never more); an ``@`` after a blank is another word's."""
     assert redact_text("GET https://reg:8081/subjects/a@b.c failed") == "GET https://b.c failed"
     assert redact_text("https://u:p@reg:8081/x, mail ops@example.com") == "https://reg:8081/x, mail ops@example.com"
+
+
+@pytest.mark.parametrize(("variable", "level"), [(None, logging.WARNING), ("DEBUG", logging.DEBUG),
+                                                 ("info", logging.INFO)])
+def test_the_library_log_level_variable_opens_the_libraries_up(monkeypatch, variable, level):
+    """README: chatty libraries stay at WARNING; ``MIRRORFLOW_LIBRARY_LOG_LEVEL=DEBUG`` opens them up (still
+    redacted), and leaves mirrorflow's own level as it was."""
+    libraries = ("httpx", "httpcore", "py4j", "urllib3", "librdkafka")
+    if variable is None:
+        monkeypatch.delenv("MIRRORFLOW_LIBRARY_LOG_LEVEL", raising=False)
+    else:
+        monkeypatch.setenv("MIRRORFLOW_LIBRARY_LOG_LEVEL", variable)
+    buf = io.StringIO()
+    root = logging.getLogger()
+    before = list(root.handlers)
+    levels = {name: logging.getLogger(name).level for name in (*libraries, "mirror_core")}
+    try:
+        setup_logging(verbose=False, stream=buf)
+        assert {name: logging.getLogger(name).getEffectiveLevel() for name in libraries} == \
+            dict.fromkeys(libraries, level)
+        assert logging.getLogger("mirror_core").getEffectiveLevel() == logging.INFO
+        logging.getLogger("httpx").debug("HTTP Request: GET %s", URL)
+        out = buf.getvalue()
+        assert ("HTTP Request: GET https://registry.example" in out) == (level == logging.DEBUG), out
+        assert "s3cr3t-pw" not in out
+    finally:
+        for h in list(root.handlers):
+            if h not in before:
+                root.removeHandler(h)
+        for name, old in levels.items():
+            logging.getLogger(name).setLevel(old)

@@ -189,8 +189,8 @@ def test_the_source_offset_commit_runs_beside_the_next_batch_and_in_batch_order(
 def test_source_offsets_of_thousands_of_partitions_are_committed_in_requests_the_broker_accepts(tmp_path,
                                                                                             caplog) -> None:
     """A commit of 9,000 partitions' positions is one record batch on the group coordinator, over the
-    broker's 1 MB message limit: it failed on every batch. They go out in requests of at most
-    SOURCE_COMMIT_PARTITIONS partitions, every partition once; a request that fails is one warning, and the
+    broker's 1 MB message limit: it failed on every batch. They go out in requests of at most 1,000
+    partitions (SOURCE_COMMIT_PARTITIONS), every partition once; a request that fails is one warning, and the
     next batch commits again."""
     from confluent_kafka import KafkaError, KafkaException
 
@@ -208,10 +208,9 @@ def test_source_offsets_of_thousands_of_partitions_are_committed_in_requests_the
     committer = Committer()
     rt = _runtime(tmp_path)
     rt._committer = lambda cg: committer  # type: ignore[method-assign]
-    n = 2 * stream.SOURCE_COMMIT_PARTITIONS + 500
-    tps = [("t", p, p + 10) for p in range(n)]
+    tps = [("t", p, p + 10) for p in range(2500)]
     rt.commit_source_offsets({"cg": tps})
-    assert [len(r) for r in requests] == [stream.SOURCE_COMMIT_PARTITIONS, stream.SOURCE_COMMIT_PARTITIONS, 500]
+    assert [len(r) for r in requests] == [1000, 1000, 500]  # the README's "at most 1,000 partitions"
     assert [x for r in requests for x in r] == tps
     requests.clear()
     committer.fail_at = 1

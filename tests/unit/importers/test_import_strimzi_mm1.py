@@ -184,3 +184,18 @@ def test_mm1_include_is_normalised_as_mirrormaker_1_did():
         assert flow is not None and flow.matches("orders.x") and flow.matches("payments.y"), include
         assert not flow.matches("refunds")
         assert "MirrorMaker 1 read --include" in res.yaml_text
+
+
+def test_mm1_cli_takes_the_regex_as_include_or_as_mirror_makers_whitelist(tmp_path):
+    """The README's `--include / --whitelist`: both option names give the flow its regex."""
+    from typer.testing import CliRunner
+
+    from mirror_core.cli import app
+
+    for option in ("--include", "--whitelist"):
+        out = tmp_path / f"{option.strip('-')}.yaml"
+        res = CliRunner().invoke(app, ["import", "mm1", str(FIXTURES / "mm1-consumer.properties"), "--producer",
+                                       str(FIXTURES / "mm1-producer.properties"), option, "views|clicks", "-o",
+                                       str(out)], env={"MIRROR_MAKER_TOPIC_WHITELIST": None})
+        assert res.exit_code == 0, (option, res.output)
+        assert "include: views|clicks" in out.read_text(), option
