@@ -58,14 +58,15 @@ def serve(port: int) -> None:
 
 
 def counter_samples(group: str) -> list[str]:
-    """This process's counter samples of ``group``, as ``/metrics`` prints them without the ``group`` label
-    (``mirrorflow_records_dead_lettered_total{mirror="g__a__a"} 2.0``)."""
+    """This process's counter samples of ``group`` that counted something, as ``/metrics`` prints them without
+    the ``group`` label (``mirrorflow_records_dead_lettered_total{mirror="g__a__a"} 2.0``); the zeros are left out
+    of the run's line."""
     out = []
     for family in REGISTRY.collect():
         if family.type != "counter":
             continue
         for s in family.samples:
-            if not s.name.endswith("_total") or s.labels.get("group") != group:
+            if not s.name.endswith("_total") or s.labels.get("group") != group or not s.value:
                 continue
             labels = ",".join(f'{k}="{v}"' for k, v in s.labels.items() if k != "group")
             out.append(f"{s.name}{{{labels}}} {s.value}")

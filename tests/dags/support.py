@@ -369,7 +369,7 @@ def sweep_timed_out_approvals(dag_id: str, task_id: str, run_id: str, wait: floa
 
     from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
     from airflow.models.taskinstance import TaskInstance
-    from airflow.utils import timezone
+    from airflow.sdk import timezone
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
