@@ -30,6 +30,7 @@ from mirror_core import clients
 from mirror_core.config import GroupConfig, MirrorsConfig
 from mirror_core.errors import KafkaOperationError
 from mirror_core.offsets import (
+    AFTER_LOOPED,
     LOOPED,
     NO_SYNCS,
     THROUGH_ORIGINALS,
@@ -42,7 +43,14 @@ from mirror_core.offsets import (
     checkpoint_for,
 )
 from mirror_core.policy import GroupFilter
-from mirror_core.positions import REFRESH_HEADER, is_refresh, lookup_consumer, sync_destination, sync_headers
+from mirror_core.positions import (
+    REFRESH_HEADER,
+    is_refresh,
+    lookup_consumer,
+    sync_destination,
+    sync_from_record,
+    sync_headers,
+)
 from mirror_core.topics import create_topics
 
 log = logging.getLogger(__name__)
@@ -157,7 +165,7 @@ def _sync_tail(cfg: MirrorsConfig, group: GroupConfig) -> _SyncTail:
         try:
             for p, (_low, high) in ends.items():
                 for m in clients.read_partition(dst, group.offset_syncs, p, tail.next_offset[p], high):
-                    sync = OffsetSync.from_record(m.key(), m.value())
+                    sync = sync_from_record(m.key(), m.value(), m.headers())
                     dest = sync_destination(m.headers())
                     if not ours(sync, dest):
                         continue
@@ -207,7 +215,8 @@ def refresh_idle_syncs(cfg: MirrorsConfig, group: GroupConfig, mappings: list[To
             # records to mirror (the writer syncs the partition with them), or an end below the sync (the topic
             # was re-created: the old incarnation's history is not kept alive)
             continue
-        headers = ([] if dest is None else sync_headers(dest)) + [(REFRESH_HEADER, b"1")]
+        # a position-only sync's copy is one too (it would otherwise pass for a translation)
+        headers = ([] if dest is None else sync_headers(dest, newest.position_only)) + [(REFRESH_HEADER, b"1")]
         producer.produce(group.offset_syncs, key=newest.key_bytes(), value=newest.value_bytes(), partition=0,
                          headers=headers, on_delivery=_note_failure(failed))  # type: ignore[arg-type]
         n += 1
@@ -248,7 +257,9 @@ class SourceTranslator:
     A position among records the loop guard skipped (copies a reverse flow made of the destination's records: a
     failback's consumers, still reading what the failover's flow had copied) maps to where their originals are,
     by the reverse group's own syncs read backwards (``THROUGH_ORIGINALS``, exact), when the config has that
-    group and its syncs hold the position; else it stays untranslatable."""
+    group and its syncs hold the position; else it stays untranslatable. So does a position just past such a
+    run with nothing mirrored since (``AFTER_LOOPED``: its sync holds only the writer's position, see the
+    invariant's case 4), placed as the run's end."""
 
     def __init__(self, cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore):
         self.cfg, self.group, self.store = cfg, group, store
@@ -299,8 +310,10 @@ class SourceTranslator:
 
     def translate(self, topic: str, partition: int, committed: int, destination_topic: str) -> Translation:
         tr = self.store.translate(topic, partition, committed)
-        if tr.reason == LOOPED:
-            back = self._through_originals(topic, partition, committed, destination_topic)
+        if tr.reason in (LOOPED, AFTER_LOOPED):
+            # just past the run (AFTER_LOOPED): where a consumer has read the same, the run's end
+            at = committed if tr.reason == LOOPED else self.store.run_end(topic, partition, committed)
+            back = self._through_originals(topic, partition, at, destination_topic)
             return tr if back is None else Translation(back, True, THROUGH_ORIGINALS)
         if tr.reason not in (NO_SYNCS, TOO_OLD):
             return tr
@@ -309,9 +322,10 @@ class SourceTranslator:
             ends = self._source_ends(topic).get(partition)
             # below the log start a consumer resets anyway; a first sync beyond the source's end is an earlier
             # incarnation's (topic re-created): nothing to tell
-            # a first sync that opens a run of loop-skipped records (UNMAPPED): what follows came back from there
+            # a first sync that opens a run of loop-skipped records (UNMAPPED): what follows came back from there;
+            # a position-only one gives no place (invariant, case 4)
             if ends is None or committed < ends[0] or first.upstream_offset > ends[1] or \
-                    first.downstream_offset < 0 or \
+                    first.downstream_offset < 0 or first.position_only or \
                     not self._nothing_committed(topic, partition, committed, first.upstream_offset):
                 return tr
             return Translation(first.downstream_offset, True, BEFORE_FIRST)

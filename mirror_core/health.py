@@ -276,8 +276,8 @@ def verify_parity(cfg: MirrorsConfig, group: GroupConfig, store: OffsetSyncStore
                 continue
             u0 = max(oldest.upstream_offset, low)
             u1 = latest.upstream_offset
-            drange = (_downstream_from(store, m.source_topic, p, u0),
-                      store.translate(m.source_topic, p, u1).downstream_offset)
+            # the range ends where the writer's newest sync puts it (a position-only one too: it is the writer's own)
+            drange = (_downstream_from(store, m.source_topic, p, u0), latest.downstream_offset)
             skip = _Unmirrored(group.source, group.destination if provenance else None, frozenset())
             res = _compare(src, dst, m, p, (u0, u1), drange, framed, skip)
             if not res.ok and res.source_count > res.destination_count:

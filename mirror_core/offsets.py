@@ -102,12 +102,17 @@ class _Reader:
 
 @dataclass(frozen=True, order=True)
 class OffsetSync:
-    """A position mapping for one source partition: upstream ``upstream_offset`` -> downstream ``downstream_offset``."""
+    """A position mapping for one source partition: upstream ``upstream_offset`` -> downstream ``downstream_offset``.
+
+    ``position_only``: the downstream offset is only where the writer resumes, not a translation (the
+    invariant's case 4); carried by a header of the sync record, not by MM2's format (see
+    :data:`mirror_core.positions.POSITION_ONLY_HEADER`)."""
 
     topic: str
     partition: int
     upstream_offset: int
     downstream_offset: int
+    position_only: bool = False
 
     def key_bytes(self) -> bytes:
         return _str(self.topic, "offset sync topic") + _int(_INT32, self.partition, "offset sync partition")
@@ -223,12 +228,24 @@ read_committed consumer passes over to ``b.d``: still exact in what it consumes.
    untranslatable (None, "came back from the destination"), never mapped to ``b.d``, which would skip
    the originals a consumer there has not read. Such a sync is never a partition's newest.
 
+4. ``a`` is POSITION-ONLY (``position_only``): nothing was mirrored from the end of such a run up to
+   ``a.u`` (the run ended its chunk; markers, dead letters or empty ranges may follow it). ``a.d`` is
+   only where the writer resumes (after its own last write, or the destination's end at its first
+   lookup), not where a consumer at ``a.u`` belongs: the originals of the copies it read may lie beyond
+   ``a.d`` (records the destination's own producers wrote since) or below it (an end that held records
+   not copied yet). A consumer anywhere from the first of a row of position-only syncs up to the next
+   sync that is not one has read what a consumer at the run's end has (nothing mirrored, nothing copied
+   in between): it is placed like a position in the run, through the reverse flow's syncs at the run's
+   end (:meth:`OffsetSyncStore.run_end`), and is untranslatable by these syncs alone. Positions after
+   the last of the row and before a sync that is not position-only map to that sync's ``d`` (case 2).
+
 Translation of an upstream position ``U``:
 
 * ``U`` equal to a sync's ``u`` -> that sync's ``d`` (exact);
 * between ``a`` and ``b`` -> interpolated if the deltas are equal, else ``b.d`` (exact);
 * above the newest sync -> the group is ahead of what was mirrored: the newest ``d``, flagged inexact
-  ("ahead of mirror"); a consumer there re-reads, never skips;
+  ("ahead of mirror"); a consumer there re-reads, never skips (untranslatable when that sync is
+  position-only: its ``d`` may lie past records the consumer has not read);
 * below the oldest retained sync -> untranslatable (None, "older than retained offset-sync
   history"): never guessed.
 
@@ -290,6 +307,8 @@ TOO_OLD = "older than retained offset-sync history"
 THROUGH_ORIGINALS = "came back from the destination: its originals' position there, from the reverse flow's syncs"
 LOOPED = ("the records from here came back from the destination (loop guard): their originals are there, at "
           "positions no sync gives")
+AFTER_LOOPED = ("past records that came back from the destination (loop guard), nothing mirrored since: the "
+                "sync gives only the writer's position there, not where their originals end")
 NO_SYNCS = "no offset syncs for this partition"
 
 
@@ -310,6 +329,8 @@ class Translation:
 class _PartitionSyncs:
     us: list[int] = field(default_factory=list)
     ds: list[int] = field(default_factory=list)
+    #: per sync: position-only (the invariant's case 4)
+    po: list[bool] = field(default_factory=list)
 
 
 class OffsetSyncStore:
@@ -325,28 +346,30 @@ class OffsetSyncStore:
     def add(self, sync: OffsetSync) -> None:
         """Add the next sync in emission order; a replay or rewind rewrites history from its ``u``."""
         ps = self._parts.setdefault((sync.topic, sync.partition), _PartitionSyncs())
-        us, ds = ps.us, ps.ds
+        us, ds, po = ps.us, ps.ds, ps.po
         new_u = sync.upstream_offset
         if us and new_u <= us[-1]:
             cut = bisect.bisect_left(us, new_u)
             keep: tuple[int, int] | None = None
             if 0 < cut < len(us) and us[cut - 1] < new_u - 1 and min(ds[cut - 1], ds[cut]) >= 0 and \
-                    us[cut] - us[cut - 1] == ds[cut] - ds[cut - 1]:
+                    not (po[cut - 1] or po[cut]) and us[cut] - us[cut - 1] == ds[cut] - ds[cut - 1]:
                 # the cut falls inside a linear run: keep the run up to just before the new history
                 keep = (new_u - 1, ds[cut - 1] + (new_u - 1 - us[cut - 1]))
-            del us[cut:], ds[cut:]
+            del us[cut:], ds[cut:], po[cut:]
             if keep:
                 us.append(keep[0])
                 ds.append(keep[1])
+                po.append(False)
         if sync.downstream_offset >= 0 and sync.downstream_offset < max(ds, default=-1):
             # the destination went back: the writer mirrors into a re-created destination topic (the records the
             # older syncs point at went with the deleted one). Positions before this sync are untranslatable now.
-            del us[:], ds[:]
+            del us[:], ds[:], po[:]
         us.append(new_u)
         ds.append(sync.downstream_offset)
+        po.append(sync.position_only)
         if self.max_per_partition and len(us) > self.max_per_partition:
             drop = len(us) - self.max_per_partition
-            del us[:drop], ds[:drop]
+            del us[:drop], ds[:drop], po[:drop]
 
     def add_all(self, syncs: Iterable[OffsetSync]) -> None:
         for s in syncs:
@@ -359,14 +382,14 @@ class OffsetSyncStore:
         i = len(ps.us) - 1 if ps else -1
         while i >= 0 and ps is not None and ps.ds[i] < 0:
             i -= 1
-        return None if ps is None or i < 0 else OffsetSync(topic, partition, ps.us[i], ps.ds[i])
+        return None if ps is None or i < 0 else OffsetSync(topic, partition, ps.us[i], ps.ds[i], ps.po[i])
 
     def oldest(self, topic: str, partition: int) -> OffsetSync | None:
         """The oldest retained sync of a partition (positions below it are untranslatable), or None."""
         ps = self._parts.get((topic, partition))
         if not ps or not ps.us:
             return None
-        return OffsetSync(topic, partition, ps.us[0], ps.ds[0])
+        return OffsetSync(topic, partition, ps.us[0], ps.ds[0], ps.po[0])
 
     def size(self, topic: str, partition: int) -> int:
         ps = self._parts.get((topic, partition))
@@ -375,23 +398,25 @@ class OffsetSyncStore:
     def syncs(self, topic: str, partition: int) -> list[OffsetSync]:
         """The retained syncs of a partition, oldest first (what translation reads)."""
         ps = self._parts.get((topic, partition))
-        return [OffsetSync(topic, partition, u, d) for u, d in zip(ps.us, ps.ds, strict=True)] if ps else []
+        return [OffsetSync(topic, partition, u, d, o) for u, d, o in zip(ps.us, ps.ds, ps.po, strict=True)] \
+            if ps else []
 
     def upstream_for(self, topic: str, partition: int, downstream: int) -> int | None:
         """The smallest upstream position whose translation is exactly ``downstream`` (a position in a downstream
         gap, where no committed record lies, counts as the next record's), or None when no two syncs hold it
         between them. What a consumer at ``downstream`` of the destination has read of the source, for
-        positions among records this history's writer copied there (a reverse flow's loop guard skips them)."""
+        positions among records this history's writer copied there (a reverse flow's loop guard skips them).
+        A position-only sync says nothing here (its downstream offset is no translation)."""
         ps = self._parts.get((topic, partition))
         if not ps:
             return None
-        us, ds = ps.us, ps.ds
+        us, ds, po = ps.us, ps.ds, ps.po
         for i, (u, d) in enumerate(zip(us, ds, strict=True)):
-            if d < 0 or d > downstream:
+            if d < 0 or po[i] or d > downstream:
                 continue
             if d == downstream:
                 return u
-            if i + 1 == len(us) or ds[i + 1] < 0:
+            if i + 1 == len(us) or ds[i + 1] < 0 or po[i + 1]:
                 continue
             nu, nd = us[i + 1], ds[i + 1]
             if nu - u == nd - d:
@@ -401,6 +426,20 @@ class OffsetSyncStore:
                 return u + 1  # positions (u, nu) map to nd, as nu does
         return None
 
+    def run_end(self, topic: str, partition: int, upstream_offset: int) -> int:
+        """For a position :meth:`translate` answers with :data:`AFTER_LOOPED`: the first of the row of
+        position-only syncs at or below it, just after the run of loop-skipped records, where a consumer has
+        read the same records (the invariant's case 4); the position itself otherwise."""
+        ps = self._parts.get((topic, partition))
+        if not ps:
+            return upstream_offset
+        i = bisect.bisect_right(ps.us, upstream_offset) - 1
+        if i < 0 or not ps.po[i]:
+            return upstream_offset
+        while i > 0 and ps.po[i - 1]:
+            i -= 1
+        return ps.us[i]
+
     def partitions(self) -> list[tuple[str, int]]:
         return sorted(self._parts)
 
@@ -409,16 +448,25 @@ class OffsetSyncStore:
         ps = self._parts.get((topic, partition))
         if not ps or not ps.us:
             return Translation(None, False, NO_SYNCS)
-        us, ds = ps.us, ps.ds
+        us, ds, po = ps.us, ps.ds, ps.po
         if upstream_offset < us[0]:
             return Translation(None, False, TOO_OLD)
         i = bisect.bisect_right(us, upstream_offset) - 1
         if ds[i] < 0 or (i + 1 < len(us) and ds[i + 1] < 0 and us[i] != upstream_offset):
             return Translation(None, False, LOOPED)
+        if po[i]:
+            if us[i] == upstream_offset or (i + 1 < len(us) and po[i + 1]):
+                return Translation(None, False, AFTER_LOOPED)
+            if i == len(us) - 1:
+                return Translation(None, False, AHEAD)
+            return Translation(ds[i + 1], True, IN_GAP)  # nothing mirrored up to the next sync (case 2)
         if us[i] == upstream_offset:
             return Translation(ds[i], True, EXACT_SYNC)
         if i == len(us) - 1:
             return Translation(ds[i], False, AHEAD)
+        if po[i + 1]:
+            # a position-only sync follows a run (its opening sync cut from the history): as inside the run
+            return Translation(None, False, LOOPED)
         if us[i + 1] - us[i] == ds[i + 1] - ds[i]:
             return Translation(ds[i] + (upstream_offset - us[i]), True, INTERPOLATED)
         return Translation(ds[i + 1], True, IN_GAP)

@@ -23,6 +23,7 @@ Two promises, each a defect of the lookup before issue 11:
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import threading
@@ -59,9 +60,28 @@ class LegacySync(OffsetSync):
     belong to another mirror of the same source topic."""
 
 
-def sync_headers(destination_topic: str) -> list[tuple[str, bytes]]:
-    """The headers of a sync the writer of ``destination_topic`` emits."""
-    return [(DESTINATION_HEADER, destination_topic.encode())]
+#: header of a sync whose downstream offset is only where its writer resumes, not a translation: the position
+#: follows records the loop guard skipped, with nothing mirrored since (:data:`mirror_core.offsets.SYNC_INVARIANT`,
+#: case 4). The writer resumes from it as from any sync; translation places it through the reverse flow's syncs.
+#: Readers that ignore headers (earlier releases, MM2's) read the sync as before.
+POSITION_ONLY_HEADER = "mirrorflow.position_only"
+
+
+def sync_headers(destination_topic: str, position_only: bool = False) -> list[tuple[str, bytes]]:
+    """The headers of a sync the writer of ``destination_topic`` emits (``position_only``: see
+    :data:`POSITION_ONLY_HEADER`)."""
+    return [(DESTINATION_HEADER, destination_topic.encode())] + ([(POSITION_ONLY_HEADER, b"1")] if position_only
+                                                                  else [])
+
+
+def sync_from_record(key: bytes | None, value: bytes | None,
+                     headers: list[tuple[str, bytes | None]] | None) -> OffsetSync:
+    """An offset-sync record with what its headers add (:data:`POSITION_ONLY_HEADER`); raises
+    :class:`~mirror_core.offsets.OffsetFormatError` on malformed bytes."""
+    sync = OffsetSync.from_record(key, value)
+    if any(name == POSITION_ONLY_HEADER for name, _ in headers or ()):
+        return dataclasses.replace(sync, position_only=True)
+    return sync
 
 
 #: header of a copy of a partition's newest sync, written by the offset round so that an idle partition keeps
@@ -282,7 +302,7 @@ def _scan(c: Consumer, syncs_topic: str, p: int, start: int, end: int, topic: st
     try:
         for msg in clients.scan(c, syncs_topic, p, start, end, timeout):
             try:
-                sync = OffsetSync.from_record(msg.key(), msg.value())
+                sync = sync_from_record(msg.key(), msg.value(), msg.headers())
             except OffsetFormatError as exc:
                 # not ours to judge: something else wrote to the topic; it never stops the mirror
                 log.warning("%s[%d]@%d is not an offset sync, skipped: %s", syncs_topic, p, msg.offset(), exc)

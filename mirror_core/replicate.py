@@ -451,6 +451,9 @@ class Position:
 
     upstream: int
     downstream: int | None = None
+    #: ``downstream`` is only where the writer resumes, not a translation (the newest sync is position-only:
+    #: it follows records the loop guard skipped with nothing mirrored since; see :func:`loop_marked_syncs`)
+    position_only: bool = False
 
 
 #: the cyclic garbage collector's youngest-generation threshold in a process that reads and writes records
@@ -746,16 +749,17 @@ def _drop_producer(key: str, keep_position: bool = False) -> None:
         _POSITIONS.pop(key, None)
 
 
-def position_syncs(topic: str, partition: int, first_upstream: int, upstream_end: int, downstream: int
-                   ) -> list[OffsetSync]:
+def position_syncs(topic: str, partition: int, first_upstream: int, upstream_end: int, downstream: int,
+                   position_only: bool = False) -> list[OffsetSync]:
     """Syncs for a chunk that wrote nothing to the destination topic (every record dead-lettered or
     skipped by provenance): both the chunk's first position and its end map to ``downstream``, the
     next downstream position. Keeps the invariant's case 2 (no record mirrored in between, no
-    downstream record in between), so a restart resumes after the chunk and translation stays exact."""
+    downstream record in between), so a restart resumes after the chunk and translation stays exact.
+    ``position_only``: the position the chunk starts from is (case 4), and so stay those after it."""
     if first_upstream >= upstream_end:
-        return [OffsetSync(topic, partition, upstream_end, downstream)]
-    return [OffsetSync(topic, partition, first_upstream, downstream),
-            OffsetSync(topic, partition, upstream_end, downstream)]
+        return [OffsetSync(topic, partition, upstream_end, downstream, position_only)]
+    return [OffsetSync(topic, partition, first_upstream, downstream, position_only),
+            OffsetSync(topic, partition, upstream_end, downstream, position_only)]
 
 
 def loop_marked_syncs(syncs: list[OffsetSync], looped: list[int], mirrored: list[tuple[int, int]],
@@ -772,7 +776,12 @@ def loop_marked_syncs(syncs: list[OffsetSync], looped: list[int], mirrored: list
     record. ``mirrored``: the chunk's (upstream, downstream) pairs, of which the ones just before and just after
     each run keep syncs of their own (as collinear middle points they were dropped: the positions before the run
     then went with the marker, and those after it mapped all to the end of their run);
-    ``downstream_after``: the downstream position after the chunk."""
+    ``downstream_after``: the downstream position after the chunk.
+
+    A run that ends the chunk (no mirrored record after it) leaves the syncs from its end on position-only (the
+    invariant's case 4): ``downstream_after`` is where the writer resumes, not where a consumer that read the
+    copies belongs (records the destination's own producers wrote since lie between). Until 7 December they
+    passed for exact syncs, and a failback's or second failover's consumers went there and read records again."""
     if not looped:
         return syncs
     topic, partition = syncs[0].topic, syncs[0].partition
@@ -801,7 +810,15 @@ def loop_marked_syncs(syncs: list[OffsetSync], looped: list[int], mirrored: list
         d = mirrored[j][1] if j < len(mirrored) else downstream_after
         if not any(x.upstream_offset == resume for x in out.values()):
             out[(resume, d)] = OffsetSync(topic, partition, resume, d)
+        if j == len(mirrored):  # the run ends the chunk: what follows it holds only the writer's position
+            out = {k: dataclasses.replace(x, position_only=True) if x.upstream_offset >= resume else x
+                   for k, x in out.items()}
     return sorted(out.values(), key=lambda x: x.upstream_offset)
+
+
+def _resumes_position_only(syncs: list[OffsetSync]) -> bool:
+    """The newest of a chunk's syncs (where the writer resumes) is position-only."""
+    return bool(syncs) and syncs[-1].position_only
 
 
 def fence_transactional_id(producer_config: dict[str, Any], txid: str, topic: str | None = None) -> None:
@@ -1052,6 +1069,8 @@ class Staged:
     #: None: no records, only the position moves (past trailing transaction markers)
     sent: _Sent | None
     downstream: int | None = None
+    #: the sync at ``upstream_end`` is position-only (see :class:`Position`)
+    position_only: bool = False
     #: at-least-once: the records whose dead letters were acknowledged (see :meth:`PartitionWriter.hand_back`)
     landed: set[int] = field(default_factory=set)
 
@@ -1244,7 +1263,14 @@ class PartitionWriter:
         """Record that the partition's position moved to ``upstream_end`` past records that are not data
         (transaction markers, aborted records) after the last mirrored record at ``last_downstream``."""
         with partition_lock(self.s, partition):
-            self._advance(partition, upstream_end, last_downstream)
+            # whether the position it moves from is position-only: the write before set it (read before a new
+            # producer would drop it); forgotten since, with the loop guard on, it is read back (exactly_once)
+            position = _POSITIONS.get(self._shared_key(partition))
+            if position is None and self.s.provenance and self.s.delivery == "exactly_once":
+                self.prepare(partition)
+                position = _POSITIONS.get(self._shared_key(partition))
+            self._advance(partition, upstream_end, last_downstream,
+                          position is not None and position.position_only and position.downstream == last_downstream + 1)
 
     def advance_idle(self, partition: int, upstream_end: int, start: int | None = None) -> int | None:
         """A range of the partition ``[start, upstream_end)`` read to its end that held no records (transaction
@@ -1264,7 +1290,7 @@ class PartitionWriter:
                 return None
             if position is None or position.downstream is None or position.upstream >= upstream_end:
                 return None
-            self._advance(partition, upstream_end, position.downstream - 1)
+            self._advance(partition, upstream_end, position.downstream - 1, position.position_only)
             return position.downstream - 1
 
     def _advance_idle_exactly(self, partition: int, upstream_end: int) -> int | None:
@@ -1279,7 +1305,7 @@ class PartitionWriter:
             if position is None or position.downstream is None or position.upstream >= upstream_end:
                 return None
             try:
-                self._advance(partition, upstream_end, position.downstream - 1)
+                self._advance(partition, upstream_end, position.downstream - 1, position.position_only)
             except KafkaException as exc:
                 err = exc.args[0]
                 _drop_producer(key)  # and the position read with it
@@ -1291,26 +1317,29 @@ class PartitionWriter:
             return position.downstream - 1
         return None  # not reached: the second attempt returns or raises
 
-    def _advance(self, partition: int, upstream_end: int, last_downstream: int) -> None:
-        sync = OffsetSync(self.s.source_topic, partition, upstream_end, last_downstream + 1)
+    def _advance(self, partition: int, upstream_end: int, last_downstream: int, position_only: bool = False) -> None:
+        """The sync that moves the position past records that are not data (``position_only``: the position it
+        moves from is, see :class:`Position`, and so is the one it moves to)."""
+        sync = OffsetSync(self.s.source_topic, partition, upstream_end, last_downstream + 1, position_only)
         producer, key = _producer(self.s, partition, gapless=self._gapless())
         if self.s.delivery == "exactly_once":
             producer.begin_transaction()
             self._emit_sync(producer, sync)
             with fatal_unmasked():
                 producer.commit_transaction(60)
-            _POSITIONS[key] = Position(upstream_end, last_downstream + 1)
+            _POSITIONS[key] = Position(upstream_end, last_downstream + 1, position_only)
         else:
             self._emit_sync(producer, sync)
             if self._flush(producer, self._ack_wait()):
                 raise WriterError(f"{self.s.mirror}: offset sync not acknowledged within {self._ack_wait():.0f} s")
-            _POSITIONS[_alo_key(self.s, partition)] = Position(upstream_end, last_downstream + 1)
+            _POSITIONS[_alo_key(self.s, partition)] = Position(upstream_end, last_downstream + 1, position_only)
 
     def _emit_sync(self, producer: Producer, sync: OffsetSync) -> None:
         """An offset sync in MM2's format (all on the sync topic's partition 0), naming our destination in
         a header so another mirror of the same source topic never takes it for its own position."""
         producer.produce(self.s.offset_syncs_topic, key=sync.key_bytes(), value=sync.value_bytes(), partition=0,
-                         headers=sync_headers(self.s.destination_topic))  # type: ignore[arg-type]
+                         headers=sync_headers(self.s.destination_topic,  # type: ignore[arg-type]
+                                              sync.position_only))
 
     # -- positions
 
@@ -1354,7 +1383,7 @@ class PartitionWriter:
         if isinstance(found, OffsetSync) and self._beyond_destination_end(found, partition, high):
             _POSITIONS[key] = Position(0)  # the records it covers went with the deleted topic
         elif isinstance(found, OffsetSync):
-            _POSITIONS[key] = Position(found.upstream_offset, found.downstream_offset)
+            _POSITIONS[key] = Position(found.upstream_offset, found.downstream_offset, found.position_only)
         elif found is not None:
             _POSITIONS[key] = Position(int(found))
         else:
@@ -1407,10 +1436,11 @@ class PartitionWriter:
             downstream = pairs[-1][1] + 1
             return loop_marked_syncs(syncs, looped, pairs, first_upstream, downstream), downstream
         if position is not None and position.downstream is not None:
-            downstream = position.downstream
+            downstream, position_only = position.downstream, position.position_only
         else:
             downstream = self.downstream_end(self.s.destination_topic, self._dst_partition(partition))
-        syncs = position_syncs(self.s.source_topic, partition, first_upstream, upstream_end, downstream)
+            position_only = False
+        syncs = position_syncs(self.s.source_topic, partition, first_upstream, upstream_end, downstream, position_only)
         return loop_marked_syncs(syncs, looped, [], first_upstream, downstream), downstream
 
     # -- exactly once, transactions per writer
@@ -1545,14 +1575,16 @@ class PartitionWriter:
         large: the caller aborts and writes the batch partition by partition (which handles both)."""
         if staged.sent is None:
             assert staged.downstream is not None
+            staged.position_only = staged.position is not None and staged.position.position_only
             self._emit_sync(producer, OffsetSync(self.s.source_topic, staged.partition, staged.upstream_end,
-                                                 staged.downstream))
+                                                 staged.downstream, staged.position_only))
             return
         acks, too_large = self._settle(producer, staged.sent)
         if too_large:
             raise _Unmapped()
         syncs, staged.downstream = self._syncs(staged.partition, staged.todo.offsets[0], acks, staged.upstream_end,
                                                staged.position)
+        staged.position_only = _resumes_position_only(syncs)
         for sync in syncs:
             self._emit_sync(producer, sync)
 
@@ -1566,7 +1598,8 @@ class PartitionWriter:
         """The transaction holding ``staged`` committed (at-least-once: its records and offset syncs were
         acknowledged): its position moves."""
         with partition_lock(self.s, staged.partition):
-            _POSITIONS[self._shared_key(staged.partition)] = Position(staged.upstream_end, staged.downstream)
+            _POSITIONS[self._shared_key(staged.partition)] = Position(staged.upstream_end, staged.downstream,
+                                                                      staged.position_only)
         result = staged.result
         result.last_downstream = None if staged.downstream is None else staged.downstream - 1
         if len(staged.todo):
@@ -1716,7 +1749,7 @@ class PartitionWriter:
                     continue
                 raise WriterError(f"{self.s.mirror} partition {partition}: transaction failed: {err.str()}") from None
             _note_latency(result, todo.timestamps)
-            _POSITIONS[key] = Position(upstream_end, downstream)
+            _POSITIONS[key] = Position(upstream_end, downstream, _resumes_position_only(syncs))
             result.last_downstream = None if downstream is None else downstream - 1
             return
         raise WriterError(f"{self.s.mirror} partition {partition}: could not commit after 3 attempts")
@@ -2072,7 +2105,7 @@ class PartitionWriter:
         if self._flush(producer, self._ack_wait()):
             raise WriterError(f"{self.s.mirror}: offset syncs not acknowledged within {self._ack_wait():.0f} s")
         result.commit_ms += (time.monotonic() - t1) * 1000
-        _POSITIONS[key] = Position(upstream_end, downstream)
+        _POSITIONS[key] = Position(upstream_end, downstream, _resumes_position_only(syncs))
         _note_latency(result, chunk.timestamps)
         result.last_downstream = None if downstream is None else downstream - 1
 

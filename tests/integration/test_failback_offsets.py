@@ -53,9 +53,10 @@ def two_way_config(clusters, tmp_path, name, topic):  # noqa: ANN001, ANN201
     return cfg
 
 
-def mirror(cfg, g, topic, seed, max_bytes=None):  # noqa: ANN001, ANN201
+def mirror(cfg, g, topic, seed, max_bytes=None, synced_positions=False):  # noqa: ANN001, ANN201
     """Everything committed on ``g``'s source, in random chunks, with the loop guard on (records larger than
-    ``max_bytes`` go to the dead-letter topic)."""
+    ``max_bytes`` go to the dead-letter topic). ``synced_positions``: the writer resumes from its newest sync,
+    downstream offset included, as the Spark job's does (else from its upstream offset alone)."""
     dst = cfg.cluster(g.destination)
     s = WriterSettings(
         group=g.name, mirror=f"{g.name}__{topic}", source_alias=g.source, destination_alias=g.destination,
@@ -64,7 +65,8 @@ def mirror(cfg, g, topic, seed, max_bytes=None):  # noqa: ANN001, ANN201
         dlq_topic=g.dlq_topic, offset_syncs_topic=g.offset_syncs, provenance=True,
         producer_config=clients.kafka_config(dst), destination_max_message_bytes=max_bytes)
     cc = clients.kafka_config(dst)
-    writer = PartitionWriter(s, SchemaIdTranslator({}), lambda t, p: last_committed_position(cc, g.offset_syncs, t, p))
+    writer = PartitionWriter(s, SchemaIdTranslator({}), None if synced_positions else
+                             lambda t, p: last_committed_position(cc, g.offset_syncs, t, p))
     rnd = random.Random(seed)
     src = cfg.cluster(g.source)
     for p, (low, high) in clients.end_offsets(src, topic).items():
@@ -125,6 +127,32 @@ def test_a_failbacks_consumers_among_the_copies_go_to_their_originals(clusters, 
     # destination's own records: 180 records skipped); partition 1 at the copy of 1:1010
     assert committed(clusters.src_bootstrap, group, topic) == {0: on_src[0][b"0:120"], 1: on_src[1][b"1:1010"]}
     assert on_src[0][b"0:120"] == 120
+
+
+def test_a_second_failovers_consumers_past_the_copies_go_past_their_originals(clusters, unique, tmp_path) -> None:
+    """The flow out resumes after a failback from its position before the failover: the source now ends with
+    copies of the destination's own records (written during the failover), which it skips. A consumer group at
+    the source's end has read them: on the destination it goes past their originals. Until 7 December the sync
+    after the copies held the flow's own position there (before the destination's own records), called exact:
+    the group read 30 records a partition again."""
+    topic, name = unique("fb2"), unique("fb2g")
+    create_topics(AdminClient({"bootstrap.servers": clusters.src_bootstrap}), [NewTopic(topic, PARTITIONS, 1)])
+    cfg = two_way_config(clusters, tmp_path, name, topic)
+    fwd, back = cfg.groups
+    produce(clusters.src_bootstrap, topic, PARTITIONS, 60)
+    mirror(cfg, fwd, topic, seed=6, synced_positions=True)
+    produce(clusters.dst_bootstrap, topic, PARTITIONS, 30, start=1000)  # during the failover
+    mirror(cfg, back, topic, seed=7, synced_positions=True)  # the failback: the source ends with their copies
+    mirror(cfg, fwd, topic, seed=8, synced_positions=True)  # the flow out again: copies only, all skipped
+
+    group = f"{name}-app"
+    src_ends = {p: high for p, (_low, high) in clients.end_offsets(cfg.cluster(fwd.source), topic).items()}
+    commit_source_group(clusters.src_bootstrap, group, topic, src_ends)  # has read everything, the copies too
+    rep = failover.final_sync(cfg, fwd, failover.FailoverParams((group,)))
+    assert rep.ok, rep.summary
+    on_dst = {p: offsets_of_keys(clusters.dst_bootstrap, topic, p) for p in range(PARTITIONS)}
+    assert committed(clusters.dst_bootstrap, group, topic) == {p: on_dst[p][f"{p}:1029".encode()] + 1
+                                                              for p in range(PARTITIONS)}
 
 
 def test_parity_of_both_flows_leaves_out_the_copies_and_the_destinations_own_records(clusters, unique,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from mirror_core.offsets import (
+    AFTER_LOOPED,
     AHEAD,
     EXACT_SYNC,
     IN_GAP,
@@ -507,3 +508,39 @@ def test_upstream_for_reads_a_history_backwards() -> None:
     assert st.upstream_for("t", 0, 4) == 4
     assert st.upstream_for("t", 0, 12) is None
     assert st.upstream_for("t", 0, 20) == 9
+
+
+def test_the_position_after_a_trailing_run_of_copies_is_the_writers_only() -> None:
+    """Case 4: 100-149 came back (loop guard), 150 the reverse flow's commit marker, nothing mirrored since: the
+    syncs at 150 and 151 hold only where the writer resumes (100), not where a consumer there belongs."""
+    st = OffsetSyncStore()
+    st.add_all([OffsetSync("t", 0, 0, 0), OffsetSync("t", 0, 99, 99), OffsetSync("t", 0, 100, UNMAPPED),
+                OffsetSync("t", 0, 150, 100, True), OffsetSync("t", 0, 151, 100, True)])
+    for pos in (150, 151):
+        got = st.translate("t", 0, pos)
+        assert (got.downstream_offset, got.exact, got.reason) == (None, False, AFTER_LOOPED), pos
+        assert st.run_end("t", 0, pos) == 150  # where a consumer has read the same: the run's end
+    assert st.run_end("t", 0, 99) == 99
+    # ahead of it: records not mirrored yet, copies or not: no answer (its d may lie past unread records)
+    assert (st.translate("t", 0, 160).downstream_offset, st.translate("t", 0, 160).reason) == (None, AHEAD)
+    assert st.latest("t", 0) == OffsetSync("t", 0, 151, 100, True)
+    # a reverse flow's history never answers with one (its d is no translation)
+    assert st.upstream_for("t", 0, 100) is None
+    # the next record mirrored (at 153, to 150; a dead letter at 151-152): positions before it map to it, the
+    # run's end still goes through the reverse flow
+    st.add(OffsetSync("t", 0, 151, 150))
+    st.add(OffsetSync("t", 0, 153, 150))
+    assert st.translate("t", 0, 150).reason == AFTER_LOOPED
+    assert [st.translate("t", 0, u).downstream_offset for u in (151, 152, 153)] == [150, 150, 150]
+    # a sync without the mark (an earlier release's) reads as before
+    old = OffsetSyncStore()
+    old.add_all([OffsetSync("t", 0, 100, UNMAPPED), OffsetSync("t", 0, 150, 100)])
+    assert old.translate("t", 0, 150) == Translation(100, True, EXACT_SYNC)
+
+
+def test_a_rewind_never_interpolates_from_a_position_only_sync() -> None:
+    st = OffsetSyncStore()
+    st.add_all([OffsetSync("t", 0, 0, UNMAPPED), OffsetSync("t", 0, 10, 10, True), OffsetSync("t", 0, 20, 20)])
+    st.add(OffsetSync("t", 0, 15, 30))
+    assert st.syncs("t", 0) == [OffsetSync("t", 0, 0, UNMAPPED), OffsetSync("t", 0, 10, 10, True),
+                                OffsetSync("t", 0, 15, 30)]

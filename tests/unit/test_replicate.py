@@ -14,6 +14,7 @@ from mirror_core.config import parse_config
 from mirror_core.errors import ConfigError
 from mirror_core.offsets import UNMAPPED, OffsetSync, OffsetSyncStore, syncs_for_batch
 from mirror_core.policy import build_replication_policy
+from mirror_core.positions import POSITION_ONLY_HEADER, sync_from_record
 from mirror_core.replicate import (
     PROVENANCE_HEADER,
     DeadLetter,
@@ -2119,3 +2120,48 @@ def test_a_position_moved_past_markers_on_a_fenced_producer_is_moved_again_on_a_
     with pytest.raises(KafkaException, match="failed"):
         run([_FencedProducer(), _FencedProducer()], OffsetSync("t", 0, 7, 4))
     assert len(made) == 2
+
+
+def _marks_writer(monkeypatch, committed: OffsetSync | None) -> tuple[_FakeProducer, object]:
+    """A writer whose producer is kept under the partition's own transactional id (as ``_producer`` keeps it)."""
+    fake = _FakeProducer()
+    s = settings(value_serde="bytes", provenance=True)
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, s.transactional_id_for(p)))
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
+    return fake, replicate.PartitionWriter(s, ids({}), lambda t, p: committed, downstream_end=lambda t, p: 100,
+                                           destination_high=lambda t, p: 100)
+
+
+def test_markers_after_copies_keep_the_position_only_mark(monkeypatch) -> None:
+    """A range of the reverse flow's commit markers after a trailing run of copies (``advance_idle``), and a
+    writer that reads such a position back after a restart: the syncs moving past them are position-only too,
+    with the header that says so; the writer's positions themselves are as before."""
+    fake, writer = _marks_writer(monkeypatch, OffsetSync("t", 1, 100, 100))
+    writer.write(1, [rec(b"v", ((PROVENANCE_HEADER, b"dst"),), offset=o) for o in range(100, 110)], upstream_end=110)
+    assert writer.advance_idle(1, 112, start=110) == 99
+    sync_records = [(k, v, h) for t, _p, k, v, h, _ts in fake.full if t == "syncs"]
+    assert sync_from_record(*sync_records[-1][:2], list(sync_records[-1][2])) == OffsetSync("t", 1, 112, 100, True)
+    assert sync_records[-1][2] == (("mirrorflow.destination", b"t"), (POSITION_ONLY_HEADER, b"1"))
+    writer.advance(1, 114, 99)  # markers at the end of the next range, after its (no) records
+    (k, v, h), = [(k, v, h) for t, _p, k, v, h, _ts in fake.full if t == "syncs"][len(sync_records):]
+    assert sync_from_record(k, v, list(h)) == OffsetSync("t", 1, 114, 100, True)
+    # a restarted writer: the lookup gives the mark back, and a range of markers keeps it
+    fake2, writer2 = _marks_writer(monkeypatch, OffsetSync("t", 1, 112, 100, True))
+    assert writer2.advance_idle(1, 115) == 99
+    (_t, _p, k, v, h, _ts), = [x for x in fake2.full if x[0] == "syncs"]
+    assert sync_from_record(k, v, list(h)) == OffsetSync("t", 1, 115, 100, True)
+    # an unmarked position (after its own last write) stays unmarked
+    fake3, writer3 = _marks_writer(monkeypatch, OffsetSync("t", 1, 112, 100))
+    writer3.advance_idle(1, 115)
+    assert [x[4] for x in fake3.full if x[0] == "syncs"] == [(("mirrorflow.destination", b"t"),)]
+
+
+def test_only_a_run_that_ends_the_chunk_leaves_position_only_syncs() -> None:
+    """0-4 mirrored to 10-14, 5-6 copies, 7 mirrored to 15, 8-9 copies, the chunk's end at 11 (a marker at 10):
+    the first run is followed by a mirrored record, whose place is exact; after the second nothing was mirrored,
+    so 10 and 11 hold only where the writer resumes (16)."""
+    pairs = [(u, u + 10) for u in range(5)] + [(7, 15)]
+    syncs = replicate.loop_marked_syncs(syncs_for_batch("t", 0, pairs, 11), [5, 6, 8, 9], pairs, 0, 16)
+    assert [(x.upstream_offset, x.downstream_offset, x.position_only) for x in syncs] == [
+        (0, 10, False), (4, 14, False), (5, UNMAPPED, False), (7, 15, False), (8, UNMAPPED, False), (10, 16, True),
+        (11, 16, True)]

@@ -7,10 +7,22 @@ from typing import Any
 
 import pytest
 
-from mirror_core import checkpoint
+from mirror_core import checkpoint, replicate
 from mirror_core.config import parse_config
 from mirror_core.errors import KafkaOperationError
-from mirror_core.offsets import LOOPED, NO_SYNCS, THROUGH_ORIGINALS, TOO_OLD, UNMAPPED, OffsetSync, OffsetSyncStore
+from mirror_core.offsets import (
+    AFTER_LOOPED,
+    LOOPED,
+    NO_SYNCS,
+    THROUGH_ORIGINALS,
+    TOO_OLD,
+    UNMAPPED,
+    OffsetSync,
+    OffsetSyncStore,
+)
+from mirror_core.positions import sync_from_record
+from mirror_core.replicate import PROVENANCE_HEADER
+from tests.unit.test_replicate import _FakeProducer, ids, rec, settings
 
 
 class _Clusters:
@@ -156,3 +168,100 @@ def test_a_failbacks_position_among_copies_goes_to_their_originals_by_the_failov
     # without the reverse group in the config: no answer, as before
     alone = _two_way()
     assert checkpoint.SourceTranslator(alone, alone.groups[0], back).translate("t", 0, 4, "t").reason == LOOPED
+
+
+# --------------------------------------------------------------------------- the position after a trailing run of copies
+
+
+def _written_syncs(fake: Any) -> list[OffsetSync]:
+    """The syncs a fake producer was given, with what their headers say (position-only)."""
+    return [sync_from_record(k, v, list(h)) for t, _p, k, v, h, _ts in fake.full if t == "syncs"]
+
+
+def _with_reverse(monkeypatch: pytest.MonkeyPatch, cfg: Any, reverse: str, reverse_store: OffsetSyncStore) -> None:
+    monkeypatch.setattr(checkpoint, "load_sync_store", lambda _cfg, g: reverse_store if g.name == reverse else
+                        OffsetSyncStore())
+    ends = {p: (0, 2000) for p in range(3)}
+    monkeypatch.setattr(checkpoint, "_ends_or_none", lambda _c, alias, topic: dict(ends))
+
+
+def test_a_second_failover_places_the_end_of_the_copies_at_their_originals_end(monkeypatch: pytest.MonkeyPatch
+                                                                               ) -> None:
+    """The flow a -> b restarts after a failback with its sync from before the first failover (a 100 -> b 100).
+    Meanwhile b's producers wrote b 100-149 and the flow back copied them to a 100-149 (its commit marker at a 150).
+    The flow skips the copies: nothing mirrored, so the position after them got the writer's own position (b 100),
+    called exact, and a group at a 151 that had read the copies went to b 100: 50 records read again. It is
+    position-only now and placed by the flow back's syncs: b 150."""
+    fake = _FakeProducer()
+    fake._next[("t", 1)] = 150
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
+    writer = replicate.PartitionWriter(settings(provenance=True, value_serde="bytes", source_alias="a",
+                                                destination_alias="b"), ids({}),
+                                       lambda t, p: OffsetSync("t", 1, 100, 100),
+                                       downstream_end=lambda t, p: 150, destination_high=lambda t, p: 150)
+    copies = [rec(b"v", ((PROVENANCE_HEADER, b"b"),), offset=o) for o in range(100, 150)]
+    assert writer.write(1, copies, upstream_end=151).provenance_skipped == 50
+    syncs = _written_syncs(fake)
+    forward = OffsetSyncStore()
+    forward.add_all([OffsetSync("t", 1, 0, 0), OffsetSync("t", 1, 99, 99), OffsetSync("t", 1, 100, 100), *syncs])
+    back = OffsetSyncStore()  # b 100-149 -> a 100-149, its commit marker at a 150
+    back.add_all(OffsetSync("t", 1, u, d) for u, d in ((100, 100), (149, 149), (150, 150)))
+    cfg = _two_way("t")
+    _with_reverse(monkeypatch, cfg, "back", back)
+    tr = checkpoint.SourceTranslator(cfg, cfg.groups[0], forward)
+    got = {pos: tr.translate("t", 1, pos, "t") for pos in (120, 150, 151)}
+    assert {pos: (t.downstream_offset, t.exact) for pos, t in got.items()} == \
+        {120: (120, True), 150: (150, True), 151: (150, True)}
+    assert {t.reason for t in got.values()} == {THROUGH_ORIGINALS}
+    # the syncs alone no longer call it exact ...
+    for pos in (150, 151):
+        t = forward.translate("t", 1, pos)
+        assert (t.downstream_offset, t.exact, t.reason) == (None, False, AFTER_LOOPED), pos
+    assert syncs == [OffsetSync("t", 1, 100, UNMAPPED), OffsetSync("t", 1, 150, 100, True),
+                     OffsetSync("t", 1, 151, 100, True)]
+    # ... and the writer resumes from there all the same: nothing is read twice or skipped
+    assert replicate._POSITIONS["txid"] == replicate.Position(151, 100, True)
+    # a's own records after them are mirrored to b 150-151: exact syncs again, from the next record on
+    writer.write(1, [rec(b"v", offset=o) for o in (151, 152)], upstream_end=153)
+    forward.add_all(_written_syncs(fake)[len(syncs):])
+    assert [forward.translate("t", 1, u).downstream_offset for u in (151, 152, 153)] == [150, 151, 152]
+    assert tr.translate("t", 1, 150, "t").downstream_offset == 150
+    # without the flow back in the config: untranslatable, not its writer's position
+    alone = _two_way()
+    assert checkpoint.SourceTranslator(alone, alone.groups[0], forward).translate("t", 1, 150, "t").reason == \
+        AFTER_LOOPED
+
+
+def test_a_standby_reverse_flow_places_the_failover_point_at_the_originals_end(monkeypatch: pytest.MonkeyPatch
+                                                                              ) -> None:
+    """The flow back (b -> a) runs while a is active: every record of b is a copy of a's. Its first sync mapped
+    b 100 to a 100 (a's end then); a's producers wrote 1,000 more, the flow out copied them to b, and the flow back,
+    skipping copies only, kept a 100 for the position after them: a group failed over to b at b 1100 went back to a
+    100 on failback, "exact": 1,000 records read again. Now it goes to a 1100 by the flow out's syncs."""
+    fake = _FakeProducer()
+    a_end = {"v": 100}
+    monkeypatch.setattr(replicate, "_producer", lambda _s, p, **_k: (fake, "txid"))
+    monkeypatch.setattr(replicate, "_POSITIONS", replicate._PositionTable())
+    writer = replicate.PartitionWriter(settings(provenance=True, value_serde="bytes", source_alias="b",
+                                                destination_alias="a"), ids({}), lambda t, p: None,
+                                       downstream_end=lambda t, p: a_end["v"],
+                                       destination_high=lambda t, p: a_end["v"])
+    cp = ((PROVENANCE_HEADER, b"a"),)
+    writer.write(1, [rec(b"v", cp, offset=o) for o in range(0, 100)], upstream_end=100)
+    a_end["v"] = 1100
+    writer.write(1, [rec(b"v", cp, offset=o) for o in range(100, 1100)], upstream_end=1100)
+    back = OffsetSyncStore()
+    back.add_all(_written_syncs(fake))
+    forward = OffsetSyncStore()  # a 0-1099 -> b 0-1099
+    forward.add_all(OffsetSync("t", 1, u, d) for u, d in ((0, 0), (1099, 1099), (1100, 1100)))
+    cfg = _two_way("t")
+    _with_reverse(monkeypatch, cfg, "fwd-t", forward)
+    tr = checkpoint.SourceTranslator(cfg, cfg.groups[-1], back)
+    got = tr.translate("t", 1, 1100, "t")
+    assert (got.downstream_offset, got.exact, got.reason) == (1100, True, THROUGH_ORIGINALS)
+    assert back.latest("t", 1) == OffsetSync("t", 1, 1100, 100, True)
+    got = back.translate("t", 1, 1100)
+    assert (got.downstream_offset, got.reason) == (None, AFTER_LOOPED)
+    # ahead of the flow back (records it has not read yet, copies or not): no answer, not its position
+    assert tr.translate("t", 1, 1105, "t").downstream_offset is None
