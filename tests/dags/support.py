@@ -21,6 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from mirrorflow_airflow import hitl
 
 from mirror_core.topics import create_topics
+from tests.groups import commit_offsets
 
 ROOT = Path(__file__).resolve().parents[2]
 ORDER = {"type": "record", "name": "Order", "namespace": "dagtest",
@@ -114,10 +115,9 @@ def commit_source_group(s: Scenario, offsets: dict[int, int]) -> None:
 
 
 def commit(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> None:
-    """Commit ``group``'s ``offsets`` of ``topic`` (partition -> offset) on the cluster at ``bootstrap``."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
-    c.close()
+    """Commit ``group``'s ``offsets`` of ``topic`` (partition -> offset) on the cluster at ``bootstrap`` (once it
+    has a coordinator for the group: a test run alone may be the first on a fresh cluster)."""
+    commit_offsets(bootstrap, group, [TopicPartition(topic, p, o) for p, o in offsets.items()])
 
 
 def keys(bootstrap: str, topic: str, partition: int, start: int = 0, timeout: float = 60) -> list[bytes]:

@@ -14,11 +14,10 @@ import os
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
@@ -26,6 +25,7 @@ from mirror_core import clients
 from mirror_core.config import load_config
 from mirror_core.stream import MirrorRuntime
 from mirror_core.topics import create_topics
+from tests.groups import commit_offsets
 
 pytestmark = pytest.mark.integration
 
@@ -51,25 +51,6 @@ def planted_kafka(bootstrap: str) -> str:
             f'ssl.key.password: "{PASSWORD}"}}')
 
 
-def commit_when_ready(bootstrap: str, group: str, tp: TopicPartition, timeout: float = 60) -> None:
-    """Commit ``tp`` for ``group``, once the cluster has a coordinator for it (a fresh cluster's first group
-    waits for its offsets topic)."""
-    waiting = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS}
-    deadline = time.monotonic() + timeout
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    try:
-        while True:
-            try:
-                c.commit(offsets=[tp], asynchronous=False)
-                return
-            except KafkaException as exc:
-                if exc.args[0].code() not in waiting or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-    finally:
-        c.close()
-
-
 def test_item14_registry_password_never_logged(clusters, unique, tmp_path):
     topic, group = unique("item14"), unique("g14").replace("-", "_")
     admin = AdminClient({"bootstrap.servers": clusters.src_bootstrap})
@@ -82,7 +63,7 @@ def test_item14_registry_password_never_logged(clusters, unique, tmp_path):
         p.produce(topic, b"\x00" + struct.pack(">I", sid) + bytes([i * 2]))
     assert p.flush(30) == 0
     consumers = unique("cg14")  # a consumer group half-way through the topic: what the failover steps move
-    commit_when_ready(clusters.src_bootstrap, consumers, TopicPartition(topic, 0, 2))
+    commit_offsets(clusters.src_bootstrap, consumers, [TopicPartition(topic, 0, 2)])
     cfg = tmp_path / "m.yaml"
     cfg.write_text(f"""
 clusters:
