@@ -50,7 +50,9 @@ class Scenario:
 
 def write_config(clusters: Any, tmp_path: Path, name: str, topic: str, cg: str, mode: str = "available_now",
                  extra_clusters: str = "", clusters_yaml: str | None = None, retries: int = 3,
-                 group_yaml: str = "") -> tuple[Path, Path]:
+                 group_yaml: str = "", spark_yaml: str = "") -> tuple[Path, Path]:
+    """The scenario's mirrors YAML and checkpoint directory. ``spark_yaml``: more keys of the group's ``spark``
+    mapping (flow style, each after a ``, ``)."""
     ckpt = tmp_path / "ckpt"
     groups = f"""groups:
   - name: {name}
@@ -66,7 +68,7 @@ def write_config(clusters: Any, tmp_path: Path, name: str, topic: str, cg: str, 
     offsets: {{groups: {{include: "{cg}"}}, interval: 30s}}
     heartbeats: {{enabled: true, topic: "{topic}.heartbeats"}}
     spark: {{mode: {mode}, master: "local[2]", trigger: "1 second", checkpoint_dir: "{ckpt}", retries: {retries},
-             retry_delay: 1s, airflow_conn_id: mirrorflow_spark_{name}}}
+             retry_delay: 1s, airflow_conn_id: mirrorflow_spark_{name}{spark_yaml}}}
 {group_yaml}    mirrors:
       - {{source_topic: {topic}, destination_topic: {topic}.mirror}}
 """
