@@ -64,7 +64,8 @@ def handle_errors(fn: F) -> F:
 
 @app.callback()
 def _main(
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+    ctx: typer.Context,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging (the Spark job's too).")] = False,
     connect_timeout: Annotated[float | None, typer.Option(
         "--connect-timeout", envvar="MIRRORFLOW_CONNECT_TIMEOUT", min=0.1,
         help="Seconds to wait for a cluster or registry before giving up (default 10).")] = None,
@@ -74,8 +75,16 @@ def _main(
     from mirror_core.logs import setup_logging
 
     setup_logging(verbose, stream=sys.stderr)
+    ctx.obj = {"verbose": verbose}
     if connect_timeout is not None:
         os.environ["MIRRORFLOW_CONNECT_TIMEOUT"] = str(connect_timeout)  # the Spark job reads it too
+
+
+def _job_command(ctx: typer.Context, config: Path, group: str, *args: str) -> list[str]:
+    """The Spark job's command line for ``group`` (``--verbose`` when ``mirrorflow -v`` asked for debug logging)."""
+    verbose = bool((ctx.obj or {}).get("verbose"))
+    return [sys.executable, "-m", "spark_jobs.mirror_stream", str(config), "--group", group, *args,
+            *(["--verbose"] if verbose else [])]
 
 
 def _reachable(cfg: Any, groups: list[Any], registries: bool = False) -> list[Any]:
@@ -397,6 +406,7 @@ def acls(config: ConfigArg, group: GroupOpt = None, as_json: JsonOpt = False) ->
 @app.command()
 @handle_errors
 def run(
+    ctx: typer.Context,
     config: ConfigArg,
     group: Annotated[str, typer.Option("--group", "-g", help="The group to mirror.")],
     once: Annotated[bool, typer.Option("--once", help="Drain what is there now, then stop.")] = False,
@@ -416,10 +426,7 @@ def run(
     # reject a bad config or group, or an unreachable cluster or registry, before Spark starts
     _reachable(cfg, [g], registries=True)
     timeout = stop_timeout or g.spark.stop_timeout
-    cmd = [sys.executable, "-m", "spark_jobs.mirror_stream", str(config), "--group", group,
-           "--stop-timeout", str(timeout)]
-    if once:
-        cmd.append("--once")
+    cmd = _job_command(ctx, config, group, "--stop-timeout", str(timeout), *(["--once"] if once else []))
     # its own session: a terminal's Ctrl-C reaches only this process, which stops the job's whole tree
     job = subprocess.Popen(cmd, start_new_session=True)
     stopping: list[int] = []
@@ -443,6 +450,7 @@ def run(
 @app.command()
 @handle_errors
 def failover(
+    ctx: typer.Context,
     config: ConfigArg,
     group: Annotated[str, typer.Option("--group", "-g", help="The group whose consumers move to its destination.")],
     step: Annotated[str, typer.Option("--step", help="preflight | lag | quiet | drain | sync | verify | finalize | "
@@ -484,8 +492,7 @@ def failover(
         return
     if step == "drain":
         _reachable(cfg, [g], registries=True)
-        code = subprocess.call([sys.executable, "-m", "spark_jobs.mirror_stream", str(config), "--group", g.name,
-                                "--once"])
+        code = subprocess.call(_job_command(ctx, config, g.name, "--once"))
         if code:
             raise typer.Exit(code)
         rep = fo.lag_check(cfg, g, fo.FailoverParams(params.consumer_groups, 0, float("inf")))

@@ -16,11 +16,12 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from mirrorflow_airflow import hitl
 
 from mirror_core.topics import create_topics
+from tests.groups import commit_offsets
 
 ROOT = Path(__file__).resolve().parents[2]
 ORDER = {"type": "record", "name": "Order", "namespace": "dagtest",
@@ -49,7 +50,9 @@ class Scenario:
 
 def write_config(clusters: Any, tmp_path: Path, name: str, topic: str, cg: str, mode: str = "available_now",
                  extra_clusters: str = "", clusters_yaml: str | None = None, retries: int = 3,
-                 group_yaml: str = "") -> tuple[Path, Path]:
+                 group_yaml: str = "", spark_yaml: str = "") -> tuple[Path, Path]:
+    """The scenario's mirrors YAML and checkpoint directory. ``spark_yaml``: more keys of the group's ``spark``
+    mapping (flow style, each after a ``, ``)."""
     ckpt = tmp_path / "ckpt"
     groups = f"""groups:
   - name: {name}
@@ -65,7 +68,7 @@ def write_config(clusters: Any, tmp_path: Path, name: str, topic: str, cg: str, 
     offsets: {{groups: {{include: "{cg}"}}, interval: 30s}}
     heartbeats: {{enabled: true, topic: "{topic}.heartbeats"}}
     spark: {{mode: {mode}, master: "local[2]", trigger: "1 second", checkpoint_dir: "{ckpt}", retries: {retries},
-             retry_delay: 1s, airflow_conn_id: mirrorflow_spark_{name}}}
+             retry_delay: 1s, airflow_conn_id: mirrorflow_spark_{name}{spark_yaml}}}
 {group_yaml}    mirrors:
       - {{source_topic: {topic}, destination_topic: {topic}.mirror}}
 """
@@ -113,28 +116,10 @@ def commit_source_group(s: Scenario, offsets: dict[int, int]) -> None:
     commit(s.src, s.consumer_group, s.topic, offsets)
 
 
-_COORDINATOR_NOT_READY = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                          KafkaError.COORDINATOR_NOT_AVAILABLE)
-
-
 def commit(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> None:
-    """Commit ``group``'s ``offsets`` of ``topic`` (partition -> offset) on the cluster at ``bootstrap``; a
-    coordinator not ready yet (right after the cluster started: NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS) is
-    asked again, for up to 60 s."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    deadline = time.monotonic() + 60
-    try:
-        while True:
-            try:
-                c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
-                return
-            except KafkaException as exc:
-                err = exc.args[0]
-                if not (err.retriable() or err.code() in _COORDINATOR_NOT_READY) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-    finally:
-        c.close()
+    """Commit ``group``'s ``offsets`` of ``topic`` (partition -> offset) on the cluster at ``bootstrap`` (once it
+    has a coordinator for the group: a test run alone may be the first on a fresh cluster)."""
+    commit_offsets(bootstrap, group, [TopicPartition(topic, p, o) for p, o in offsets.items()])
 
 
 def keys(bootstrap: str, topic: str, partition: int, start: int = 0, timeout: float = 60) -> list[bytes]:

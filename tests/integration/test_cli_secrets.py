@@ -3,7 +3,9 @@
 Issue 15 ("Secrets") widens it: the same password is planted in every secret a cluster setting can hold
 (Kafka ``sasl.password`` and ``ssl.key.password``, the registry's ``basic.auth.user.info`` and URL
 userinfo) and looked for in the output of every CLI command (and of the Spark job that ``run`` starts),
-and in the reprs of the settings objects that carry client configs to the writers."""
+and in the reprs of the settings objects that carry client configs to the writers. ``run`` and the failover
+steps run with ``-v`` (DEBUG logging: a superset of what they print without it), the steps with ``--json``
+(printed as it is, past the logging's redaction) and ``finalize`` last: it stops the group's stream for good."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
@@ -23,6 +25,7 @@ from mirror_core import clients
 from mirror_core.config import load_config
 from mirror_core.stream import MirrorRuntime
 from mirror_core.topics import create_topics
+from tests.groups import commit_offsets
 
 pytestmark = pytest.mark.integration
 
@@ -59,6 +62,8 @@ def test_item14_registry_password_never_logged(clusters, unique, tmp_path):
     for i in range(3):
         p.produce(topic, b"\x00" + struct.pack(">I", sid) + bytes([i * 2]))
     assert p.flush(30) == 0
+    consumers = unique("cg14")  # a consumer group half-way through the topic: what the failover steps move
+    commit_offsets(clusters.src_bootstrap, consumers, [TopicPartition(topic, 0, 2)])
     cfg = tmp_path / "m.yaml"
     cfg.write_text(f"""
 clusters:
@@ -96,14 +101,22 @@ groups:
                   repr(clients.kafka_config(loaded.cluster("dst"))), repr(clients.java_kafka_options(loaded.cluster("src")))):
         assert PASSWORD not in shown, shown
 
+    def step(name: str) -> list[str]:
+        return ["-v", "failover", str(cfg), "--group", group, "--step", name, "-c", consumers, "--json", "--wait", "10"]
+
+    commands = {
+        "validate": ["validate", str(cfg)], "plan": ["plan", str(cfg)], "provision": ["provision", str(cfg)],
+        "run": ["-v", "run", str(cfg), "--group", group, "--once"], "checkpoint": ["checkpoint", str(cfg)],
+        "lag": ["lag", str(cfg)], "verify": ["verify", str(cfg)], "plan --json": ["-v", "plan", str(cfg), "--json"],
+        "lag --json": ["lag", str(cfg), "--json"], "verify --json": ["verify", str(cfg), "--json"],
+        "plan (no such group)": ["plan", str(cfg), "--group", "no-such-group"],
+        "preflight": step("preflight"), "sync": step("sync"), "finalize": step("finalize"),
+    }
     outputs = {}
-    for args in (["validate", str(cfg)], ["plan", str(cfg)], ["provision", str(cfg)],
-                 ["run", str(cfg), "--group", group, "--once"], ["checkpoint", str(cfg)], ["lag", str(cfg)],
-                 ["verify", str(cfg)], ["-v", "plan", str(cfg), "--json"], ["lag", str(cfg), "--json"],
-                 ["verify", str(cfg), "--json"], ["plan", str(cfg), "--group", "no-such-group"]):
+    for name, args in commands.items():
         res = mirrorflow(*args)
-        outputs[" ".join(args[:2])] = res
-        assert PASSWORD not in res.stdout + res.stderr, (args, res.stderr[-3000:])
+        outputs[name] = res
+        assert PASSWORD not in res.stdout + res.stderr, (args, res.stdout[-3000:], res.stderr[-3000:])
     # an error about a cluster that cannot be reached names it, and nothing secret
     down = tmp_path / "down.yaml"
     down.write_text(cfg.read_text().replace(f'"{clusters.dst_bootstrap}"', '"127.0.0.1:1"'))
@@ -111,8 +124,12 @@ groups:
     assert res.returncode == 1 and "127.0.0.1:1" in res.stdout + res.stderr, res.stderr[-3000:]
     assert PASSWORD not in res.stdout + res.stderr, res.stderr[-3000:]
     # the commands did talk to the registries through those URLs (the credentials were usable)
-    assert outputs["provision " + str(cfg)].returncode == 0, outputs["provision " + str(cfg)].stderr[-3000:]
-    assert outputs["run " + str(cfg)].returncode == 0, outputs["run " + str(cfg)].stderr[-3000:]
-    assert outputs["verify " + str(cfg)].returncode == 0, outputs["verify " + str(cfg)].stdout[-3000:]
+    for name in ("provision", "run", "verify", "preflight", "sync", "finalize"):
+        assert outputs[name].returncode == 0, (name, outputs[name].stdout[-3000:], outputs[name].stderr[-3000:])
+    assert " DEBUG mirrorflow.stream " in outputs["run"].stderr  # -v reached the Spark job: its debug lines were read
+    # the failover steps did their work: finalize synced the group's offsets again (resync) and stopped the stream
+    reports = {name: json.loads(outputs[name].stdout) for name in ("preflight", "sync", "finalize")}
+    assert all(r["ok"] for r in reports.values()), reports
+    assert reports["finalize"]["details"]["resync"]["ok"] and reports["finalize"]["details"]["stop"]
     # and no request log line reached the output by default, even with -v
     assert "HTTP Request" not in "".join(r.stderr for r in outputs.values())
