@@ -273,7 +273,7 @@ def test_finalize_stops_nothing_when_the_offsets_could_not_be_synced_again(tmp_p
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A resync that fails for any reason keeps the stream running: records still to mirror (a producer wrote
     after the quiet period) would never reach the destination once the stream stops for good, and a group not
-    placed where its consumers stopped would read again on the destination. Until 8 December only consumers
+    placed where its consumers stopped would read again on the destination. Until 7 December only consumers
     still on the source kept finalize from writing the stop."""
     cfg = _cfg(tmp_path)
     monkeypatch.setattr(failover, "source_members", lambda _cfg, _g, gids: dict.fromkeys(gids, 0))
