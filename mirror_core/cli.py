@@ -517,7 +517,7 @@ def failover(
             # with consumer groups (stopped on the source by now): their offsets follow them first
             resynced = fo.resync(cfg, g, params) if consumer_groups else None
             blocked = fo.stop_blocked(resynced)
-            if resynced is not None and blocked is not None:
+            if resynced is not None and blocked is not None:  # (the first test narrows the type)
                 rep = replace(resynced, summary=blocked)  # nothing stopped: run the step again once fixed
             else:
                 if resynced is None:

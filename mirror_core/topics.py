@@ -209,7 +209,12 @@ def internal_topics(group: GroupConfig, destination: ClusterState) -> list[tuple
 def compacted(policy: str) -> bool:
     """Does a topic with this ``cleanup.policy`` keep a key's last record for good (``compact`` alone: with
     ``compact,delete`` the retention deletes it too)?"""
-    return {p.strip() for p in policy.split(",")} == {"compact"}
+    return cleanup_policies(policy) == {"compact"}
+
+
+def cleanup_policies(policy: str) -> set[str]:
+    """The policies a ``cleanup.policy`` value names (``"compact, delete"`` -> ``{"compact", "delete"}``)."""
+    return {p.strip() for p in policy.split(",")}
 
 
 #: topic configs Kafka 4 removed: a 4.x broker refuses a CreateTopics or IncrementalAlterConfigs that names one
@@ -345,7 +350,7 @@ def _internal_policy_fix(group: GroupConfig, name: str, policy: str) -> tuple[st
         # with the default policy a failover's stop would expire with the retention, and a stream DAG start the
         # stopped mirror again
         return "compact", f"must be compacted (has cleanup.policy={policy}), or a stop expires with the retention"
-    if name == group.offset_syncs and "compact" in {p.strip() for p in policy.split(",")}:
+    if name == group.offset_syncs and "compact" in cleanup_policies(policy):
         # compaction keeps each partition's newest sync only (an offset sync's key is its partition): a group's
         # offset committed before it then has no sync at or below it, and cannot be translated exactly
         return "delete", (f"must not be compacted (has cleanup.policy={policy}): compaction keeps each partition's "
